@@ -1,0 +1,7 @@
+// The whole public API of mha.
+#pragma once
+
+#include "mha/attention.hpp"
+#include "mha/error.hpp"
+#include "mha/multi_head_attention.hpp"
+#include "mha/tensor.hpp"

@@ -1,0 +1,105 @@
+// Multi-head attention (Vaswani et al. 2017, section 3.2.2):
+//
+//     MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O
+//     head_i             = Attention(Q W_i^Q, K W_i^K, V W_i^V)
+//
+// Legend: B batch, L queries, S keys, E = d_model, h heads, d_k, d_v per-head widths,
+// kdim / vdim the widths of the key and value inputs (E unless set).
+//
+// Parameters carry PyTorch's nn.MultiheadAttention names and layouts (y = x W^T + b):
+//   in_proj_weight [2*h*d_k + h*d_v, E]   when kdim == vdim == E and d_k == d_v (rows: q, k, v)
+//   q_proj_weight [h*d_k, E], k_proj_weight [h*d_k, kdim], v_proj_weight [h*d_v, vdim]   otherwise
+//   in_proj_bias [2*h*d_k + h*d_v]        when bias
+//   bias_k [1, 1, h*d_k], bias_v [1, 1, h*d_v]   when add_bias_kv
+//   out_proj.weight [E, h*d_v], out_proj.bias [E]  (bias when bias)
+// Unlike PyTorch, d_k and d_v are free: h*d_k need not equal E and d_k need not equal d_v.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "mha/attention.hpp"
+#include "mha/tensor.hpp"
+
+namespace mha {
+
+struct MultiHeadAttentionConfig {
+  std::int64_t d_model = 0;     // E
+  std::int64_t num_heads = 0;   // h
+  std::int64_t d_k = 0;         // 0: d_model / num_heads
+  std::int64_t d_v = 0;         // 0: d_model / num_heads
+  std::int64_t kdim = 0;        // 0: d_model
+  std::int64_t vdim = 0;        // 0: d_model
+  bool bias = true;             // in_proj_bias and out_proj.bias
+  bool add_bias_kv = false;     // learned bias_k, bias_v appended as one more key/value position
+  bool add_zero_attn = false;   // a zero key/value position appended (after bias_k/bias_v)
+  double dropout = 0.0;         // dropout on the attention weights in training mode, in [0, 1)
+  bool batch_first = true;      // inputs [B, L, E]; false: [L, B, E] (PyTorch's default)
+  DType dtype = DType::Float32; // Float32 or Float64
+};
+
+struct MultiHeadAttentionInputs {
+  std::optional<TensorView> key_padding_mask;  // bool [B, S] ([S] for unbatched input), true = padding
+  std::vector<std::int64_t> key_lengths;       // alternative: B lengths in [0, S]
+  std::optional<TensorView> attn_mask;         // bool or float, [L, S] or [B*h, L, S]
+  bool causal = false;                         // bottom-right aligned over the S input keys
+  bool need_weights = true;
+  bool average_attn_weights = true;
+};
+
+struct MultiHeadAttentionOutput {
+  Tensor out;      // like query: [B, L, E], [L, B, E] or [L, E]
+  Tensor weights;  // when need_weights: [B, L, S'] averaged or [B, h, L, S'] per head ([L, S'] /
+                   // [h, L, S'] unbatched); S' = S + add_bias_kv + add_zero_attn
+};
+
+class MultiHeadAttention {
+ public:
+  // Validates the config and initialises the parameters as PyTorch does, from `seed`:
+  // projection weights xavier_uniform, out_proj.weight uniform(+-1/sqrt(h*d_v)), biases 0,
+  // bias_k / bias_v xavier_normal. (Same distributions as PyTorch, not the same numbers.)
+  explicit MultiHeadAttention(const MultiHeadAttentionConfig& config, std::uint64_t seed = 0);
+
+  // The config with every default resolved (d_k, d_v, kdim, vdim never 0).
+  const MultiHeadAttentionConfig& config() const { return config_; }
+  bool packed_in_proj() const;  // true when the q, k, v weights live in one in_proj_weight
+
+  // The parameter names in PyTorch's state_dict order, and access by name.
+  std::vector<std::string> parameter_names() const;
+  const Tensor& parameter(const std::string& name) const;
+  // Copies `value` into the parameter `name`, converting float32 <-> float64. Throws mha::Error on an
+  // unknown name or a wrong shape.
+  void set_parameter(const std::string& name, const TensorView& value);
+  // Sets every parameter; throws (changing nothing) on an unknown, missing or mis-shaped entry.
+  void load_state_dict(const std::map<std::string, TensorView>& state);
+  std::map<std::string, TensorView> state_dict() const;  // views into this module's parameters
+
+  // Training mode (the default, as in PyTorch) applies dropout; evaluation mode does not.
+  void train(bool on = true) { training_ = on; }
+  void eval() { training_ = false; }
+  bool training() const { return training_; }
+
+  void set_kernel(Kernel kernel) { kernel_ = kernel; }
+  Kernel kernel() const { return kernel_; }
+
+  // query [B, L, E], key [B, S, kdim], value [B, S, vdim] (batch_first), or [L, B, *] (not
+  // batch_first), or unbatched [L, E], [S, kdim], [S, vdim]. Inputs must have the module's dtype.
+  // Non-const: each training-mode call with dropout draws a new dropout seed.
+  MultiHeadAttentionOutput forward(const TensorView& query, const TensorView& key, const TensorView& value,
+                                   const MultiHeadAttentionInputs& inputs = {});
+
+ private:
+  Tensor& mutable_parameter(const std::string& name);
+
+  MultiHeadAttentionConfig config_;
+  std::map<std::string, Tensor> parameters_;
+  bool training_ = true;
+  Kernel kernel_ = Kernel::Reference;
+  std::uint64_t dropout_seed_;
+  std::uint64_t dropout_calls_ = 0;
+};
+
+}  // namespace mha

@@ -1,0 +1,99 @@
+// Tensor (owning, 64-byte aligned, contiguous) and TensorView (non-owning, strided, read-only).
+//
+// Shapes are std::int64_t, outermost dimension first; strides are counted in elements, not bytes.
+// A TensorView is how caller memory (a NumPy array, a std::vector) reaches the library without a copy.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace mha {
+
+enum class DType : std::uint8_t { Float32, Float64, Bool };
+
+using Shape = std::vector<std::int64_t>;
+
+std::size_t dtype_size(DType dtype);          // bytes per element: 4, 8, 1
+const char* dtype_name(DType dtype);          // "float32", "float64", "bool"
+std::string shape_str(const Shape& shape);    // "[2, 3, 4]"
+std::int64_t shape_numel(const Shape& shape); // product; 1 for rank 0
+
+template <class T> constexpr DType dtype_of();
+template <> constexpr DType dtype_of<float>() { return DType::Float32; }
+template <> constexpr DType dtype_of<double>() { return DType::Float64; }
+template <> constexpr DType dtype_of<bool>() { return DType::Bool; }
+
+// Row-major (C order) strides of a shape, in elements.
+Shape contiguous_strides(const Shape& shape);
+
+// A read-only window on memory the caller owns. Bool elements are one byte, nonzero = true.
+class TensorView {
+ public:
+  TensorView() = default;
+  // Strides in elements; may be zero (broadcast) or any non-negative value.
+  TensorView(const void* data, DType dtype, Shape shape, Shape strides);
+  // C-order view of `data`.
+  TensorView(const void* data, DType dtype, Shape shape);
+
+  const void* data() const { return data_; }
+  template <class T> const T* data_as() const { return static_cast<const T*>(data_); }
+  DType dtype() const { return dtype_; }
+  const Shape& shape() const { return shape_; }
+  const Shape& strides() const { return strides_; }
+  std::int64_t rank() const { return static_cast<std::int64_t>(shape_.size()); }
+  std::int64_t size(std::int64_t dim) const { return shape_.at(static_cast<std::size_t>(dim)); }
+  std::int64_t stride(std::int64_t dim) const { return strides_.at(static_cast<std::size_t>(dim)); }
+  std::int64_t numel() const { return shape_numel(shape_); }
+  bool is_contiguous() const;
+
+ private:
+  const void* data_ = nullptr;
+  DType dtype_ = DType::Float32;
+  Shape shape_;
+  Shape strides_;
+};
+
+// Owning, contiguous (C order), 64-byte aligned, zero-initialised storage. Move-only; copy with clone().
+class Tensor {
+ public:
+  Tensor() = default;  // an undefined tensor: defined() is false
+  Tensor(DType dtype, Shape shape);
+
+  // A contiguous copy of any view, converted to `dtype` (float32 <-> float64; bool stays bool).
+  static Tensor copy_of(const TensorView& view, DType dtype);
+  static Tensor copy_of(const TensorView& view) { return copy_of(view, view.dtype()); }
+  Tensor clone() const { return copy_of(view()); }
+
+  bool defined() const { return data_ != nullptr || defined_empty_; }
+  DType dtype() const { return dtype_; }
+  const Shape& shape() const { return shape_; }
+  Shape strides() const { return contiguous_strides(shape_); }
+  std::int64_t rank() const { return static_cast<std::int64_t>(shape_.size()); }
+  std::int64_t size(std::int64_t dim) const { return shape_.at(static_cast<std::size_t>(dim)); }
+  std::int64_t numel() const { return shape_numel(shape_); }
+  std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * dtype_size(dtype_); }
+
+  void* data() { return data_.get(); }
+  const void* data() const { return data_.get(); }
+  template <class T> T* data_as() { return static_cast<T*>(data()); }
+  template <class T> const T* data_as() const { return static_cast<const T*>(data()); }
+
+  TensorView view() const { return TensorView(data(), dtype_, shape_); }
+  operator TensorView() const { return view(); }  // NOLINT: a tensor is usable wherever a view is
+
+  // Same elements, new shape with the same element count (contiguous storage makes this free).
+  Tensor reshaped(Shape shape) &&;
+
+ private:
+  struct Free { void operator()(std::byte* p) const; };
+  std::unique_ptr<std::byte, Free> data_;
+  DType dtype_ = DType::Float32;
+  Shape shape_;
+  bool defined_empty_ = false;  // defined but zero elements, so no storage
+};
+
+}  // namespace mha

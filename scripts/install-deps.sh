@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs the Debian packages mha needs to build, test and run (see ../shared/DESIGN.md, section 3).
+# Idempotent: installs only what is missing, and runs apt-get update only when something is.
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config
+  libdnnl-dev          # oneDNN: GEMM for the projections
+  libhwy-dev           # Google Highway: SIMD with run-time dispatch (fused kernel)
+  libgtest-dev libgmock-dev googletest libbenchmark-dev
+  nlohmann-json3-dev libcli11-dev libfmt-dev libstb-dev
+  python3-dev pybind11-dev python3-numpy python3-torch python3-pytest python3-hypothesis
+  libclang-rt-14-dev   # sanitizer runtimes for the ASan + UBSan build
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+    SUDO=sudo
+  else
+    echo "install-deps: not root. Run this once as root, then retry:" >&2
+    echo "  sudo apt-get update && sudo apt-get install -y ${missing[*]}" >&2
+    exit 1
+  fi
+else
+  SUDO=
+fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,160 @@
+// Validation of attention arguments and dispatch to a kernel.
+//
+// Legend: B batch, h heads, L queries, S keys, d_k query/key width, d_v value width.
+#include "attention/attention_core.hpp"
+
+#include <cmath>
+#include <string>
+
+#include "attention/params.hpp"
+#include "attention/reference.hpp"
+#include "mha/error.hpp"
+
+namespace mha::detail {
+
+namespace {
+
+[[noreturn]] void fail(const std::string& message) { throw Error(message); }
+
+std::string describe(const TensorView& t) {
+  return std::string(dtype_name(t.dtype())) + " " + shape_str(t.shape());
+}
+
+void expect_rank(const TensorView& t, const char* name, std::int64_t rank, const char* layout) {
+  if (t.rank() != rank)
+    fail(std::string(name) + ": expected rank " + std::to_string(rank) + " " + layout + ", got rank " +
+         std::to_string(t.rank()) + " " + shape_str(t.shape()));
+}
+
+}  // namespace
+
+void validate_attention_masks(const AttentionOptions& o, DType dtype, std::int64_t B, std::int64_t h,
+                              std::int64_t L, std::int64_t S) {
+  if (o.key_padding_mask) {
+    const TensorView& m = *o.key_padding_mask;
+    if (m.dtype() != DType::Bool)
+      fail("key_padding_mask: expected bool (true = padding), got " + describe(m));
+    if (m.shape() != Shape{B, S})
+      fail("key_padding_mask: expected shape [B, S] = " + shape_str({B, S}) + ", got " + shape_str(m.shape()));
+  }
+  if (!o.key_lengths.empty()) {
+    if (static_cast<std::int64_t>(o.key_lengths.size()) != B)
+      fail("key_lengths: expected B = " + std::to_string(B) + " lengths, got " +
+           std::to_string(o.key_lengths.size()));
+    for (std::size_t b = 0; b < o.key_lengths.size(); ++b)
+      if (o.key_lengths[b] < 0 || o.key_lengths[b] > S)
+        fail("key_lengths: expected each length in [0, S = " + std::to_string(S) + "], got " +
+             std::to_string(o.key_lengths[b]) + " for batch " + std::to_string(b));
+  }
+  if (o.attn_mask) {
+    const TensorView& m = *o.attn_mask;
+    if (m.dtype() != DType::Bool && m.dtype() != dtype)
+      fail(std::string("attn_mask: expected bool or ") + dtype_name(dtype) + " (the dtype of q), got " +
+           describe(m));
+    const bool ok = (m.rank() == 2 && m.shape() == Shape{L, S}) || (m.rank() == 3 && m.shape() == Shape{B * h, L, S});
+    if (!ok)
+      fail("attn_mask: expected shape [L, S] = " + shape_str({L, S}) + " or [B*h, L, S] = " +
+           shape_str({B * h, L, S}) + ", got " + shape_str(m.shape()));
+  }
+}
+
+void validate_attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                        const AttentionOptions& o) {
+  expect_rank(q, "q", 4, "[B, h, L, d_k]");
+  expect_rank(k, "k", 4, "[B, h, S, d_k]");
+  expect_rank(v, "v", 4, "[B, h, S, d_v]");
+  if (q.dtype() != DType::Float32 && q.dtype() != DType::Float64)
+    fail("q: expected float32 or float64, got " + describe(q));
+  if (k.dtype() != q.dtype()) fail(std::string("k: expected ") + dtype_name(q.dtype()) + " like q, got " + describe(k));
+  if (v.dtype() != q.dtype()) fail(std::string("v: expected ") + dtype_name(q.dtype()) + " like q, got " + describe(v));
+
+  const std::int64_t B = q.size(0), h = q.size(1), L = q.size(2), d_k = q.size(3), S = k.size(2);
+  if (k.size(0) != B || k.size(1) != h || k.size(3) != d_k)
+    fail("k: expected [B, h, S, d_k] = [" + std::to_string(B) + ", " + std::to_string(h) + ", S, " +
+         std::to_string(d_k) + "] to match q " + shape_str(q.shape()) + ", got " + shape_str(k.shape()));
+  if (v.size(0) != B || v.size(1) != h || v.size(2) != S)
+    fail("v: expected [B, h, S, d_v] = [" + std::to_string(B) + ", " + std::to_string(h) + ", " +
+         std::to_string(S) + ", d_v] to match q and k, got " + shape_str(v.shape()));
+  if (d_k < 1) fail("q: expected d_k >= 1, got shape " + shape_str(q.shape()));
+
+  if (o.scale && !std::isfinite(*o.scale)) fail("scale: expected a finite number, got " + std::to_string(*o.scale));
+  if (!(o.dropout_p >= 0.0 && o.dropout_p < 1.0))
+    fail("dropout_p: expected a probability in [0, 1), got " + std::to_string(o.dropout_p));
+  validate_attention_masks(o, q.dtype(), B, h, L, S);
+}
+
+namespace {
+
+template <class T, class U>
+Strided4<const U> strided4(const TensorView& t) {
+  Strided4<const U> s;
+  s.data = t.data_as<U>();
+  for (int d = 0; d < 4; ++d) s.stride[d] = t.stride(d);
+  return s;
+}
+
+// An [L, S] or [B*h, L, S] mask viewed as [B, h, L, S] by broadcast strides.
+template <class U>
+Strided4<const U> mask4(const TensorView& m, std::int64_t h) {
+  Strided4<const U> s;
+  s.data = m.data_as<U>();
+  if (m.rank() == 2) {
+    s.stride[2] = m.stride(0);
+    s.stride[3] = m.stride(1);
+  } else {
+    s.stride[0] = h * m.stride(0);
+    s.stride[1] = m.stride(0);
+    s.stride[2] = m.stride(1);
+    s.stride[3] = m.stride(2);
+  }
+  return s;
+}
+
+template <class T>
+void run_typed(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionOptions& o,
+               T* out, const Shape& out_strides, Tensor& weights, Tensor& lse) {
+  AttentionParams<T> p;
+  p.B = q.size(0), p.h = q.size(1), p.L = q.size(2), p.d_k = q.size(3), p.S = k.size(2), p.d_v = v.size(3);
+  p.q = strided4<T, T>(q);
+  p.k = strided4<T, T>(k);
+  p.v = strided4<T, T>(v);
+  p.out.data = out;
+  for (int d = 0; d < 4; ++d) p.out.stride[d] = out_strides[static_cast<std::size_t>(d)];
+  p.scale = static_cast<T>(o.scale ? *o.scale : 1.0 / std::sqrt(static_cast<double>(p.d_k)));
+  p.causal = o.causal;
+  if (o.key_padding_mask) {
+    p.key_padding.data = o.key_padding_mask->data_as<std::uint8_t>();
+    p.key_padding.stride[0] = o.key_padding_mask->stride(0);
+    p.key_padding.stride[3] = o.key_padding_mask->stride(1);
+  }
+  if (!o.key_lengths.empty()) p.key_lengths = o.key_lengths.data();
+  if (o.attn_mask) {
+    if (o.attn_mask->dtype() == DType::Bool) p.bool_mask = mask4<std::uint8_t>(*o.attn_mask, p.h);
+    else p.additive_mask = mask4<T>(*o.attn_mask, p.h);
+  }
+  p.dropout_p = static_cast<T>(o.dropout_p);
+  p.dropout_seed = o.dropout_seed;
+  if (o.need_weights) {
+    weights = Tensor(dtype_of<T>(), {p.B, p.h, p.L, p.S});
+    p.weights = weights.data_as<T>();
+  }
+  if (o.need_lse) {
+    lse = Tensor(dtype_of<T>(), {p.B, p.h, p.L});
+    p.lse = lse.data_as<T>();
+  }
+  switch (o.kernel) {
+    case Kernel::Reference: reference_attention_forward(p); break;
+  }
+}
+
+}  // namespace
+
+void run_attention(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionOptions& o,
+                   void* out, const Shape& out_strides, Tensor& weights, Tensor& lse) {
+  if (q.dtype() == DType::Float64)
+    run_typed(q, k, v, o, static_cast<double*>(out), out_strides, weights, lse);
+  else
+    run_typed(q, k, v, o, static_cast<float*>(out), out_strides, weights, lse);
+}
+
+}  // namespace mha::detail

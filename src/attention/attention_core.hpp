@@ -1,0 +1,28 @@
+// Between the public boundary and the kernels: validation of attention arguments, and a run that
+// writes the output through given strides (so the layer can write heads straight into [B, L, h*d_v]).
+#pragma once
+
+#include "mha/attention.hpp"
+
+namespace mha::detail {
+
+// Throws mha::Error naming the argument when q, k, v or options are invalid (see attention.hpp).
+void validate_attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                        const AttentionOptions& options);
+
+// Runs the kernel chosen by options.kernel on validated arguments.
+// out: q's dtype, [B, h, L, d_v] addressed through out_strides (elements).
+// weights / lse: allocated and filled when the options ask for them (else left undefined).
+void run_attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                   const AttentionOptions& options, void* out, const Shape& out_strides,
+                   Tensor& weights, Tensor& lse);
+
+}  // namespace mha::detail
+
+namespace mha::detail {
+
+// The mask checks of validate_attention alone, for callers that build q, k, v themselves.
+void validate_attention_masks(const AttentionOptions& options, DType dtype, std::int64_t B, std::int64_t h,
+                              std::int64_t L, std::int64_t S);
+
+}  // namespace mha::detail

@@ -1,0 +1,56 @@
+// The one parameter object every attention kernel takes: pointers with explicit strides, sizes,
+// and the masks in a common form. Built and validated by attention_core.cpp; kernels only read it.
+//
+// Legend: B batch, h heads, L queries, S keys, d_k query/key width, d_v value width.
+#pragma once
+
+#include <cstdint>
+
+namespace mha::detail {
+
+// A strided 4-D array indexed (b, head, row, col); a stride of 0 broadcasts that dimension.
+template <class T>
+struct Strided4 {
+  T* data = nullptr;
+  std::int64_t stride[4] = {0, 0, 0, 0};
+
+  T& operator()(std::int64_t b, std::int64_t head, std::int64_t row, std::int64_t col) const {
+    return data[b * stride[0] + head * stride[1] + row * stride[2] + col * stride[3]];
+  }
+  explicit operator bool() const { return data != nullptr; }
+};
+
+template <class T>
+struct AttentionParams {
+  std::int64_t B = 0, h = 0, L = 0, S = 0, d_k = 0, d_v = 0;
+
+  Strided4<const T> q;  // [B, h, L, d_k]
+  Strided4<const T> k;  // [B, h, S, d_k]
+  Strided4<const T> v;  // [B, h, S, d_v]
+  Strided4<T> out;      // [B, h, L, d_v]
+  T* weights = nullptr; // [B, h, L, S] contiguous, or null
+  T* lse = nullptr;     // [B, h, L] contiguous, or null
+
+  T scale = 1;
+  bool causal = false;  // key j allowed for query i iff j <= i + S - L
+
+  // Masks, each viewed as [B, h, L, S] through broadcast strides; null when absent.
+  Strided4<const std::uint8_t> key_padding;  // nonzero = padded key (strides: b, 0, 0, s)
+  const std::int64_t* key_lengths = nullptr;   // [B]: keys j >= key_lengths[b] are padding
+  Strided4<const std::uint8_t> bool_mask;      // nonzero = may not attend
+  Strided4<const T> additive_mask;             // added to the logits; -inf forbids
+
+  T dropout_p = 0;  // in [0, 1)
+  std::uint64_t dropout_seed = 0;
+
+  // Whether query i may attend to key j by the boolean masks (the additive mask is applied apart).
+  bool allowed(std::int64_t b, std::int64_t head, std::int64_t i, std::int64_t j) const {
+    if (causal && j > i + S - L) return false;
+    if (key_lengths && j >= key_lengths[b]) return false;
+    if (key_padding && key_padding(b, head, i, j)) return false;
+    if (bool_mask && bool_mask(b, head, i, j)) return false;
+    return true;
+  }
+};
+
+}  // namespace mha::detail

@@ -1,0 +1,11 @@
+// The reference attention kernel: the specification every faster kernel is tested against.
+#pragma once
+
+#include "attention/params.hpp"
+
+namespace mha::detail {
+
+template <class T>
+void reference_attention_forward(const AttentionParams<T>& p);
+
+}  // namespace mha::detail

@@ -1,0 +1,16 @@
+// The public attention call: validate once, allocate the outputs, run the chosen kernel.
+#include "attention/attention_core.hpp"
+
+namespace mha {
+
+AttentionResult scaled_dot_product_attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                                             const AttentionOptions& options) {
+  detail::validate_attention(q, k, v, options);
+  AttentionResult result;
+  // out: [B, h, L, d_v]
+  result.out = Tensor(q.dtype(), {q.size(0), q.size(1), q.size(2), v.size(3)});
+  detail::run_attention(q, k, v, options, result.out.data(), result.out.strides(), result.weights, result.lse);
+  return result;
+}
+
+}  // namespace mha

@@ -1,0 +1,391 @@
+// MultiHeadAttention: configuration, parameters (PyTorch's names and layouts), forward.
+//
+// Legend: B batch, L queries, S keys, E = d_model, h heads, d_k, d_v per-head widths; S' = S plus the
+// appended bias_k / zero-attention positions. "Rows" are the flattened (batch, position) pairs of an
+// input in its own order: batch_first [B, T, *] has row b*T + t, sequence-first [T, B, *] row t*B + b.
+#include "mha/multi_head_attention.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "attention/attention_core.hpp"
+#include "attention/dropout.hpp"
+#include "linear.hpp"
+#include "mha/error.hpp"
+#include "random_init.hpp"
+
+namespace mha {
+
+namespace {
+
+[[noreturn]] void fail(const std::string& message) { throw Error(message); }
+
+std::string str(std::int64_t v) { return std::to_string(v); }
+
+MultiHeadAttentionConfig resolve(MultiHeadAttentionConfig c) {
+  if (c.num_heads <= 0) fail("num_heads: expected a positive number of heads, got " + str(c.num_heads));
+  if (c.d_model <= 0) fail("d_model: expected a positive width, got " + str(c.d_model));
+  for (auto [value, name] : {std::pair{&c.d_k, "d_k"}, std::pair{&c.d_v, "d_v"}}) {
+    if (*value < 0) fail(std::string(name) + ": expected a positive width or 0 for d_model / num_heads, got " + str(*value));
+    if (*value == 0) {
+      if (c.d_model % c.num_heads != 0)
+        fail("d_model: expected a multiple of num_heads = " + str(c.num_heads) + " when " + name +
+             " is not set, got " + str(c.d_model));
+      *value = c.d_model / c.num_heads;
+    }
+  }
+  for (auto [value, name] : {std::pair{&c.kdim, "kdim"}, std::pair{&c.vdim, "vdim"}}) {
+    if (*value < 0) fail(std::string(name) + ": expected a positive width or 0 for d_model, got " + str(*value));
+    if (*value == 0) *value = c.d_model;
+  }
+  if (!(c.dropout >= 0.0 && c.dropout < 1.0))
+    fail("dropout: expected a probability in [0, 1), got " + std::to_string(c.dropout));
+  if (c.dtype != DType::Float32 && c.dtype != DType::Float64)
+    fail(std::string("dtype: expected float32 or float64, got ") + dtype_name(c.dtype));
+  return c;
+}
+
+// Fills t with f() converted to its dtype.
+template <class F>
+void fill(Tensor& t, F f) {
+  for (std::int64_t i = 0; i < t.numel(); ++i) {
+    const double x = f();
+    if (t.dtype() == DType::Float64) t.data_as<double>()[i] = x;
+    else t.data_as<float>()[i] = static_cast<float>(x);
+  }
+}
+
+// xavier_uniform_ for a [fan_out, fan_in] weight: U(-a, a), a = sqrt(6 / (fan_in + fan_out)).
+void xavier_uniform(Tensor& w, detail::InitRng& rng) {
+  const double bound = std::sqrt(6.0 / static_cast<double>(w.size(0) + w.size(1)));
+  fill(w, [&] { return rng.uniform(-bound, bound); });
+}
+
+}  // namespace
+
+MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionConfig& config, std::uint64_t seed)
+    : config_(resolve(config)), dropout_seed_(detail::mix64(seed ^ 0x6d68612d64726f70ULL)) {
+  const auto& c = config_;
+  const std::int64_t E = c.d_model, qk = c.num_heads * c.d_k, vw = c.num_heads * c.d_v;
+  detail::InitRng rng(seed);
+  auto add = [&](const std::string& name, Shape shape) -> Tensor& {
+    return parameters_[name] = Tensor(c.dtype, std::move(shape));
+  };
+  // Created and initialised in PyTorch's state_dict order.
+  if (packed_in_proj()) {
+    xavier_uniform(add("in_proj_weight", {2 * qk + vw, E}), rng);
+  } else {
+    xavier_uniform(add("q_proj_weight", {qk, E}), rng);
+    xavier_uniform(add("k_proj_weight", {qk, c.kdim}), rng);
+    xavier_uniform(add("v_proj_weight", {vw, c.vdim}), rng);
+  }
+  if (c.bias) add("in_proj_bias", {2 * qk + vw});  // zeros
+  if (c.add_bias_kv) {
+    // xavier_normal_ of a [1, 1, n] tensor: fan_in = fan_out = n, so std = sqrt(2 / 2n).
+    for (auto [name, n] : {std::pair{"bias_k", qk}, std::pair{"bias_v", vw}}) {
+      const double std_dev = std::sqrt(1.0 / static_cast<double>(n));
+      fill(add(name, {1, 1, n}), [&] { return std_dev * rng.normal(); });
+    }
+  }
+  // nn.Linear's kaiming_uniform_(a = sqrt(5)) reduces to U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+  const double out_bound = 1.0 / std::sqrt(static_cast<double>(vw));
+  fill(add("out_proj.weight", {E, vw}), [&] { return rng.uniform(-out_bound, out_bound); });
+  if (c.bias) add("out_proj.bias", {E});  // zeros, as PyTorch's _reset_parameters sets it
+}
+
+bool MultiHeadAttention::packed_in_proj() const {
+  return config_.kdim == config_.d_model && config_.vdim == config_.d_model && config_.d_k == config_.d_v;
+}
+
+std::vector<std::string> MultiHeadAttention::parameter_names() const {
+  std::vector<std::string> names;
+  for (const char* name : {"in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias",
+                           "bias_k", "bias_v", "out_proj.weight", "out_proj.bias"})
+    if (parameters_.count(name)) names.emplace_back(name);
+  return names;
+}
+
+const Tensor& MultiHeadAttention::parameter(const std::string& name) const {
+  auto it = parameters_.find(name);
+  if (it == parameters_.end()) {
+    std::string known;
+    for (const auto& n : parameter_names()) known += (known.empty() ? "" : ", ") + n;
+    fail("parameter: no parameter named '" + name + "' in this layer; it has " + known);
+  }
+  return it->second;
+}
+
+Tensor& MultiHeadAttention::mutable_parameter(const std::string& name) {
+  return const_cast<Tensor&>(parameter(name));
+}
+
+void MultiHeadAttention::set_parameter(const std::string& name, const TensorView& value) {
+  Tensor& p = mutable_parameter(name);
+  if (value.dtype() == DType::Bool) fail(name + ": expected a float32 or float64 array, got bool");
+  if (value.shape() != p.shape())
+    fail(name + ": expected shape " + shape_str(p.shape()) + ", got " + shape_str(value.shape()));
+  p = Tensor::copy_of(value, config_.dtype);
+}
+
+void MultiHeadAttention::load_state_dict(const std::map<std::string, TensorView>& state) {
+  // Check everything first, so a failed load changes nothing.
+  for (const auto& [name, value] : state) {
+    const Tensor& p = parameter(name);
+    if (value.dtype() == DType::Bool) fail(name + ": expected a float32 or float64 array, got bool");
+    if (value.shape() != p.shape())
+      fail(name + ": expected shape " + shape_str(p.shape()) + ", got " + shape_str(value.shape()));
+  }
+  for (const auto& name : parameter_names())
+    if (!state.count(name)) fail("state_dict: missing parameter '" + name + "'");
+  for (const auto& [name, value] : state) set_parameter(name, value);
+}
+
+std::map<std::string, TensorView> MultiHeadAttention::state_dict() const {
+  std::map<std::string, TensorView> views;
+  for (const auto& [name, tensor] : parameters_) views.emplace(name, tensor.view());
+  return views;
+}
+
+namespace {
+
+// Where the rows of an input with T positions live: row (b, t) = b * batch + t * position.
+struct RowLayout {
+  std::int64_t batch, position;
+};
+
+// A projection output [rows, h * width] viewed as [B, h, T, width].
+TensorView heads_view(const Tensor& projected, std::int64_t B, std::int64_t h, std::int64_t T,
+                      std::int64_t width, RowLayout rows) {
+  const std::int64_t W = h * width;
+  return TensorView(projected.data(), projected.dtype(), {B, h, T, width},
+                    {rows.batch * W, width, rows.position * W, 1});
+}
+
+// The user's masks in kernel terms ([B, h, L, S'] with S' = S + extra), owning any tensor it built.
+struct KernelMasks {
+  AttentionOptions options;
+  Tensor attn_mask, key_padding_mask;  // storage for masks built here
+};
+
+// Pads masks for `extra` appended key positions, which every query may attend to (as PyTorch pads
+// attn_mask and key_padding_mask with zeros). Causal is folded into attn_mask, since it concerns the
+// S input keys only. options: validated, in terms of the S input keys.
+template <class T>
+void pad_masks_for_extra_keys(KernelMasks& m, std::int64_t B, std::int64_t h, std::int64_t L, std::int64_t S,
+                              std::int64_t extra) {
+  AttentionOptions& o = m.options;
+  const std::int64_t S2 = S + extra;
+  if (o.key_padding_mask || !o.key_lengths.empty()) {
+    Tensor padding(DType::Bool, {B, S2});  // [B, S'], extra columns false
+    auto* dst = padding.data_as<std::uint8_t>();
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t j = 0; j < S; ++j) {
+        bool padded = !o.key_lengths.empty() && j >= o.key_lengths[static_cast<std::size_t>(b)];
+        if (o.key_padding_mask) {
+          const auto& kpm = *o.key_padding_mask;
+          padded = padded || kpm.data_as<std::uint8_t>()[b * kpm.stride(0) + j * kpm.stride(1)] != 0;
+        }
+        dst[b * S2 + j] = padded;
+      }
+    m.key_padding_mask = std::move(padding);
+    o.key_padding_mask = m.key_padding_mask.view();
+    o.key_lengths.clear();
+  }
+  if (o.attn_mask || o.causal) {
+    const bool additive = o.attn_mask && o.attn_mask->dtype() != DType::Bool;
+    const std::int64_t N = o.attn_mask && o.attn_mask->rank() == 3 ? B * h : 0;  // 0: a 2-D mask
+    Tensor mask(additive ? dtype_of<T>() : DType::Bool, N ? Shape{N, L, S2} : Shape{L, S2});
+    for (std::int64_t n = 0; n < std::max<std::int64_t>(N, 1); ++n)
+      for (std::int64_t i = 0; i < L; ++i)
+        for (std::int64_t j = 0; j < S; ++j) {
+          const std::int64_t at = (n * L + i) * S2 + j;
+          const bool hidden_by_causal = o.causal && j > i + S - L;
+          if (additive) {
+            const auto& a = *o.attn_mask;
+            const std::int64_t src = (N ? n * a.stride(0) : 0) + i * a.stride(a.rank() - 2) + j * a.stride(a.rank() - 1);
+            mask.data_as<T>()[at] = hidden_by_causal ? -std::numeric_limits<T>::infinity() : a.data_as<T>()[src];
+          } else {
+            bool hidden = hidden_by_causal;
+            if (o.attn_mask) {
+              const auto& a = *o.attn_mask;
+              const std::int64_t src = (N ? n * a.stride(0) : 0) + i * a.stride(a.rank() - 2) + j * a.stride(a.rank() - 1);
+              hidden = hidden || a.data_as<std::uint8_t>()[src] != 0;
+            }
+            mask.data_as<std::uint8_t>()[at] = hidden;
+          }
+        }
+    m.attn_mask = std::move(mask);
+    o.attn_mask = m.attn_mask.view();
+    o.causal = false;
+  }
+}
+
+// Projects the rows of x ([B*T, width], laid out as `rows` says) with weight w [N, width] and bias into
+// y. extra == 0: y is [B*T, N] in x's row order. extra > 0: y is [B, T + extra, N] (batch-first), the
+// appended positions left for the caller.
+template <class T>
+void project(const TensorView& x, RowLayout rows, std::int64_t B, std::int64_t positions, std::int64_t extra,
+             const T* w, std::int64_t N, const T* bias, Tensor& y) {
+  const std::int64_t width = x.shape().back();
+  const T* xp = x.data_as<T>();
+  if (extra == 0) return detail::linear_forward(xp, width, B * positions, width, w, N, bias, y.data_as<T>(), N);
+  for (std::int64_t b = 0; b < B; ++b)
+    detail::linear_forward(xp + b * rows.batch * width, rows.position * width, positions, width, w, N, bias,
+                           y.data_as<T>() + b * (positions + extra) * N, N);
+}
+
+}  // namespace
+
+MultiHeadAttentionOutput MultiHeadAttention::forward(const TensorView& query, const TensorView& key,
+                                                     const TensorView& value, const MultiHeadAttentionInputs& in) {
+  const auto& c = config_;
+  const std::int64_t E = c.d_model, h = c.num_heads, qk = h * c.d_k, vw = h * c.d_v;
+  const char* batched_layout = c.batch_first ? "[B, L, E] (batch_first)" : "[L, B, E] (sequence first)";
+
+  // ---- validate the inputs --------------------------------------------------------------------
+  if (query.rank() != 2 && query.rank() != 3)
+    fail(std::string("query: expected rank 3 ") + batched_layout + " or rank 2 [L, E] (unbatched), got rank " +
+         str(query.rank()) + " " + shape_str(query.shape()));
+  for (auto [t, name] : {std::pair{&query, "query"}, std::pair{&key, "key"}, std::pair{&value, "value"}}) {
+    if (t->dtype() != c.dtype)
+      fail(std::string(name) + ": expected " + dtype_name(c.dtype) + " (the layer's dtype), got " +
+           dtype_name(t->dtype()) + " " + shape_str(t->shape()));
+    if (t->rank() != query.rank())
+      fail(std::string(name) + ": expected rank " + str(query.rank()) + " like query " + shape_str(query.shape()) +
+           ", got rank " + str(t->rank()) + " " + shape_str(t->shape()));
+  }
+  const bool batched = query.rank() == 3;
+  const bool seq_first = batched && !c.batch_first;
+  const int batch_dim = seq_first ? 1 : 0, pos_dim = batched && c.batch_first ? 1 : (seq_first ? 0 : 0);
+  const std::int64_t B = batched ? query.size(batch_dim) : 1;
+  const std::int64_t L = query.size(batched ? pos_dim : 0), S = key.size(batched ? pos_dim : 0);
+  for (auto [t, name, width, width_name] :
+       {std::tuple{&query, "query", E, "d_model"}, std::tuple{&key, "key", c.kdim, "kdim"},
+        std::tuple{&value, "value", c.vdim, "vdim"}}) {
+    if (t->shape().back() != width)
+      fail(std::string(name) + ": expected last dimension " + width_name + " = " + str(width) + ", got shape " +
+           shape_str(t->shape()));
+    if (batched && t->size(batch_dim) != B)
+      fail(std::string(name) + ": expected batch size " + str(B) + " like query " + shape_str(query.shape()) +
+           ", got shape " + shape_str(t->shape()));
+  }
+  if (value.size(batched ? pos_dim : 0) != S)
+    fail("value: expected " + str(S) + " positions like key " + shape_str(key.shape()) + ", got shape " +
+         shape_str(value.shape()));
+
+  // ---- masks, in kernel terms [B, h, L, S] ----------------------------------------------------
+  KernelMasks masks;
+  AttentionOptions& o = masks.options;
+  o.causal = in.causal;
+  o.key_lengths = in.key_lengths;
+  if (in.key_padding_mask) {
+    const TensorView& kpm = *in.key_padding_mask;
+    if (!batched) {
+      if (kpm.rank() != 1 || kpm.size(0) != S)
+        fail("key_padding_mask: expected shape [S] = [" + str(S) + "] for unbatched input, got " + shape_str(kpm.shape()));
+      o.key_padding_mask = TensorView(kpm.data(), kpm.dtype(), {1, S}, {0, kpm.stride(0)});
+    } else {
+      o.key_padding_mask = kpm;
+    }
+  }
+  if (in.attn_mask) {
+    const TensorView& am = *in.attn_mask;
+    if (am.dtype() != DType::Bool && am.dtype() != c.dtype) {  // the other float dtype: convert
+      masks.attn_mask = Tensor::copy_of(am, c.dtype);
+      o.attn_mask = masks.attn_mask.view();
+    } else {
+      o.attn_mask = am;
+    }
+  }
+  detail::validate_attention_masks(o, c.dtype, B, h, L, S);
+
+  const std::int64_t extra = (c.add_bias_kv ? 1 : 0) + (c.add_zero_attn ? 1 : 0);
+  const std::int64_t S2 = S + extra;
+  if (extra) {
+    if (c.dtype == DType::Float64) pad_masks_for_extra_keys<double>(masks, B, h, L, S, extra);
+    else pad_masks_for_extra_keys<float>(masks, B, h, L, S, extra);
+  }
+  o.need_weights = in.need_weights;
+  o.kernel = kernel_;
+  if (training_ && c.dropout > 0) {
+    o.dropout_p = c.dropout;
+    o.dropout_seed = detail::mix64(dropout_seed_ + dropout_calls_++);
+  }
+
+  // ---- project, attend, project back --------------------------------------------------------
+  // Inputs with gaps between rows are copied once so the GEMMs read plain [rows, width] matrices.
+  Tensor copies[3];
+  const TensorView* inputs[3] = {&query, &key, &value};
+  TensorView x[3];
+  for (int i = 0; i < 3; ++i) {
+    x[i] = *inputs[i];
+    if (!x[i].is_contiguous()) {
+      copies[i] = Tensor::copy_of(x[i]);
+      x[i] = copies[i].view();
+    }
+  }
+  const RowLayout q_rows = seq_first ? RowLayout{1, B} : RowLayout{L, 1};
+  const RowLayout kv_rows = extra ? RowLayout{S2, 1} : (seq_first ? RowLayout{1, B} : RowLayout{S, 1});
+  const RowLayout kv_input_rows = seq_first ? RowLayout{1, B} : RowLayout{S, 1};
+
+  Tensor q_proj(c.dtype, {B * L, qk});   // [rows of query, h*d_k]
+  Tensor k_proj(c.dtype, {B * S2, qk});  // [rows of key (+ extra per batch), h*d_k]
+  Tensor v_proj(c.dtype, {B * S2, vw});  // [rows of value (+ extra per batch), h*d_v]
+  Tensor context(c.dtype, {B * L, vw});  // [rows of query, h*d_v]: the concatenated heads
+  Shape out_shape = query.shape();
+  out_shape.back() = E;
+  MultiHeadAttentionOutput result;
+  result.out = Tensor(c.dtype, out_shape);
+  Tensor weights, lse;
+
+  auto run = [&]<class T>(T) {
+    const T* in_w = packed_in_proj() ? parameter("in_proj_weight").data_as<T>() : nullptr;
+    const T* w_q = in_w ? in_w : parameter("q_proj_weight").data_as<T>();
+    const T* w_k = in_w ? in_w + qk * E : parameter("k_proj_weight").data_as<T>();
+    const T* w_v = in_w ? in_w + 2 * qk * E : parameter("v_proj_weight").data_as<T>();
+    const T* in_b = c.bias ? parameter("in_proj_bias").data_as<T>() : nullptr;
+    project<T>(x[0], q_rows, B, L, 0, w_q, qk, in_b, q_proj);
+    project<T>(x[1], kv_input_rows, B, S, extra, w_k, qk, in_b ? in_b + qk : nullptr, k_proj);
+    project<T>(x[2], kv_input_rows, B, S, extra, w_v, vw, in_b ? in_b + 2 * qk : nullptr, v_proj);
+    if (c.add_bias_kv) {  // position S of every batch: bias_k, bias_v (a zero position may follow)
+      for (std::int64_t b = 0; b < B; ++b) {
+        std::copy_n(parameter("bias_k").data_as<T>(), qk, k_proj.data_as<T>() + (b * S2 + S) * qk);
+        std::copy_n(parameter("bias_v").data_as<T>(), vw, v_proj.data_as<T>() + (b * S2 + S) * vw);
+      }
+    }
+    const TensorView q = heads_view(q_proj, B, h, L, c.d_k, q_rows);   // [B, h, L, d_k]
+    const TensorView k = heads_view(k_proj, B, h, S2, c.d_k, kv_rows); // [B, h, S', d_k]
+    const TensorView v = heads_view(v_proj, B, h, S2, c.d_v, kv_rows); // [B, h, S', d_v]
+    const Shape context_strides{q_rows.batch * vw, c.d_v, q_rows.position * vw, 1};  // [B, h, L, d_v]
+    detail::run_attention(q, k, v, o, context.data(), context_strides, weights, lse);
+    const T* out_b = c.bias ? parameter("out_proj.bias").data_as<T>() : nullptr;
+    detail::linear_forward(context.data_as<T>(), vw, B * L, vw, parameter("out_proj.weight").data_as<T>(), E, out_b,
+                           result.out.data_as<T>(), E);
+    if (in.need_weights && in.average_attn_weights) {  // mean over heads: [B, h, L, S'] -> [B, L, S']
+      Tensor mean(c.dtype, {B, L, S2});
+      const T* w = weights.data_as<T>();
+      T* m = mean.data_as<T>();
+      for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t i = 0; i < L * S2; ++i) {
+          T sum = 0;
+          for (std::int64_t head = 0; head < h; ++head) sum += w[(b * h + head) * L * S2 + i];
+          m[b * L * S2 + i] = sum / static_cast<T>(h);
+        }
+      weights = std::move(mean);
+    }
+  };
+  if (c.dtype == DType::Float64) run(double{});
+  else run(float{});
+
+  if (in.need_weights) {
+    if (!batched) {  // drop the batch dimension of 1
+      Shape s(weights.shape().begin() + 1, weights.shape().end());
+      weights = std::move(weights).reshaped(s);
+    }
+    result.weights = std::move(weights);
+  }
+  return result;
+}
+
+}  // namespace mha

@@ -1,0 +1,171 @@
+// Tensor and TensorView: storage, shapes, strides, conversion.
+#include "mha/tensor.hpp"
+
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <new>
+
+#include "mha/error.hpp"
+
+namespace mha {
+
+namespace {
+constexpr std::size_t kAlignment = 64;  // one cache line; also the widest SIMD register (AVX-512)
+}
+
+std::size_t dtype_size(DType dtype) {
+  switch (dtype) {
+    case DType::Float32: return 4;
+    case DType::Float64: return 8;
+    case DType::Bool: return 1;
+  }
+  return 0;
+}
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::Float32: return "float32";
+    case DType::Float64: return "float64";
+    case DType::Bool: return "bool";
+  }
+  return "unknown";
+}
+
+std::string shape_str(const Shape& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+std::int64_t shape_numel(const Shape& shape) {
+  std::int64_t n = 1;
+  for (std::int64_t d : shape) n *= d;
+  return n;
+}
+
+Shape contiguous_strides(const Shape& shape) {
+  Shape strides(shape.size());
+  std::int64_t s = 1;
+  for (std::size_t i = shape.size(); i-- > 0;) {
+    strides[i] = s;
+    s *= shape[i];
+  }
+  return strides;
+}
+
+// ---- TensorView ----------------------------------------------------------------------------------
+
+TensorView::TensorView(const void* data, DType dtype, Shape shape, Shape strides)
+    : data_(data), dtype_(dtype), shape_(std::move(shape)), strides_(std::move(strides)) {
+  if (shape_.size() != strides_.size())
+    throw Error("TensorView: shape " + shape_str(shape_) + " and strides " + shape_str(strides_) +
+                " differ in rank");
+  for (std::size_t i = 0; i < shape_.size(); ++i) {
+    if (shape_[i] < 0) throw Error("TensorView: negative size in shape " + shape_str(shape_));
+    if (strides_[i] < 0) throw Error("TensorView: negative stride in strides " + shape_str(strides_));
+  }
+  if (data_ == nullptr && shape_numel(shape_) != 0)
+    throw Error("TensorView: null data for shape " + shape_str(shape_));
+}
+
+TensorView::TensorView(const void* data, DType dtype, Shape shape)
+    : TensorView(data, dtype, shape, contiguous_strides(shape)) {}
+
+bool TensorView::is_contiguous() const {
+  std::int64_t expected = 1;
+  for (std::size_t i = shape_.size(); i-- > 0;) {
+    if (shape_[i] != 1 && strides_[i] != expected) return false;
+    expected *= shape_[i];
+  }
+  return true;
+}
+
+// ---- Tensor --------------------------------------------------------------------------------------
+
+void Tensor::Free::operator()(std::byte* p) const { ::operator delete[](p, std::align_val_t{kAlignment}); }
+
+Tensor::Tensor(DType dtype, Shape shape) : dtype_(dtype), shape_(std::move(shape)) {
+  for (std::int64_t d : shape_)
+    if (d < 0) throw Error("Tensor: negative size in shape " + shape_str(shape_));
+  // Overflow guard: the element count times the element size must fit in memory sizes.
+  std::int64_t n = 1;
+  for (std::int64_t d : shape_) {
+    if (d != 0 && n > std::numeric_limits<std::int64_t>::max() / 8 / d)
+      throw Error("Tensor: shape " + shape_str(shape_) + " is too large");
+    n *= d;
+  }
+  const std::size_t bytes = static_cast<std::size_t>(n) * dtype_size(dtype);
+  if (bytes == 0) {
+    defined_empty_ = true;
+    return;
+  }
+  data_.reset(new (std::align_val_t{kAlignment}) std::byte[bytes]);
+  std::memset(data_.get(), 0, bytes);
+}
+
+namespace {
+
+template <class Dst, class Src>
+void copy_strided(const TensorView& src, Dst* dst) {
+  const Shape& shape = src.shape();
+  const Shape& strides = src.strides();
+  const auto* base = src.data_as<Src>();
+  const std::int64_t n = src.numel();
+  const std::size_t rank = shape.size();
+  std::vector<std::int64_t> index(rank, 0);
+  std::int64_t offset = 0;  // element offset of `index` in src
+  for (std::int64_t i = 0; i < n; ++i) {
+    dst[i] = static_cast<Dst>(base[offset]);
+    for (std::size_t d = rank; d-- > 0;) {  // odometer increment, innermost first
+      if (++index[d] < shape[d]) {
+        offset += strides[d];
+        break;
+      }
+      offset -= strides[d] * (shape[d] - 1);
+      index[d] = 0;
+    }
+  }
+}
+
+template <class Dst>
+void copy_from(const TensorView& src, Dst* dst) {
+  switch (src.dtype()) {
+    case DType::Float32: return copy_strided<Dst, float>(src, dst);
+    case DType::Float64: return copy_strided<Dst, double>(src, dst);
+    case DType::Bool: return copy_strided<Dst, std::uint8_t>(src, dst);
+  }
+}
+
+}  // namespace
+
+Tensor Tensor::copy_of(const TensorView& view, DType dtype) {
+  if ((dtype == DType::Bool) != (view.dtype() == DType::Bool))
+    throw Error(std::string("Tensor::copy_of: cannot convert ") + dtype_name(view.dtype()) + " to " +
+                dtype_name(dtype));
+  Tensor t(dtype, view.shape());
+  if (t.numel() == 0) return t;
+  switch (dtype) {
+    case DType::Float32: copy_from(view, t.data_as<float>()); break;
+    case DType::Float64: copy_from(view, t.data_as<double>()); break;
+    case DType::Bool: {
+      auto* dst = t.data_as<std::uint8_t>();
+      copy_from(view, dst);
+      for (std::int64_t i = 0; i < t.numel(); ++i) dst[i] = dst[i] != 0;  // canonical 0 / 1
+      break;
+    }
+  }
+  return t;
+}
+
+Tensor Tensor::reshaped(Shape shape) && {
+  if (shape_numel(shape) != numel())
+    throw Error("Tensor::reshaped: cannot view " + shape_str(shape_) + " as " + shape_str(shape));
+  shape_ = std::move(shape);
+  return std::move(*this);
+}
+
+}  // namespace mha

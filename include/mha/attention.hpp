@@ -56,6 +56,23 @@ struct AttentionResult {
 AttentionResult scaled_dot_product_attention(const TensorView& q, const TensorView& k,
                                              const TensorView& v, const AttentionOptions& options = {});
 
+struct AttentionGradients {
+  Tensor dq;  // [B, h, L, d_k]
+  Tensor dk;  // [B, h, S, d_k]
+  Tensor dv;  // [B, h, S, d_v]
+};
+
+// The backward of scaled_dot_product_attention (Vaswani et al.; FlashAttention-2's formulation):
+//     D = rowsum(dO * O);  P recomputed from q, k and lse;  dV = P^T dO;  dP = dO V^T;
+//     dS = P * (dP - D);   dQ = dS K * scale;  dK = dS^T Q * scale
+// with dropout's mask regenerated from options.dropout_seed. dout and out: [B, h, L, d_v], lse:
+// [B, h, L], from a forward with the same q, k, v and options (need_lse = true). The gradients are
+// returned in new tensors (they overwrite nothing and accumulate into nothing). Masks get no gradient.
+AttentionGradients scaled_dot_product_attention_backward(const TensorView& dout, const TensorView& q,
+                                                         const TensorView& k, const TensorView& v,
+                                                         const TensorView& out, const TensorView& lse,
+                                                         const AttentionOptions& options = {});
+
 // The number of OpenMP threads the library's kernels use (default: OpenMP's default).
 void set_num_threads(int threads);
 int num_threads();

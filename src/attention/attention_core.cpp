@@ -85,7 +85,7 @@ void validate_attention(const TensorView& q, const TensorView& k, const TensorVi
 
 namespace {
 
-template <class T, class U>
+template <class U>
 Strided4<const U> strided4(const TensorView& t) {
   Strided4<const U> s;
   s.data = t.data_as<U>();
@@ -110,16 +110,14 @@ Strided4<const U> mask4(const TensorView& m, std::int64_t h) {
   return s;
 }
 
+// The parameters shared by forward and backward: sizes, q, k, v, scale, masks, dropout.
 template <class T>
-void run_typed(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionOptions& o,
-               T* out, const Shape& out_strides, Tensor& weights, Tensor& lse) {
-  AttentionParams<T> p;
+void fill_common(AttentionParams<T>& p, const TensorView& q, const TensorView& k, const TensorView& v,
+                 const AttentionOptions& o) {
   p.B = q.size(0), p.h = q.size(1), p.L = q.size(2), p.d_k = q.size(3), p.S = k.size(2), p.d_v = v.size(3);
-  p.q = strided4<T, T>(q);
-  p.k = strided4<T, T>(k);
-  p.v = strided4<T, T>(v);
-  p.out.data = out;
-  for (int d = 0; d < 4; ++d) p.out.stride[d] = out_strides[static_cast<std::size_t>(d)];
+  p.q = strided4<T>(q);
+  p.k = strided4<T>(k);
+  p.v = strided4<T>(v);
   p.scale = static_cast<T>(o.scale ? *o.scale : 1.0 / std::sqrt(static_cast<double>(p.d_k)));
   p.causal = o.causal;
   if (o.key_padding_mask) {
@@ -134,6 +132,15 @@ void run_typed(const TensorView& q, const TensorView& k, const TensorView& v, co
   }
   p.dropout_p = static_cast<T>(o.dropout_p);
   p.dropout_seed = o.dropout_seed;
+}
+
+template <class T>
+void run_typed(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionOptions& o,
+               T* out, const Shape& out_strides, Tensor& weights, Tensor& lse) {
+  AttentionParams<T> p;
+  fill_common(p, q, k, v, o);
+  p.out.data = out;
+  for (int d = 0; d < 4; ++d) p.out.stride[d] = out_strides[static_cast<std::size_t>(d)];
   if (o.need_weights) {
     weights = Tensor(dtype_of<T>(), {p.B, p.h, p.L, p.S});
     p.weights = weights.data_as<T>();
@@ -147,7 +154,55 @@ void run_typed(const TensorView& q, const TensorView& k, const TensorView& v, co
   }
 }
 
+template <class T>
+void run_backward_typed(const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
+                        const TensorView& out, const TensorView& lse, const AttentionOptions& o,
+                        AttentionGradients& g) {
+  AttentionBackwardParams<T> p;
+  fill_common(p, q, k, v, o);
+  p.dout = strided4<T>(dout);
+  p.o = strided4<T>(out);
+  p.lse_in.data = lse.data_as<T>();
+  for (int d = 0; d < 3; ++d) p.lse_in.stride[d] = lse.stride(d);
+  g.dq = Tensor(dtype_of<T>(), q.shape());
+  g.dk = Tensor(dtype_of<T>(), k.shape());
+  g.dv = Tensor(dtype_of<T>(), v.shape());
+  p.dq = {g.dq.data_as<T>(), {}};
+  p.dk = {g.dk.data_as<T>(), {}};
+  p.dv = {g.dv.data_as<T>(), {}};
+  for (auto [grad, tensor] : {std::pair{&p.dq, &g.dq}, std::pair{&p.dk, &g.dk}, std::pair{&p.dv, &g.dv}})
+    for (int d = 0; d < 4; ++d) grad->stride[d] = tensor->strides()[static_cast<std::size_t>(d)];
+  switch (o.kernel) {
+    case Kernel::Reference: reference_attention_backward(p); break;
+  }
+}
+
 }  // namespace
+
+void validate_attention_backward(const TensorView& dout, const TensorView& q, const TensorView& k,
+                                 const TensorView& v, const TensorView& out, const TensorView& lse,
+                                 const AttentionOptions& o) {
+  validate_attention(q, k, v, o);
+  const Shape out_shape{q.size(0), q.size(1), q.size(2), v.size(3)};
+  for (auto [t, name] : {std::pair{&dout, "dout"}, std::pair{&out, "out"}}) {
+    if (t->dtype() != q.dtype())
+      fail(std::string(name) + ": expected " + dtype_name(q.dtype()) + " like q, got " + describe(*t));
+    if (t->shape() != out_shape)
+      fail(std::string(name) + ": expected shape [B, h, L, d_v] = " + shape_str(out_shape) + ", got " +
+           shape_str(t->shape()));
+  }
+  const Shape lse_shape{q.size(0), q.size(1), q.size(2)};
+  if (lse.dtype() != q.dtype()) fail(std::string("lse: expected ") + dtype_name(q.dtype()) + " like q, got " + describe(lse));
+  if (lse.shape() != lse_shape)
+    fail("lse: expected shape [B, h, L] = " + shape_str(lse_shape) + ", got " + shape_str(lse.shape()));
+}
+
+void run_attention_backward(const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
+                            const TensorView& out, const TensorView& lse, const AttentionOptions& o,
+                            AttentionGradients& grads) {
+  if (q.dtype() == DType::Float64) run_backward_typed<double>(dout, q, k, v, out, lse, o, grads);
+  else run_backward_typed<float>(dout, q, k, v, out, lse, o, grads);
+}
 
 void run_attention(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionOptions& o,
                    void* out, const Shape& out_strides, Tensor& weights, Tensor& lse) {

@@ -22,6 +22,15 @@ void run_attention(const TensorView& q, const TensorView& k, const TensorView& v
 namespace mha::detail {
 
 // The mask checks of validate_attention alone, for callers that build q, k, v themselves.
+void validate_attention_backward(const TensorView& dout, const TensorView& q, const TensorView& k,
+                                 const TensorView& v, const TensorView& out, const TensorView& lse,
+                                 const AttentionOptions& options);
+
+// Runs the backward of the kernel chosen by options.kernel; allocates the gradients in `grads`.
+void run_attention_backward(const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
+                            const TensorView& out, const TensorView& lse, const AttentionOptions& options,
+                            AttentionGradients& grads);
+
 void validate_attention_masks(const AttentionOptions& options, DType dtype, std::int64_t B, std::int64_t h,
                               std::int64_t L, std::int64_t S);
 

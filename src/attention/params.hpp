@@ -54,3 +54,19 @@ struct AttentionParams {
 };
 
 }  // namespace mha::detail
+
+namespace mha::detail {
+
+// The backward's parameters: the forward's (q, k, v, masks, scale, dropout) plus what it produced and
+// the gradient buffers. The forward-only members out, weights and lse are unused.
+template <class T>
+struct AttentionBackwardParams : AttentionParams<T> {
+  Strided4<const T> dout;   // [B, h, L, d_v]
+  Strided4<const T> o;      // [B, h, L, d_v]: the forward's output
+  Strided4<const T> lse_in; // [B, h, L, (1)]: the forward's log-sum-exp; column stride unused
+  Strided4<T> dq;           // [B, h, L, d_k]
+  Strided4<T> dk;           // [B, h, S, d_k]
+  Strided4<T> dv;           // [B, h, S, d_v]
+};
+
+}  // namespace mha::detail

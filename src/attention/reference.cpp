@@ -76,7 +76,51 @@ void reference_attention_forward(const AttentionParams<T>& p) {
   }
 }
 
+// The backward, one (b, head) pair per iteration so every gradient element has one writer:
+//   D_i = dO_i . O_i                      (= sum_j P_ij dP_ij, dropout included)
+//   p_ij = exp(s_ij - lse_i)              (in the forward: p_ij = exp(s_ij - m_i) / l_i)
+//   f_ij = dropout factor (0 or 1/(1-dropout_p), 1 without dropout)
+//   dV_j += p_ij f_ij dO_i                (forward: out_i = sum_j p_ij f_ij v_j)
+//   dP_ij = f_ij dO_i . v_j;  dS_ij = p_ij (dP_ij - D_i)
+//   dQ_i += scale dS_ij k_j;  dK_j += scale dS_ij q_i
+template <class T>
+void reference_attention_backward(const AttentionBackwardParams<T>& p) {
+  constexpr T kMinusInf = -std::numeric_limits<T>::infinity();
+#pragma omp parallel for schedule(static)
+  for (std::int64_t bh = 0; bh < p.B * p.h; ++bh) {
+    const std::int64_t b = bh / p.h, head = bh % p.h;
+    for (std::int64_t i = 0; i < p.L; ++i) {
+      const T lse = p.lse_in(b, head, i, 0);
+      if (lse == kMinusInf) continue;  // the row attended to nothing: no gradient flows through it
+      T D = 0;
+      for (std::int64_t c = 0; c < p.d_v; ++c) D += p.dout(b, head, i, c) * p.o(b, head, i, c);
+      for (std::int64_t j = 0; j < p.S; ++j) {
+        const T added = p.additive_mask ? p.additive_mask(b, head, i, j) : T(0);
+        if (!p.allowed(b, head, i, j) || added == kMinusInf) continue;
+        T dot = 0;
+        for (std::int64_t c = 0; c < p.d_k; ++c) dot += p.q(b, head, i, c) * p.k(b, head, j, c);
+        const T prob = std::exp(dot * p.scale + added - lse);
+        T factor = 1;
+        if (p.dropout_p > 0)
+          factor = dropout_uniform(p.dropout_seed, b, head, i, j) < p.dropout_p ? T(0) : T(1) / (T(1) - p.dropout_p);
+        T dprob = 0;  // dP_ij
+        for (std::int64_t c = 0; c < p.d_v; ++c) {
+          p.dv(b, head, j, c) += prob * factor * p.dout(b, head, i, c);
+          dprob += p.dout(b, head, i, c) * p.v(b, head, j, c);
+        }
+        const T dscore = prob * (factor * dprob - D) * p.scale;  // dS_ij * scale
+        for (std::int64_t c = 0; c < p.d_k; ++c) {
+          p.dq(b, head, i, c) += dscore * p.k(b, head, j, c);
+          p.dk(b, head, j, c) += dscore * p.q(b, head, i, c);
+        }
+      }
+    }
+  }
+}
+
 template void reference_attention_forward<float>(const AttentionParams<float>&);
 template void reference_attention_forward<double>(const AttentionParams<double>&);
+template void reference_attention_backward<float>(const AttentionBackwardParams<float>&);
+template void reference_attention_backward<double>(const AttentionBackwardParams<double>&);
 
 }  // namespace mha::detail

@@ -9,3 +9,11 @@ template <class T>
 void reference_attention_forward(const AttentionParams<T>& p);
 
 }  // namespace mha::detail
+
+namespace mha::detail {
+
+// dq, dk, dv must be zero on entry (the kernel accumulates into them).
+template <class T>
+void reference_attention_backward(const AttentionBackwardParams<T>& p);
+
+}  // namespace mha::detail

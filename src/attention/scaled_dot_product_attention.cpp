@@ -13,4 +13,14 @@ AttentionResult scaled_dot_product_attention(const TensorView& q, const TensorVi
   return result;
 }
 
+AttentionGradients scaled_dot_product_attention_backward(const TensorView& dout, const TensorView& q,
+                                                         const TensorView& k, const TensorView& v,
+                                                         const TensorView& out, const TensorView& lse,
+                                                         const AttentionOptions& options) {
+  detail::validate_attention_backward(dout, q, k, v, out, lse, options);
+  AttentionGradients grads;
+  detail::run_attention_backward(dout, q, k, v, out, lse, options, grads);
+  return grads;
+}
+
 }  // namespace mha

@@ -58,4 +58,39 @@ void linear_forward<double>(const double* x, std::int64_t ldx, std::int64_t M, s
     }
 }
 
+template <>
+void gemm<float>(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, const float* A,
+                 std::int64_t lda, const float* B, std::int64_t ldb, bool accumulate, float* C, std::int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    if (!accumulate) fill_bias<float>(M, N, nullptr, C, ldc);
+    return;
+  }
+  dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, 1.0f, A, lda, B, ldb, accumulate ? 1.0f : 0.0f, C,
+             ldc);
+}
+
+template <>
+void gemm<double>(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, const double* A,
+                  std::int64_t lda, const double* B, std::int64_t ldb, bool accumulate, double* C, std::int64_t ldc) {
+#pragma omp parallel for schedule(static)
+  for (std::int64_t m = 0; m < M; ++m)
+    for (std::int64_t n = 0; n < N; ++n) {
+      double acc = 0;
+      for (std::int64_t c = 0; c < K; ++c)
+        acc += (trans_a ? A[c * lda + m] : A[m * lda + c]) * (trans_b ? B[n * ldb + c] : B[c * ldb + n]);
+      C[m * ldc + n] = accumulate ? C[m * ldc + n] + acc : acc;
+    }
+}
+
+template <class T>
+void column_sums(const T* dy, std::int64_t ldy, std::int64_t M, std::int64_t N, T* bias_grad) {
+  for (std::int64_t n = 0; n < N; ++n) bias_grad[n] = 0;
+  for (std::int64_t m = 0; m < M; ++m)
+    for (std::int64_t n = 0; n < N; ++n) bias_grad[n] += dy[m * ldy + n];
+}
+
+template void column_sums<float>(const float*, std::int64_t, std::int64_t, std::int64_t, float*);
+template void column_sums<double>(const double*, std::int64_t, std::int64_t, std::int64_t, double*);
+
 }  // namespace mha::detail

@@ -166,6 +166,17 @@ TensorView heads_view(const Tensor& projected, std::int64_t B, std::int64_t h, s
 struct KernelMasks {
   AttentionOptions options;
   Tensor attn_mask, key_padding_mask;  // storage for masks built here
+
+  // Points the options at copies owned here, so the masks outlive the caller's arrays.
+  void own_views() {
+    for (auto [view, storage] : {std::pair{&options.key_padding_mask, &key_padding_mask},
+                                 std::pair{&options.attn_mask, &attn_mask}}) {
+      if (*view && (*view)->data() != storage->data()) {
+        *storage = Tensor::copy_of(**view);
+        *view = storage->view();
+      }
+    }
+  }
 };
 
 // Pads masks for `extra` appended key positions, which every query may attend to (as PyTorch pads
@@ -233,6 +244,101 @@ void project(const TensorView& x, RowLayout rows, std::int64_t B, std::int64_t p
   for (std::int64_t b = 0; b < B; ++b)
     detail::linear_forward(xp + b * rows.batch * width, rows.position * width, positions, width, w, N, bias,
                            y.data_as<T>() + b * (positions + extra) * N, N);
+}
+
+// The inverse of project(): given dy (shaped as project's y), accumulates nothing and writes
+// dw [N, width] = dy^T x, dbias [N] = column sums of dy (when bias), dx [rows of x, width] = dy w.
+template <class T>
+void project_backward(const Tensor& dy, const TensorView& x, RowLayout rows, std::int64_t B, std::int64_t positions,
+                      std::int64_t extra, const T* w, std::int64_t N, T* dw, T* dbias, Tensor& dx) {
+  const std::int64_t width = x.shape().back();
+  const T* xp = x.data_as<T>();
+  const T* dyp = dy.data_as<T>();
+  T* dxp = dx.data_as<T>();
+  if (extra == 0) {
+    detail::gemm<T>(true, false, N, width, B * positions, dyp, N, xp, width, false, dw, width);
+    if (dbias) detail::column_sums(dyp, N, B * positions, N, dbias);
+    detail::gemm<T>(false, false, B * positions, width, N, dyp, N, w, width, false, dxp, width);
+    return;
+  }
+  // y is [B, positions + extra, N]; x and dx keep the input's row layout.
+  std::vector<T> batch_bias(static_cast<std::size_t>(N));
+  for (std::int64_t b = 0; b < B; ++b) {
+    const T* dy_b = dyp + b * (positions + extra) * N;
+    const std::int64_t x_offset = b * rows.batch * width, ld = rows.position * width;
+    detail::gemm<T>(true, false, N, width, positions, dy_b, N, xp + x_offset, ld, b > 0, dw, width);
+    if (dbias) {
+      detail::column_sums(dy_b, N, positions, N, batch_bias.data());
+      for (std::int64_t n = 0; n < N; ++n) dbias[n] += batch_bias[static_cast<std::size_t>(n)];
+    }
+    detail::gemm<T>(false, false, positions, width, N, dy_b, N, w, width, false, dxp + x_offset, ld);
+  }
+}
+
+template <class T>
+struct ProjectionWeights {
+  const T *q, *k, *v, *out;                      // [h*d_k, E], [h*d_k, kdim], [h*d_v, vdim], [E, h*d_v]
+  const T *q_bias, *k_bias, *v_bias, *out_bias;  // null without bias
+};
+
+template <class T>
+ProjectionWeights<T> projection_weights(const MultiHeadAttention& layer) {
+  const auto& c = layer.config();
+  const std::int64_t qk = c.num_heads * c.d_k, E = c.d_model;
+  ProjectionWeights<T> w{};
+  if (layer.packed_in_proj()) {  // rows [q | k | v]
+    const T* in_w = layer.parameter("in_proj_weight").data_as<T>();
+    w.q = in_w, w.k = in_w + qk * E, w.v = in_w + 2 * qk * E;
+  } else {
+    w.q = layer.parameter("q_proj_weight").data_as<T>();
+    w.k = layer.parameter("k_proj_weight").data_as<T>();
+    w.v = layer.parameter("v_proj_weight").data_as<T>();
+  }
+  w.out = layer.parameter("out_proj.weight").data_as<T>();
+  if (c.bias) {
+    const T* in_b = layer.parameter("in_proj_bias").data_as<T>();
+    w.q_bias = in_b, w.k_bias = in_b + qk, w.v_bias = in_b + 2 * qk;
+    w.out_bias = layer.parameter("out_proj.bias").data_as<T>();
+  }
+  return w;
+}
+
+}  // namespace
+
+// What a training-mode forward keeps for the backward.
+
+namespace detail {
+
+struct SavedForward {
+  std::int64_t B = 0, L = 0, S = 0, extra = 0;
+  RowLayout q_rows{}, kv_input_rows{}, kv_rows{};
+  Tensor x[3];                          // copies of query, key, value (training mode, or to close gaps)
+  TensorView x_view[3];                 // what the projections read: x[i] or the caller's input
+  Tensor q_proj, k_proj, v_proj, context, lse;
+  KernelMasks masks;                    // in kernel terms, owning their storage
+  Shape out_shape;
+};
+
+}  // namespace detail
+
+namespace {
+
+// The projections viewed per head, and the layout of the concatenated heads.
+struct HeadViews {
+  TensorView q, k, v;   // [B, h, L, d_k], [B, h, S', d_k], [B, h, S', d_v]
+  TensorView context;   // [B, h, L, d_v]
+  Shape context_strides;
+};
+
+HeadViews head_views(const detail::SavedForward& f, const MultiHeadAttentionConfig& c) {
+  const std::int64_t h = c.num_heads, S2 = f.S + f.extra;
+  HeadViews v;
+  v.q = heads_view(f.q_proj, f.B, h, f.L, c.d_k, f.q_rows);
+  v.k = heads_view(f.k_proj, f.B, h, S2, c.d_k, f.kv_rows);
+  v.v = heads_view(f.v_proj, f.B, h, S2, c.d_v, f.kv_rows);
+  v.context = heads_view(f.context, f.B, h, f.L, c.d_v, f.q_rows);
+  v.context_strides = v.context.strides();
+  return v;
 }
 
 }  // namespace
@@ -314,62 +420,55 @@ MultiHeadAttentionOutput MultiHeadAttention::forward(const TensorView& query, co
   }
 
   // ---- project, attend, project back --------------------------------------------------------
-  // Inputs with gaps between rows are copied once so the GEMMs read plain [rows, width] matrices.
-  Tensor copies[3];
+  auto saved = std::make_shared<detail::SavedForward>();
+  detail::SavedForward& f = *saved;
+  f.B = B, f.L = L, f.S = S, f.extra = extra;
+  f.q_rows = seq_first ? RowLayout{1, B} : RowLayout{L, 1};
+  f.kv_input_rows = seq_first ? RowLayout{1, B} : RowLayout{S, 1};
+  f.kv_rows = extra ? RowLayout{S2, 1} : f.kv_input_rows;
+  // Inputs with gaps between rows are copied once so the GEMMs read plain [rows, width] matrices;
+  // training mode keeps its own copies for the backward.
   const TensorView* inputs[3] = {&query, &key, &value};
-  TensorView x[3];
   for (int i = 0; i < 3; ++i) {
-    x[i] = *inputs[i];
-    if (!x[i].is_contiguous()) {
-      copies[i] = Tensor::copy_of(x[i]);
-      x[i] = copies[i].view();
+    f.x_view[i] = *inputs[i];
+    if (training_ || !inputs[i]->is_contiguous()) {
+      f.x[i] = Tensor::copy_of(*inputs[i]);
+      f.x_view[i] = f.x[i].view();
     }
   }
-  const RowLayout q_rows = seq_first ? RowLayout{1, B} : RowLayout{L, 1};
-  const RowLayout kv_rows = extra ? RowLayout{S2, 1} : (seq_first ? RowLayout{1, B} : RowLayout{S, 1});
-  const RowLayout kv_input_rows = seq_first ? RowLayout{1, B} : RowLayout{S, 1};
-
-  Tensor q_proj(c.dtype, {B * L, qk});   // [rows of query, h*d_k]
-  Tensor k_proj(c.dtype, {B * S2, qk});  // [rows of key (+ extra per batch), h*d_k]
-  Tensor v_proj(c.dtype, {B * S2, vw});  // [rows of value (+ extra per batch), h*d_v]
-  Tensor context(c.dtype, {B * L, vw});  // [rows of query, h*d_v]: the concatenated heads
+  f.q_proj = Tensor(c.dtype, {B * L, qk});   // [rows of query, h*d_k]
+  f.k_proj = Tensor(c.dtype, {B * S2, qk});  // [rows of key (+ extra per batch), h*d_k]
+  f.v_proj = Tensor(c.dtype, {B * S2, vw});  // [rows of value (+ extra per batch), h*d_v]
+  f.context = Tensor(c.dtype, {B * L, vw});  // [rows of query, h*d_v]: the concatenated heads
+  o.need_lse = training_;
   Shape out_shape = query.shape();
   out_shape.back() = E;
   MultiHeadAttentionOutput result;
   result.out = Tensor(c.dtype, out_shape);
-  Tensor weights, lse;
+  Tensor weights;
 
   auto run = [&]<class T>(T) {
-    const T* in_w = packed_in_proj() ? parameter("in_proj_weight").data_as<T>() : nullptr;
-    const T* w_q = in_w ? in_w : parameter("q_proj_weight").data_as<T>();
-    const T* w_k = in_w ? in_w + qk * E : parameter("k_proj_weight").data_as<T>();
-    const T* w_v = in_w ? in_w + 2 * qk * E : parameter("v_proj_weight").data_as<T>();
-    const T* in_b = c.bias ? parameter("in_proj_bias").data_as<T>() : nullptr;
-    project<T>(x[0], q_rows, B, L, 0, w_q, qk, in_b, q_proj);
-    project<T>(x[1], kv_input_rows, B, S, extra, w_k, qk, in_b ? in_b + qk : nullptr, k_proj);
-    project<T>(x[2], kv_input_rows, B, S, extra, w_v, vw, in_b ? in_b + 2 * qk : nullptr, v_proj);
+    const ProjectionWeights<T> w = projection_weights<T>(*this);
+    project<T>(f.x_view[0], f.q_rows, B, L, 0, w.q, qk, w.q_bias, f.q_proj);
+    project<T>(f.x_view[1], f.kv_input_rows, B, S, extra, w.k, qk, w.k_bias, f.k_proj);
+    project<T>(f.x_view[2], f.kv_input_rows, B, S, extra, w.v, vw, w.v_bias, f.v_proj);
     if (c.add_bias_kv) {  // position S of every batch: bias_k, bias_v (a zero position may follow)
       for (std::int64_t b = 0; b < B; ++b) {
-        std::copy_n(parameter("bias_k").data_as<T>(), qk, k_proj.data_as<T>() + (b * S2 + S) * qk);
-        std::copy_n(parameter("bias_v").data_as<T>(), vw, v_proj.data_as<T>() + (b * S2 + S) * vw);
+        std::copy_n(parameter("bias_k").data_as<T>(), qk, f.k_proj.data_as<T>() + (b * S2 + S) * qk);
+        std::copy_n(parameter("bias_v").data_as<T>(), vw, f.v_proj.data_as<T>() + (b * S2 + S) * vw);
       }
     }
-    const TensorView q = heads_view(q_proj, B, h, L, c.d_k, q_rows);   // [B, h, L, d_k]
-    const TensorView k = heads_view(k_proj, B, h, S2, c.d_k, kv_rows); // [B, h, S', d_k]
-    const TensorView v = heads_view(v_proj, B, h, S2, c.d_v, kv_rows); // [B, h, S', d_v]
-    const Shape context_strides{q_rows.batch * vw, c.d_v, q_rows.position * vw, 1};  // [B, h, L, d_v]
-    detail::run_attention(q, k, v, o, context.data(), context_strides, weights, lse);
-    const T* out_b = c.bias ? parameter("out_proj.bias").data_as<T>() : nullptr;
-    detail::linear_forward(context.data_as<T>(), vw, B * L, vw, parameter("out_proj.weight").data_as<T>(), E, out_b,
-                           result.out.data_as<T>(), E);
+    const HeadViews heads = head_views(f, c);
+    detail::run_attention(heads.q, heads.k, heads.v, o, f.context.data(), heads.context_strides, weights, f.lse);
+    detail::linear_forward(f.context.data_as<T>(), vw, B * L, vw, w.out, E, w.out_bias, result.out.data_as<T>(), E);
     if (in.need_weights && in.average_attn_weights) {  // mean over heads: [B, h, L, S'] -> [B, L, S']
       Tensor mean(c.dtype, {B, L, S2});
-      const T* w = weights.data_as<T>();
+      const T* per_head = weights.data_as<T>();
       T* m = mean.data_as<T>();
       for (std::int64_t b = 0; b < B; ++b)
         for (std::int64_t i = 0; i < L * S2; ++i) {
           T sum = 0;
-          for (std::int64_t head = 0; head < h; ++head) sum += w[(b * h + head) * L * S2 + i];
+          for (std::int64_t head = 0; head < h; ++head) sum += per_head[(b * h + head) * L * S2 + i];
           m[b * L * S2 + i] = sum / static_cast<T>(h);
         }
       weights = std::move(mean);
@@ -385,7 +484,78 @@ MultiHeadAttentionOutput MultiHeadAttention::forward(const TensorView& query, co
     }
     result.weights = std::move(weights);
   }
+  if (training_) {
+    f.masks = std::move(masks);
+    f.masks.own_views();
+    f.out_shape = out_shape;
+    saved_ = std::move(saved);
+  } else {
+    saved_.reset();
+  }
   return result;
+}
+
+MultiHeadAttentionGradients MultiHeadAttention::backward(const TensorView& dout) {
+  if (!saved_)
+    fail("backward: no training-mode forward to differentiate; call train() and forward() first");
+  const detail::SavedForward& f = *saved_;
+  const auto& c = config_;
+  const std::int64_t E = c.d_model, qk = c.num_heads * c.d_k, vw = c.num_heads * c.d_v;
+  const std::int64_t B = f.B, L = f.L, S = f.S, S2 = f.S + f.extra;
+  if (dout.dtype() != c.dtype)
+    fail(std::string("dout: expected ") + dtype_name(c.dtype) + " like the output, got " + dtype_name(dout.dtype()));
+  if (dout.shape() != f.out_shape)
+    fail("dout: expected the output's shape " + shape_str(f.out_shape) + ", got " + shape_str(dout.shape()));
+  Tensor dout_copy;
+  TensorView dy = dout;
+  if (!dy.is_contiguous()) {
+    dout_copy = Tensor::copy_of(dout);
+    dy = dout_copy.view();
+  }
+
+  MultiHeadAttentionGradients g;
+  for (const auto& name : parameter_names()) g.parameters[name] = Tensor(c.dtype, parameter(name).shape());
+  for (int i = 0; i < 3; ++i) (i == 0 ? g.query : i == 1 ? g.key : g.value) = Tensor(c.dtype, f.x_view[i].shape());
+  Tensor dcontext(c.dtype, {B * L, vw});  // [rows of query, h*d_v]
+  Tensor dq_proj(c.dtype, {B * L, qk}), dk_proj(c.dtype, {B * S2, qk}), dv_proj(c.dtype, {B * S2, vw});
+
+  auto run = [&]<class T>(T) {
+    const ProjectionWeights<T> w = projection_weights<T>(*this);
+    auto grad = [&](const char* name) { return g.parameters.at(name).template data_as<T>(); };
+    const T* dy_p = dy.data_as<T>();
+    // Output projection. Forward: out = context W_o^T + b_o.
+    if (c.bias) detail::column_sums(dy_p, E, B * L, E, grad("out_proj.bias"));
+    detail::gemm<T>(true, false, E, vw, B * L, dy_p, E, f.context.data_as<T>(), vw, false, grad("out_proj.weight"), vw);
+    detail::gemm<T>(false, false, B * L, vw, E, dy_p, E, w.out, vw, false, dcontext.data_as<T>(), vw);
+
+    // Attention core. Forward: context = Attention(q_proj, k_proj, v_proj) per head.
+    const HeadViews heads = head_views(f, c);
+    const TensorView dcontext_heads(dcontext.data(), c.dtype, heads.context.shape(), heads.context_strides);
+    detail::run_attention_backward(dcontext_heads, heads.q, heads.k, heads.v, heads.context, f.lse.view(), f.masks.options,
+                                   {dq_proj.data(), heads.q.strides()}, {dk_proj.data(), heads.k.strides()},
+                                   {dv_proj.data(), heads.v.strides()});
+    if (c.add_bias_kv) {  // forward: k_proj[b, S] = bias_k, v_proj[b, S] = bias_v for every b
+      T* dbias_k = grad("bias_k");
+      T* dbias_v = grad("bias_v");
+      for (std::int64_t b = 0; b < B; ++b) {
+        for (std::int64_t n = 0; n < qk; ++n) dbias_k[n] += dk_proj.data_as<T>()[(b * S2 + S) * qk + n];
+        for (std::int64_t n = 0; n < vw; ++n) dbias_v[n] += dv_proj.data_as<T>()[(b * S2 + S) * vw + n];
+      }
+    }
+
+    // Input projections. Forward: q_proj = query W_q^T + b_q (likewise k, v).
+    T* dw = packed_in_proj() ? grad("in_proj_weight") : nullptr;
+    T* db = c.bias ? grad("in_proj_bias") : nullptr;
+    project_backward<T>(dq_proj, f.x_view[0], f.q_rows, B, L, 0, w.q, qk, dw ? dw : grad("q_proj_weight"),
+                        db, g.query);
+    project_backward<T>(dk_proj, f.x_view[1], f.kv_input_rows, B, S, f.extra, w.k, qk,
+                        dw ? dw + qk * E : grad("k_proj_weight"), db ? db + qk : nullptr, g.key);
+    project_backward<T>(dv_proj, f.x_view[2], f.kv_input_rows, B, S, f.extra, w.v, vw,
+                        dw ? dw + 2 * qk * E : grad("v_proj_weight"), db ? db + 2 * qk : nullptr, g.value);
+  };
+  if (c.dtype == DType::Float64) run(double{});
+  else run(float{});
+  return g;
 }
 
 }  // namespace mha

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -56,6 +57,15 @@ struct MultiHeadAttentionOutput {
                    // [h, L, S'] unbatched); S' = S + add_bias_kv + add_zero_attn
 };
 
+struct MultiHeadAttentionGradients {
+  Tensor query, key, value;                  // shaped like the forward's inputs
+  std::map<std::string, Tensor> parameters;  // by parameter name, shaped like the parameters
+};
+
+namespace detail {
+struct SavedForward;  // what a training-mode forward keeps for backward()
+}
+
 class MultiHeadAttention {
  public:
   // Validates the config and initialises the parameters as PyTorch does, from `seed`:
@@ -87,9 +97,17 @@ class MultiHeadAttention {
 
   // query [B, L, E], key [B, S, kdim], value [B, S, vdim] (batch_first), or [L, B, *] (not
   // batch_first), or unbatched [L, E], [S, kdim], [S, vdim]. Inputs must have the module's dtype.
-  // Non-const: each training-mode call with dropout draws a new dropout seed.
+  // Non-const: each training-mode call with dropout draws a new dropout seed, and a training-mode call
+  // keeps what backward() needs (copies of the inputs and masks, the projections, the log-sum-exps).
   MultiHeadAttentionOutput forward(const TensorView& query, const TensorView& key, const TensorView& value,
                                    const MultiHeadAttentionInputs& inputs = {});
+
+  // The gradients of the last training-mode forward: given dout = dLoss/dout (shaped like that
+  // forward's out), returns dLoss/d(query, key, value) and dLoss/d(every parameter). Gradients are
+  // returned in new tensors: they overwrite nothing and accumulate nothing (sum them yourself when
+  // query, key and value are one tensor). No gradient flows through the returned attention weights.
+  // Throws mha::Error when there is no training-mode forward, or dout has the wrong shape or dtype.
+  MultiHeadAttentionGradients backward(const TensorView& dout);
 
  private:
   Tensor& mutable_parameter(const std::string& name);
@@ -100,6 +118,7 @@ class MultiHeadAttention {
   Kernel kernel_ = Kernel::Reference;
   std::uint64_t dropout_seed_;
   std::uint64_t dropout_calls_ = 0;
+  std::shared_ptr<detail::SavedForward> saved_;
 };
 
 }  // namespace mha

@@ -155,23 +155,26 @@ void run_typed(const TensorView& q, const TensorView& k, const TensorView& v, co
 }
 
 template <class T>
+Strided4<T> strided_output(const StridedOutput& o) {
+  Strided4<T> s;
+  s.data = static_cast<T*>(o.data);
+  for (int d = 0; d < 4; ++d) s.stride[d] = o.strides[static_cast<std::size_t>(d)];
+  return s;
+}
+
+template <class T>
 void run_backward_typed(const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
                         const TensorView& out, const TensorView& lse, const AttentionOptions& o,
-                        AttentionGradients& g) {
+                        const StridedOutput& dq, const StridedOutput& dk, const StridedOutput& dv) {
   AttentionBackwardParams<T> p;
   fill_common(p, q, k, v, o);
   p.dout = strided4<T>(dout);
   p.o = strided4<T>(out);
   p.lse_in.data = lse.data_as<T>();
   for (int d = 0; d < 3; ++d) p.lse_in.stride[d] = lse.stride(d);
-  g.dq = Tensor(dtype_of<T>(), q.shape());
-  g.dk = Tensor(dtype_of<T>(), k.shape());
-  g.dv = Tensor(dtype_of<T>(), v.shape());
-  p.dq = {g.dq.data_as<T>(), {}};
-  p.dk = {g.dk.data_as<T>(), {}};
-  p.dv = {g.dv.data_as<T>(), {}};
-  for (auto [grad, tensor] : {std::pair{&p.dq, &g.dq}, std::pair{&p.dk, &g.dk}, std::pair{&p.dv, &g.dv}})
-    for (int d = 0; d < 4; ++d) grad->stride[d] = tensor->strides()[static_cast<std::size_t>(d)];
+  p.dq = strided_output<T>(dq);
+  p.dk = strided_output<T>(dk);
+  p.dv = strided_output<T>(dv);
   switch (o.kernel) {
     case Kernel::Reference: reference_attention_backward(p); break;
   }
@@ -199,9 +202,9 @@ void validate_attention_backward(const TensorView& dout, const TensorView& q, co
 
 void run_attention_backward(const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
                             const TensorView& out, const TensorView& lse, const AttentionOptions& o,
-                            AttentionGradients& grads) {
-  if (q.dtype() == DType::Float64) run_backward_typed<double>(dout, q, k, v, out, lse, o, grads);
-  else run_backward_typed<float>(dout, q, k, v, out, lse, o, grads);
+                            const StridedOutput& dq, const StridedOutput& dk, const StridedOutput& dv) {
+  if (q.dtype() == DType::Float64) run_backward_typed<double>(dout, q, k, v, out, lse, o, dq, dk, dv);
+  else run_backward_typed<float>(dout, q, k, v, out, lse, o, dq, dk, dv);
 }
 
 void run_attention(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionOptions& o,

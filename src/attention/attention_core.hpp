@@ -26,10 +26,17 @@ void validate_attention_backward(const TensorView& dout, const TensorView& q, co
                                  const TensorView& v, const TensorView& out, const TensorView& lse,
                                  const AttentionOptions& options);
 
-// Runs the backward of the kernel chosen by options.kernel; allocates the gradients in `grads`.
+// Where a kernel writes one [B, h, T, d] result: memory of q's dtype and its strides in elements.
+struct StridedOutput {
+  void* data;
+  Shape strides;
+};
+
+// Runs the backward of the kernel chosen by options.kernel on validated arguments, writing
+// dq [B, h, L, d_k], dk [B, h, S, d_k], dv [B, h, S, d_v]; they must be zero on entry.
 void run_attention_backward(const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
                             const TensorView& out, const TensorView& lse, const AttentionOptions& options,
-                            AttentionGradients& grads);
+                            const StridedOutput& dq, const StridedOutput& dk, const StridedOutput& dv);
 
 void validate_attention_masks(const AttentionOptions& options, DType dtype, std::int64_t B, std::int64_t h,
                               std::int64_t L, std::int64_t S);

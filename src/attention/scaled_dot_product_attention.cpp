@@ -18,8 +18,9 @@ AttentionGradients scaled_dot_product_attention_backward(const TensorView& dout,
                                                          const TensorView& out, const TensorView& lse,
                                                          const AttentionOptions& options) {
   detail::validate_attention_backward(dout, q, k, v, out, lse, options);
-  AttentionGradients grads;
-  detail::run_attention_backward(dout, q, k, v, out, lse, options, grads);
+  AttentionGradients grads{Tensor(q.dtype(), q.shape()), Tensor(q.dtype(), k.shape()), Tensor(q.dtype(), v.shape())};
+  detail::run_attention_backward(dout, q, k, v, out, lse, options, {grads.dq.data(), grads.dq.strides()},
+                                 {grads.dk.data(), grads.dk.strides()}, {grads.dv.data(), grads.dv.strides()});
   return grads;
 }
 

@@ -27,6 +27,8 @@ namespace mha {
 
 // Which implementation computes the attention core.
 enum class Kernel {
+  Flash,      // src/attention/flash.cpp: FlashAttention-2, tiled, O(L + S) extra memory; float32
+              // (float64 inputs run the reference: float64 is the verification dtype)
   Reference,  // src/attention/reference.cpp: plain loops, the specification
 };
 
@@ -40,7 +42,7 @@ struct AttentionOptions {
   std::uint64_t dropout_seed = 0;            // keys the counter-based dropout mask
   bool need_weights = false;                 // return the probabilities [B, h, L, S]
   bool need_lse = false;                     // return the log-sum-exp of each row [B, h, L]
-  Kernel kernel = Kernel::Reference;
+  Kernel kernel = Kernel::Flash;
 };
 
 struct AttentionResult {

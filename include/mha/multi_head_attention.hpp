@@ -115,7 +115,7 @@ class MultiHeadAttention {
   MultiHeadAttentionConfig config_;
   std::map<std::string, Tensor> parameters_;
   bool training_ = true;
-  Kernel kernel_ = Kernel::Reference;
+  Kernel kernel_ = Kernel::Flash;
   std::uint64_t dropout_seed_;
   std::uint64_t dropout_calls_ = 0;
   std::shared_ptr<detail::SavedForward> saved_;

@@ -5,7 +5,9 @@
 
 #include <cmath>
 #include <string>
+#include <type_traits>
 
+#include "attention/flash.hpp"
 #include "attention/params.hpp"
 #include "attention/reference.hpp"
 #include "mha/error.hpp"
@@ -149,9 +151,10 @@ void run_typed(const TensorView& q, const TensorView& k, const TensorView& v, co
     lse = Tensor(dtype_of<T>(), {p.B, p.h, p.L});
     p.lse = lse.data_as<T>();
   }
-  switch (o.kernel) {
-    case Kernel::Reference: reference_attention_forward(p); break;
+  if constexpr (std::is_same_v<T, float>) {
+    if (o.kernel == Kernel::Flash) return flash_attention_forward(p);
   }
+  reference_attention_forward(p);
 }
 
 template <class T>
@@ -175,9 +178,10 @@ void run_backward_typed(const TensorView& dout, const TensorView& q, const Tenso
   p.dq = strided_output<T>(dq);
   p.dk = strided_output<T>(dk);
   p.dv = strided_output<T>(dv);
-  switch (o.kernel) {
-    case Kernel::Reference: reference_attention_backward(p); break;
+  if constexpr (std::is_same_v<T, float>) {
+    if (o.kernel == Kernel::Flash) return flash_attention_backward(p);
   }
+  reference_attention_backward(p);
 }
 
 }  // namespace
@@ -200,15 +204,38 @@ void validate_attention_backward(const TensorView& dout, const TensorView& q, co
     fail("lse: expected shape [B, h, L] = " + shape_str(lse_shape) + ", got " + shape_str(lse.shape()));
 }
 
-void run_attention_backward(const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
-                            const TensorView& out, const TensorView& lse, const AttentionOptions& o,
+namespace {
+
+// The fused kernel reads rows of q, k, v as contiguous vectors: views with a non-unit last stride
+// (rare: a transposed NumPy array) are copied once into `storage`.
+bool unit_inner_stride(const TensorView& t) { return t.size(3) <= 1 || t.stride(3) == 1; }
+
+TensorView with_unit_inner_stride(const TensorView& t, Tensor& storage) {
+  if (unit_inner_stride(t)) return t;
+  storage = Tensor::copy_of(t);
+  return storage.view();
+}
+
+}  // namespace
+
+void run_attention_backward(const TensorView& dout_in, const TensorView& q_in, const TensorView& k_in,
+                            const TensorView& v_in, const TensorView& out, const TensorView& lse, const AttentionOptions& o,
                             const StridedOutput& dq, const StridedOutput& dk, const StridedOutput& dv) {
+  Tensor copies[4];
+  const TensorView q = with_unit_inner_stride(q_in, copies[0]);
+  const TensorView k = with_unit_inner_stride(k_in, copies[1]);
+  const TensorView v = with_unit_inner_stride(v_in, copies[2]);
+  const TensorView dout = with_unit_inner_stride(dout_in, copies[3]);
   if (q.dtype() == DType::Float64) run_backward_typed<double>(dout, q, k, v, out, lse, o, dq, dk, dv);
   else run_backward_typed<float>(dout, q, k, v, out, lse, o, dq, dk, dv);
 }
 
-void run_attention(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionOptions& o,
+void run_attention(const TensorView& q_in, const TensorView& k_in, const TensorView& v_in, const AttentionOptions& o,
                    void* out, const Shape& out_strides, Tensor& weights, Tensor& lse) {
+  Tensor copies[3];
+  const TensorView q = with_unit_inner_stride(q_in, copies[0]);
+  const TensorView k = with_unit_inner_stride(k_in, copies[1]);
+  const TensorView v = with_unit_inner_stride(v_in, copies[2]);
   if (q.dtype() == DType::Float64)
     run_typed(q, k, v, o, static_cast<double*>(out), out_strides, weights, lse);
   else

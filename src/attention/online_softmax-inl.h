@@ -1,0 +1,80 @@
+// Per-target row operations of the fused kernel: the online softmax (Milakov & Gimelshein 2018, as
+// used by FlashAttention-2) on rows of a logits tile, and row scaling of the output accumulator.
+// Rows are padded to whole vectors by the caller (padding logits are -inf, so they contribute 0).
+//
+// Included once per SIMD target by flash.cpp through Highway's foreach_target.h.
+#if defined(MHA_ONLINE_SOFTMAX_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef MHA_ONLINE_SOFTMAX_INL_H_
+#undef MHA_ONLINE_SOFTMAX_INL_H_
+#else
+#define MHA_ONLINE_SOFTMAX_INL_H_
+#endif
+
+#include <cstdint>
+#include <limits>
+
+#include "hwy/contrib/math/math-inl.h"
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace mha::detail::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// The largest of row[0, n); n a multiple of the vector length. -inf for an all -inf row.
+HWY_INLINE float RowMax(const float* HWY_RESTRICT row, std::int64_t n) {
+  const hn::CappedTag<float, 16> d;  // rows are padded to 16 floats
+  auto m = hn::Set(d, -std::numeric_limits<float>::infinity());
+  for (std::int64_t j = 0; j < n; j += static_cast<std::int64_t>(hn::Lanes(d))) m = hn::Max(m, hn::Load(d, row + j));
+  return hn::GetLane(hn::MaxOfLanes(d, m));
+}
+
+// row[j] = exp(row[j] - m) for j in [0, n), returning their sum. exp is Highway's (max error 1 ULP
+// in float32, documented in hwy/contrib/math/math-inl.h and tested against std::exp in our tests);
+// row[j] - m <= 0 here, and -inf (a forbidden key) gives exactly 0.
+HWY_INLINE float ExpShiftedRowSum(float* HWY_RESTRICT row, std::int64_t n, float m) {
+  const hn::CappedTag<float, 16> d;  // rows are padded to 16 floats
+  const auto vm = hn::Set(d, m);
+  auto sum = hn::Zero(d);
+  for (std::int64_t j = 0; j < n; j += static_cast<std::int64_t>(hn::Lanes(d))) {
+    const auto e = hn::Exp(d, hn::Sub(hn::Load(d, row + j), vm));
+    hn::Store(e, d, row + j);
+    sum = hn::Add(sum, e);
+  }
+  return hn::GetLane(hn::SumOfLanes(d, sum));
+}
+
+// row[j] = exp(row[j] - shift) for j in [0, n): probabilities from a known log-sum-exp.
+HWY_INLINE void ExpShiftedRow(float* HWY_RESTRICT row, std::int64_t n, float shift) {
+  const hn::CappedTag<float, 16> d;  // rows are padded to 16 floats
+  const auto vs = hn::Set(d, shift);
+  for (std::int64_t j = 0; j < n; j += static_cast<std::int64_t>(hn::Lanes(d)))
+    hn::Store(hn::Exp(d, hn::Sub(hn::Load(d, row + j), vs)), d, row + j);
+}
+
+// row[j] *= factor for j in [0, n); n a multiple of the vector length.
+HWY_INLINE void ScaleRow(float* HWY_RESTRICT row, std::int64_t n, float factor) {
+  const hn::CappedTag<float, 16> d;  // rows are padded to 16 floats
+  const auto f = hn::Set(d, factor);
+  for (std::int64_t j = 0; j < n; j += static_cast<std::int64_t>(hn::Lanes(d)))
+    hn::Store(hn::Mul(hn::Load(d, row + j), f), d, row + j);
+}
+
+// The softmax backward on one row: dp[j] = p[j] * (dp[j] - D) for j in [0, n), where dp holds
+// dL/dP and D = rowsum(dO * O) = sum_j p[j] dp[j]; the result is dL/dS (without the logit scale).
+HWY_INLINE void SoftmaxBackwardRow(const float* HWY_RESTRICT p, float* HWY_RESTRICT dp, std::int64_t n, float D) {
+  const hn::CappedTag<float, 16> d;  // rows are padded to 16 floats
+  const auto vD = hn::Set(d, D);
+  for (std::int64_t j = 0; j < n; j += static_cast<std::int64_t>(hn::Lanes(d)))
+    hn::Store(hn::Mul(hn::Load(d, p + j), hn::Sub(hn::Load(d, dp + j), vD)), d, dp + j);
+}
+
+// The scalar exp of this target's vector code, for tests: exp(x) for x in the kernel's range.
+HWY_INLINE float ExpOne(float x) {
+  const hn::CappedTag<float, 16> d;  // rows are padded to 16 floats
+  return hn::GetLane(hn::Exp(d, hn::Set(d, x)));
+}
+
+}  // namespace mha::detail::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // include guard toggled per target

@@ -12,8 +12,9 @@
 // The two products go through oneDNN's sgemm (single-threaded inside our OpenMP region); the row
 // operations through Highway, dispatched once per call to the best SIMD target of the machine.
 // Causal masking skips key blocks that lie entirely above the diagonal; key_lengths shortens the key
-// range. Keys outside the range are never read; padded keys inside it get -inf logits, and their
-// values are zeroed in a copy of the V block, so NaN stored at a padded position cannot leak.
+// range. Keys outside the range are never read; masked keys inside it get -inf logits, and K/V rows
+// of padded keys or holding NaN/Inf are zeroed in a copy of the block (see safe_block), so a NaN or
+// Inf stored at a masked position cannot leak through the block products.
 #include "attention/flash.hpp"
 
 #undef HWY_TARGET_INCLUDE
@@ -26,6 +27,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "attention/dropout.hpp"
 #include "attention/flash_config.hpp"
@@ -85,22 +87,42 @@ inline void apply_dropout(const AttentionParams<float>& p, std::int64_t b, std::
     }
 }
 
-// The rows of a K or V block [cols, width] with unit inner stride, with padded keys zeroed when
-// there is a key padding mask (copied to `scratch`, row stride width); else the block in place.
-inline const float* block_without_padding(const AttentionParams<float>& p, const Strided4<const float>& x,
-                                          std::int64_t b, std::int64_t head, std::int64_t j0, std::int64_t cols,
-                                          std::int64_t width, float* scratch, std::int64_t* ld) {
+// A K or V block [cols, width] (unit inner stride) made safe for products over the whole block: rows
+// of padded keys, and rows holding NaN or Inf, are zeroed in a copy (`scratch`, row stride width);
+// without such rows the block is used in place. The non-finite rows (keys that some query may
+// still attend to) are listed in `nonfinite` so the caller can add their exact contribution to the
+// rows that do attend to them: a NaN or Inf then reaches exactly the outputs that depend on it.
+struct SafeBlock {
+  const float* data;
+  std::int64_t ld;
+  std::int64_t nonfinite_count;  // entries of the caller's list
+};
+
+inline SafeBlock safe_block(const AttentionParams<float>& p, const Strided4<const float>& x, std::int64_t b,
+                            std::int64_t head, std::int64_t j0, std::int64_t cols, std::int64_t width, float* scratch,
+                            std::int64_t* nonfinite) {
   const float* block = &x(b, head, j0, 0);
-  if (!p.key_padding) {
-    *ld = x.stride[2];
-    return block;
-  }
+  const std::int64_t ld = x.stride[2];
+  std::int64_t count = 0;
+  bool any_padding = false;
   for (std::int64_t c = 0; c < cols; ++c) {
-    const bool padded = p.key_padding(b, head, 0, j0 + c) != 0;
-    for (std::int64_t e = 0; e < width; ++e) scratch[c * width + e] = padded ? 0.0f : block[c * x.stride[2] + e];
+    if (p.key_padding && p.key_padding(b, head, 0, j0 + c)) {
+      any_padding = true;
+      continue;
+    }
+    for (std::int64_t e = 0; e < width; ++e)
+      if (!std::isfinite(block[c * ld + e])) {
+        nonfinite[count++] = c;
+        break;
+      }
   }
-  *ld = width;
-  return scratch;
+  if (!any_padding && count == 0) return {block, ld, 0};
+  for (std::int64_t c = 0, next = 0; c < cols; ++c) {
+    bool zero = p.key_padding && p.key_padding(b, head, 0, j0 + c);
+    if (next < count && nonfinite[next] == c) zero = true, ++next;
+    for (std::int64_t e = 0; e < width; ++e) scratch[c * width + e] = zero ? 0.0f : block[c * ld + e];
+  }
+  return {scratch, width, count};
 }
 
 }  // namespace mha::detail::flash
@@ -123,11 +145,13 @@ void FlashForward(const AttentionParams<float>& p) {
   const std::int64_t kv_size = kBlockK * std::max(p.d_k, p.d_v);
   const std::int64_t per_thread = round_up(q_size, kRowAlign) + s_size + acc_size + round_up(kv_size, kRowAlign) + 2 * kBlockQ;
   auto workspace = hwy::AllocateAligned<float>(static_cast<std::size_t>(omp_get_max_threads() * per_thread));
+  std::vector<std::int64_t> nonfinite_lists(static_cast<std::size_t>(omp_get_max_threads() * kBlockK));
 
 #pragma omp parallel for schedule(dynamic, 1)
   for (std::int64_t item = 0; item < p.B * p.h * q_blocks; ++item) {
     const std::int64_t b = item / (p.h * q_blocks), head = (item / q_blocks) % p.h;
     const std::int64_t i0 = (item % q_blocks) * kBlockQ, rows = std::min(kBlockQ, p.L - i0);
+    std::int64_t* nonfinite = nonfinite_lists.data() + omp_get_thread_num() * kBlockK;  // [kBlockK]
     float* qs = workspace.get() + omp_get_thread_num() * per_thread;  // [rows, d_k]
     float* s = qs + round_up(q_size, kRowAlign);                        // [rows, kBlockK]
     float* acc = s + s_size;                                            // [rows, ld_acc]
@@ -163,10 +187,17 @@ void FlashForward(const AttentionParams<float>& p) {
         m[r] = m_new;
       }
       if (p.dropout_p > 0) flash::apply_dropout(p, b, head, i0, rows, j0, cols, s, kBlockK);
-      // acc += P V_blk
-      std::int64_t ld_v = 0;
-      const float* v_block = flash::block_without_padding(p, p.v, b, head, j0, cols, p.d_v, kv_copy, &ld_v);
-      flash::sgemm(false, false, rows, p.d_v, cols, 1.0f, s, kBlockK, v_block, ld_v, true, acc, ld_acc);
+      // acc += P V_blk; rows of V holding NaN or Inf are added apart, only where their weight is not 0.
+      const flash::SafeBlock v_block = flash::safe_block(p, p.v, b, head, j0, cols, p.d_v, kv_copy, nonfinite);
+      flash::sgemm(false, false, rows, p.d_v, cols, 1.0f, s, kBlockK, v_block.data, v_block.ld, true, acc, ld_acc);
+      for (std::int64_t n = 0; n < v_block.nonfinite_count; ++n) {
+        const std::int64_t c = nonfinite[n];
+        for (std::int64_t r = 0; r < rows; ++r) {
+          const float weight = s[r * kBlockK + c];
+          if (weight == 0.0f) continue;
+          for (std::int64_t e = 0; e < p.d_v; ++e) acc[r * ld_acc + e] += weight * p.v(b, head, j0 + c, e);
+        }
+      }
     }
 
     // out = acc / l; lse = m + log l. A row with no allowed key attends to nothing.
@@ -252,24 +283,43 @@ void FlashBackward(const AttentionBackwardParams<float>& p) {
     lse_all[r] = p.lse_in(b, head, i, 0);
   }
 
+  std::vector<std::int64_t> nonfinite_lists(static_cast<std::size_t>(omp_get_max_threads() * 2 * kBlockK));
+
   struct Tiles {
     float *s, *dp, *pd, *k_copy, *v_copy;
+    std::int64_t *nonfinite_k, *nonfinite_v;  // [kBlockK] each
   };
   auto tiles = [&] {
-    float* base = workspace.get() + omp_get_thread_num() * per_thread;
-    return Tiles{base, base + tile, base + 2 * tile, base + 3 * tile, base + 3 * tile + kv_size};
+    const int thread = omp_get_thread_num();
+    float* base = workspace.get() + thread * per_thread;
+    std::int64_t* lists = nonfinite_lists.data() + thread * 2 * kBlockK;
+    return Tiles{base, base + tile, base + 2 * tile, base + 3 * tile, base + 3 * tile + kv_size, lists,
+                 lists + kBlockK};
+  };
+  // The K and V blocks of keys j0.., safe for whole-block products (see safe_block).
+  struct KeyBlocks {
+    flash::SafeBlock k, v;
+  };
+  auto key_blocks = [&](const Tiles& t, std::int64_t b, std::int64_t head, std::int64_t j0, std::int64_t cols) {
+    return KeyBlocks{flash::safe_block(p, p.k, b, head, j0, cols, p.d_k, t.k_copy, t.nonfinite_k),
+                     flash::safe_block(p, p.v, b, head, j0, cols, p.d_v, t.v_copy, t.nonfinite_v)};
   };
   // S = scale Q_i K_j^T -> P, and dP = dO_i V_j^T -> dS, for query rows i0.. and keys j0..
+  // A key whose k or v holds NaN or Inf gets dS = NaN in the rows that attend to it (P != 0), as the
+  // reference computes; rows that do not attend to it are untouched.
   auto tile_gradients = [&](const Tiles& t, std::int64_t b, std::int64_t head, std::int64_t i0, std::int64_t rows,
-                            std::int64_t j0, std::int64_t cols, const float* k_block, std::int64_t ld_k,
-                            const float* v_block, std::int64_t ld_v) {
+                            std::int64_t j0, std::int64_t cols, const KeyBlocks& kv) {
     const std::int64_t row0 = (b * p.h + head) * p.L + i0;
-    flash::sgemm(false, true, rows, cols, p.d_k, p.scale, &p.q(b, head, i0, 0), p.q.stride[2], k_block, ld_k, false,
-                 t.s, kBlockK);
+    flash::sgemm(false, true, rows, cols, p.d_k, p.scale, &p.q(b, head, i0, 0), p.q.stride[2], kv.k.data, kv.k.ld,
+                 false, t.s, kBlockK);
     ProbabilitiesFromLse(p, b, head, i0, rows, j0, cols, lse_all.get() + row0, t.s);
-    flash::sgemm(false, true, rows, cols, p.d_v, 1.0f, &p.dout(b, head, i0, 0), p.dout.stride[2], v_block, ld_v,
+    flash::sgemm(false, true, rows, cols, p.d_v, 1.0f, &p.dout(b, head, i0, 0), p.dout.stride[2], kv.v.data, kv.v.ld,
                  false, t.dp, kBlockK);
     SoftmaxBackwardTile(p, b, head, i0, rows, j0, cols, t.s, D_all.get() + row0, t.dp);
+    for (auto [list, count] : {std::pair{t.nonfinite_k, kv.k.nonfinite_count}, std::pair{t.nonfinite_v, kv.v.nonfinite_count}})
+      for (std::int64_t n = 0; n < count; ++n)
+        for (std::int64_t r = 0; r < rows; ++r)
+          if (t.s[r * kBlockK + list[n]] != 0.0f) t.dp[r * kBlockK + list[n]] = std::numeric_limits<float>::quiet_NaN();
   };
 
   // Pass 1: dK, dV, one key block per work item.
@@ -281,14 +331,12 @@ void FlashBackward(const AttentionBackwardParams<float>& p) {
     if (j0 >= key_end) continue;  // only padding: no gradient
     const std::int64_t cols = std::min(kBlockK, key_end - j0);
     const Tiles t = tiles();
-    std::int64_t ld_k = 0, ld_v = 0;
-    const float* k_block = flash::block_without_padding(p, p.k, b, head, j0, cols, p.d_k, t.k_copy, &ld_k);
-    const float* v_block = flash::block_without_padding(p, p.v, b, head, j0, cols, p.d_v, t.v_copy, &ld_v);
+    const KeyBlocks kv = key_blocks(t, b, head, j0, cols);
     // Causal: query i sees key j only when i >= j - (S - L); earlier query blocks see nothing here.
     const std::int64_t first_query = p.causal ? std::max<std::int64_t>(0, j0 - (p.S - p.L)) : 0;
     for (std::int64_t i0 = first_query / kBlockQ * kBlockQ; i0 < p.L; i0 += kBlockQ) {
       const std::int64_t rows = std::min(kBlockQ, p.L - i0);
-      tile_gradients(t, b, head, i0, rows, j0, cols, k_block, ld_k, v_block, ld_v);
+      tile_gradients(t, b, head, i0, rows, j0, cols, kv);
       const float* pd = t.s;  // dropout(P)
       if (p.dropout_p > 0) {
         for (std::int64_t r = 0; r < rows; ++r) std::copy_n(t.s + r * kBlockK, cols, t.pd + r * kBlockK);
@@ -312,12 +360,10 @@ void FlashBackward(const AttentionBackwardParams<float>& p) {
     const std::int64_t key_end = flash::key_range_end(p, b, i0, rows);
     for (std::int64_t j0 = 0; j0 < key_end; j0 += kBlockK) {
       const std::int64_t cols = std::min(kBlockK, key_end - j0);
-      std::int64_t ld_k = 0, ld_v = 0;
-      const float* k_block = flash::block_without_padding(p, p.k, b, head, j0, cols, p.d_k, t.k_copy, &ld_k);
-      const float* v_block = flash::block_without_padding(p, p.v, b, head, j0, cols, p.d_v, t.v_copy, &ld_v);
-      tile_gradients(t, b, head, i0, rows, j0, cols, k_block, ld_k, v_block, ld_v);
-      flash::sgemm(false, false, rows, p.d_k, cols, p.scale, t.dp, kBlockK, k_block, ld_k, true, &p.dq(b, head, i0, 0),
-                   p.dq.stride[2]);
+      const KeyBlocks kv = key_blocks(t, b, head, j0, cols);
+      tile_gradients(t, b, head, i0, rows, j0, cols, kv);
+      flash::sgemm(false, false, rows, p.d_k, cols, p.scale, t.dp, kBlockK, kv.k.data, kv.k.ld, true,
+                   &p.dq(b, head, i0, 0), p.dq.stride[2]);
     }
   }
 }

@@ -1,0 +1,389 @@
+"""mha: Multi-Head Attention ("Attention Is All You Need", Vaswani et al. 2017) on NumPy arrays.
+
+    Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V
+    MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O,   head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)
+
+Two entry points:
+
+* :func:`scaled_dot_product_attention` -- the attention core on [B, h, L, d] arrays (and its
+  gradients, :func:`scaled_dot_product_attention_backward`).
+* :class:`MultiheadAttention` -- mirrors ``torch.nn.MultiheadAttention`` of PyTorch 1.13 (same
+  arguments, parameter names, shapes and results), so a torch ``state_dict`` loads directly; in
+  addition d_k and d_v (the per-head widths) are free, ``is_causal`` applies a causal mask, and
+  ``backward()`` returns the gradients of the last training-mode forward.
+
+Legend: B batch, h heads, L queries, S keys, E = embed_dim, d_k / d_v per-head widths.
+
+Masks follow PyTorch: a boolean ``True`` (or a nonzero integer) means "may not attend"; a float
+mask is added to the logits (``-inf`` forbids a position). A query row whose keys are all forbidden
+has a defined result: its output is 0 and its weights are 0 (PyTorch 1.13 returns NaN there). For
+the module, a 0 attention output means that output row equals ``out_proj.bias``.
+
+Inputs are used in place, without a copy, whatever their strides (transposed or sliced arrays are
+fine); results are NumPy arrays that own the library's memory. The compute releases the GIL.
+
+Errors: every invalid argument raises ``ValueError`` (precisely :class:`mha.Error`, a subclass of
+``ValueError``) whose message starts with the argument's name, e.g.
+``query: expected float32 (the layer's dtype), got float64 [5, 2, 8]``.
+"""
+
+import collections
+import operator
+import os
+
+import numpy as np
+
+from . import _core
+from ._core import Error, Kernel, num_threads, set_num_threads
+
+__all__ = [
+    "Error",
+    "Gradients",
+    "Kernel",
+    "MultiheadAttention",
+    "num_threads",
+    "scaled_dot_product_attention",
+    "scaled_dot_product_attention_backward",
+    "set_num_threads",
+]
+
+__version__ = "0.1.0"
+
+_DTYPES = {np.dtype(np.float32): _core.DType.float32, np.dtype(np.float64): _core.DType.float64}
+
+
+def _as_dtype(dtype):
+    """numpy.float32 / numpy.float64 (or their names) -> (numpy dtype, _core.DType)."""
+    try:
+        resolved = np.dtype(dtype)
+    except TypeError:
+        resolved = None
+    if resolved not in _DTYPES:
+        raise Error(f"dtype: expected numpy.float32 or numpy.float64, got {dtype!r}")
+    return resolved, _DTYPES[resolved]
+
+
+def _is_float(array):
+    return array is not None and np.asarray(array).dtype.kind == "f"
+
+
+def _mask_to_dtype(attn_mask, dtype):
+    """A float attn_mask in the dtype of the computation (as torch requires); others unchanged."""
+    if attn_mask is None:
+        return None
+    attn_mask = np.asarray(attn_mask)
+    if attn_mask.dtype.kind == "f" and dtype.kind == "f" and attn_mask.dtype != dtype:
+        attn_mask = attn_mask.astype(dtype)
+    return attn_mask
+
+
+def _fold_float_key_padding_mask(key_padding_mask, attn_mask, batch, num_heads, L, S, dtype):
+    """An additive attn_mask [B*h, L, S] = attn_mask + key_padding_mask[b, None, :].
+
+    The library takes a boolean key padding mask only; PyTorch adds a float one to the logits, so a
+    float key_padding_mask [B, S] is folded into a float attn_mask here. A boolean attn_mask becomes
+    -inf where True.
+    """
+    padding = np.asarray(key_padding_mask, dtype=dtype)
+    if padding.shape != (batch, S):
+        raise Error(f"key_padding_mask: expected shape [B, S] = [{batch}, {S}], got "
+                    f"{list(padding.shape)}")
+    total = np.broadcast_to(padding[:, None, None, :], (batch, num_heads, L, S))
+    if attn_mask is not None:
+        attn_mask = np.asarray(attn_mask)
+        if attn_mask.dtype.kind in "biu":
+            additive = np.where(attn_mask != 0, -np.inf, 0.0).astype(dtype)
+        else:
+            additive = attn_mask.astype(dtype, copy=False)
+        if additive.shape == (L, S):
+            total = total + additive
+        elif additive.shape == (batch * num_heads, L, S):
+            total = total + additive.reshape(batch, num_heads, L, S)
+        else:
+            raise Error(f"attn_mask: expected shape [L, S] = [{L}, {S}] or [B*h, L, S] = "
+                        f"[{batch * num_heads}, {L}, {S}], got {list(additive.shape)}")
+    return np.ascontiguousarray(total, dtype=dtype).reshape(batch * num_heads, L, S)
+
+
+def _attention_options(q, k, attn_mask, is_causal, scale, key_padding_mask, key_lengths, dropout_p,
+                       dropout_seed, kernel):
+    """Keyword arguments for _core's attention calls; q and k are batched [B, h, *, d] arrays."""
+    attn_mask = _mask_to_dtype(attn_mask, q.dtype)
+    if attn_mask is not None and attn_mask.ndim == 4 and q.ndim == 4 and attn_mask.shape[:2] == q.shape[:2]:
+        attn_mask = attn_mask.reshape((-1,) + attn_mask.shape[2:])  # [B, h, L, S] -> [B*h, L, S]
+    if _is_float(key_padding_mask) and q.ndim == 4 and k.ndim == 4:
+        B, h, L, _ = q.shape
+        attn_mask = _fold_float_key_padding_mask(key_padding_mask, attn_mask, B, h, L, k.shape[2],
+                                                 q.dtype if q.dtype.kind == "f" else np.float32)
+        key_padding_mask = None
+    options = dict(attn_mask=attn_mask, is_causal=bool(is_causal), scale=scale,
+                   key_padding_mask=key_padding_mask, key_lengths=list(key_lengths or []),
+                   dropout_p=float(dropout_p), dropout_seed=int(dropout_seed))
+    if kernel is not None:
+        options["kernel"] = kernel
+    return options
+
+
+def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, scale=None,
+                                 key_padding_mask=None, need_weights=False, *, key_lengths=None,
+                                 dropout_p=0.0, dropout_seed=0, kernel=None, need_lse=False):
+    """softmax(q k^T * scale + mask) v, per batch entry and head.
+
+    Args:
+        q: queries [B, h, L, d_k] (or unbatched [h, L, d_k]), float32 or float64.
+        k: keys [B, h, S, d_k] (or [h, S, d_k]), same dtype as q.
+        v: values [B, h, S, d_v] (or [h, S, d_v]), same dtype as q.
+        attn_mask: optional boolean (True = forbidden) or float (added to the logits) mask,
+            [L, S], [B*h, L, S] or [B, h, L, S].
+        is_causal: apply a causal mask, aligned to the bottom right: query i may see key j only
+            when j <= i + S - L (the usual lower triangle when L == S).
+        scale: the logit scale; None means 1 / sqrt(d_k).
+        key_padding_mask: optional [B, S] (or [S] unbatched); boolean True (or nonzero integer)
+            marks padding keys; a float mask is added to the logits as in PyTorch.
+        need_weights: also return the attention probabilities [B, h, L, S].
+        key_lengths: alternative to a boolean key_padding_mask: B lengths in [0, S]; keys at
+            positions >= length are padding.
+        dropout_p: probability of zeroing a weight (kept ones are scaled by 1 / (1 - dropout_p)).
+        dropout_seed: keys the dropout mask; the same seed gives the same mask.
+        kernel: which implementation computes it (mha.Kernel); None: the library's default
+            (Kernel.flash, which runs float64 inputs through the reference kernel).
+        need_lse: also return the log-sum-exp of each row's logits [B, h, L] (-inf for a row with
+            no allowed key), which scaled_dot_product_attention_backward needs.
+
+    Masks combine: a position is allowed only if every mask allows it. A query row with no allowed
+    key gets output 0 and weights 0.
+
+    Returns:
+        out [B, h, L, d_v] (or [h, L, d_v]); with need_weights and/or need_lse, the tuple
+        (out, weights) / (out, lse) / (out, weights, lse).
+
+    Raises:
+        ValueError (mha.Error) naming the offending argument.
+    """
+    q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
+    unbatched = q.ndim == 3
+    if unbatched:
+        q, k, v = q[None], k[None], v[None]
+        if key_padding_mask is not None:
+            key_padding_mask = np.asarray(key_padding_mask)[None]
+    options = _attention_options(q, k, attn_mask, is_causal, scale, key_padding_mask, key_lengths,
+                                 dropout_p, dropout_seed, kernel)
+    results = _core.scaled_dot_product_attention(q, k, v, need_weights=bool(need_weights),
+                                                 need_lse=bool(need_lse), **options)
+    if unbatched:
+        results = tuple(None if r is None else r[0] for r in results)
+    out, weights, lse = results
+    if not need_weights and not need_lse:
+        return out
+    return (out,) + ((weights,) if need_weights else ()) + ((lse,) if need_lse else ())
+
+
+def scaled_dot_product_attention_backward(dout, q, k, v, out, lse, attn_mask=None, is_causal=False,
+                                          scale=None, key_padding_mask=None, *, key_lengths=None,
+                                          dropout_p=0.0, dropout_seed=0, kernel=None):
+    """The gradients of scaled_dot_product_attention: returns (dq, dk, dv).
+
+    dout is dLoss/dout [B, h, L, d_v]; out and lse come from the forward
+    (``scaled_dot_product_attention(..., need_lse=True)``) with the same q, k, v and the same
+    options (masks, scale, dropout_p and dropout_seed, which regenerate the dropout mask).
+    Unbatched arrays ([h, ...]) work as in the forward. The gradients are new arrays (nothing is
+    accumulated); masks get no gradient. Raises ValueError (mha.Error) naming the argument.
+    """
+    dout, q, k, v, out, lse = (np.asarray(x) for x in (dout, q, k, v, out, lse))
+    unbatched = q.ndim == 3
+    if unbatched:
+        dout, q, k, v, out, lse = (x[None] for x in (dout, q, k, v, out, lse))
+        if key_padding_mask is not None:
+            key_padding_mask = np.asarray(key_padding_mask)[None]
+    options = _attention_options(q, k, attn_mask, is_causal, scale, key_padding_mask, key_lengths,
+                                 dropout_p, dropout_seed, kernel)
+    grads = _core.scaled_dot_product_attention_backward(dout, q, k, v, out, lse, **options)
+    return tuple(g[0] for g in grads) if unbatched else grads
+
+
+Gradients = collections.namedtuple("Gradients", ["query", "key", "value", "parameters"])
+Gradients.__doc__ = """MultiheadAttention.backward's result: dLoss/d(query, key, value), each shaped like
+that input, and {name: dLoss/d parameter} in state_dict order."""
+
+
+class MultiheadAttention:
+    """Multi-head attention with the interface of ``torch.nn.MultiheadAttention`` (PyTorch 1.13).
+
+    Args:
+        embed_dim: E, the width of the query and of the output.
+        num_heads: h.
+        dropout: probability of zeroing an attention weight in training mode.
+        bias: add in_proj_bias and out_proj.bias.
+        add_bias_kv: learn bias_k and bias_v, appended as one more key/value position.
+        add_zero_attn: append a zero key/value position (after bias_k / bias_v).
+        kdim, vdim: widths of the key and value inputs (None: embed_dim).
+        batch_first: inputs are [B, L, E] (True) or [L, B, E] (False, PyTorch's default).
+        d_k, d_v: per-head query/key and value widths (None: embed_dim // num_heads). Unlike
+            PyTorch, h * d_k need not equal embed_dim and d_k need not equal d_v.
+        dtype: numpy.float32 or numpy.float64, for the parameters and the inputs.
+        seed: seeds the parameter initialisation and the dropout masks. None draws a seed from
+            os.urandom; the seed used is kept in ``self.seed``.
+
+    Parameters are initialised as PyTorch does (same distributions, not the same numbers):
+    projection weights xavier_uniform, out_proj.weight uniform(+-1/sqrt(h*d_v)), biases 0, bias_k
+    and bias_v xavier_normal. Like a torch module, a new module is in training mode; dropout
+    applies only in training mode, and a training-mode forward also keeps what backward() needs
+    (copies of the inputs, the projections): call eval() for inference.
+
+    One module may be used from several threads; its calls are serialised by a lock.
+
+    Invalid arguments raise ValueError (mha.Error) naming the argument.
+    """
+
+    def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False,
+                 add_zero_attn=False, kdim=None, vdim=None, batch_first=False, d_k=None, d_v=None,
+                 dtype=np.float32, seed=None):
+        self._dtype, core_dtype = _as_dtype(dtype)
+        config = _core.MultiHeadAttentionConfig()
+        config.d_model = operator.index(embed_dim)
+        config.num_heads = operator.index(num_heads)
+        config.d_k = 0 if d_k is None else operator.index(d_k)
+        config.d_v = 0 if d_v is None else operator.index(d_v)
+        config.kdim = 0 if kdim is None else operator.index(kdim)
+        config.vdim = 0 if vdim is None else operator.index(vdim)
+        config.bias = bool(bias)
+        config.add_bias_kv = bool(add_bias_kv)
+        config.add_zero_attn = bool(add_zero_attn)
+        config.dropout = float(dropout)
+        config.batch_first = bool(batch_first)
+        config.dtype = core_dtype
+        if seed is None:
+            seed = int.from_bytes(os.urandom(8), "little")
+        self.seed = operator.index(seed)
+        self._module = _core.MultiHeadAttention(config, self.seed)
+        self._config = self._module.config  # every default resolved
+
+    # ---- hyper-parameters (read-only: they are fixed in the C++ module) -------------------------
+    embed_dim = property(lambda self: self._config.d_model, doc="E")
+    num_heads = property(lambda self: self._config.num_heads, doc="h")
+    d_k = property(lambda self: self._config.d_k, doc="per-head query/key width")
+    d_v = property(lambda self: self._config.d_v, doc="per-head value width")
+    head_dim = property(lambda self: self._config.d_k,
+                        doc="d_k (embed_dim // num_heads unless d_k was given)")
+    kdim = property(lambda self: self._config.kdim, doc="width of the key input")
+    vdim = property(lambda self: self._config.vdim, doc="width of the value input")
+    batch_first = property(lambda self: self._config.batch_first)
+    dropout = property(lambda self: self._config.dropout)
+    add_zero_attn = property(lambda self: self._config.add_zero_attn)
+    dtype = property(lambda self: self._dtype, doc="numpy.dtype of the parameters and inputs")
+    _qkv_same_embed_dim = property(lambda self: self._module.packed_in_proj,
+                                   doc="True when the q, k, v weights live in one in_proj_weight")
+
+    @property
+    def training(self):
+        """True in training mode (dropout applies), False in evaluation mode."""
+        return self._module.training
+
+    @property
+    def kernel(self):
+        """Which implementation computes the attention core (mha.Kernel, default flash); settable."""
+        return self._module.kernel
+
+    @kernel.setter
+    def kernel(self, kernel):
+        self._module.kernel = kernel
+
+    def train(self, mode=True):
+        """Sets training mode (evaluation mode with mode=False); returns self."""
+        self._module.train(bool(mode))
+        return self
+
+    def eval(self):
+        """Sets evaluation mode (no dropout); returns self."""
+        return self.train(False)
+
+    # ---- parameters ------------------------------------------------------------------------------
+    def state_dict(self):
+        """{name: copy of the parameter as a NumPy array}, in PyTorch's state_dict order."""
+        return self._module.state_dict()
+
+    def load_state_dict(self, state_dict):
+        """Sets every parameter from {name: array} with PyTorch's names (float32 or float64).
+
+        ``{k: v.numpy() for k, v in torch_module.state_dict().items()}`` (or the torch state_dict
+        itself) loads directly. Raises ValueError naming the key, changing nothing, on an unknown,
+        missing or mis-shaped entry.
+        """
+        arrays = {}
+        for name, value in state_dict.items():
+            if hasattr(value, "detach") and hasattr(value, "cpu"):  # a torch tensor or parameter
+                value = value.detach().cpu().numpy()
+            arrays[name] = value
+        self._module.load_state_dict(arrays)
+
+    def parameter(self, name):
+        """A copy of the parameter `name` (a state_dict key)."""
+        return self._module.parameter(name)
+
+    def parameter_names(self):
+        """The parameter names, in PyTorch's state_dict order."""
+        return list(self._module.parameter_names())
+
+    # ---- forward -------------------------------------------------------------------------------
+    def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
+                average_attn_weights=True, is_causal=False, *, key_lengths=None):
+        """Multi-head attention of query over key/value; returns (out, weights or None).
+
+        Args:
+            query: [B, L, E] (batch_first), [L, B, E] (not batch_first) or unbatched [L, E].
+            key: [B, S, kdim], [S, B, kdim] or [S, kdim].
+            value: [B, S, vdim], [S, B, vdim] or [S, vdim].
+            key_padding_mask: [B, S] ([S] unbatched); True (or nonzero integer) marks padding; a
+                float mask is added to the logits, as in PyTorch.
+            need_weights: also return the attention weights.
+            attn_mask: boolean (True = forbidden) or float (added) mask, [L, S] or [B*h, L, S].
+            average_attn_weights: average the weights over heads ([B, L, S']) instead of
+                returning them per head ([B, h, L, S']). S' = S + add_bias_kv + add_zero_attn.
+            is_causal: apply a causal mask over the S input keys, aligned to the bottom right
+                (query i may see key j only when j <= i + S - L). Combines with attn_mask.
+            key_lengths: alternative to a boolean key_padding_mask: B lengths in [0, S].
+
+        Returns:
+            (out like query, weights or None); unbatched input gives weights [L, S'] or [h, L, S'].
+        """
+        query = np.asarray(query)
+        key = query if key is query else np.asarray(key)
+        value = key if value is key else np.asarray(value)
+        attn_mask = _mask_to_dtype(attn_mask, self._dtype)
+        if _is_float(key_padding_mask) and query.ndim in (2, 3) and key.ndim == query.ndim:
+            if query.ndim == 2:
+                batch, L, S = 1, query.shape[0], key.shape[0]
+                key_padding_mask = np.asarray(key_padding_mask)[None]
+            elif self.batch_first:
+                batch, L, S = query.shape[0], query.shape[1], key.shape[1]
+            else:
+                batch, L, S = query.shape[1], query.shape[0], key.shape[0]
+            attn_mask = _fold_float_key_padding_mask(key_padding_mask, attn_mask, batch,
+                                                     self.num_heads, L, S, self._dtype)
+            key_padding_mask = None
+        return self._module.forward(
+            query, key, value, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
+            key_lengths=list(key_lengths or []), is_causal=bool(is_causal),
+            need_weights=bool(need_weights), average_attn_weights=bool(average_attn_weights))
+
+    def backward(self, grad_out):
+        """The gradients of the last training-mode forward, given grad_out = dLoss/d out.
+
+        Returns Gradients(query, key, value, parameters): new arrays shaped like that forward's
+        inputs, and {name: gradient} for every parameter (state_dict names and order). Nothing is
+        accumulated: when query, key and value were one array, add the three gradients. No gradient
+        flows through the returned attention weights. A training-mode forward keeps what this
+        needs; evaluation mode keeps nothing. Raises ValueError when there is no training-mode
+        forward or grad_out has the wrong shape or dtype.
+        """
+        return Gradients(*self._module.backward(grad_out))
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    def __repr__(self):
+        c = self._config
+        return (f"MultiheadAttention(embed_dim={c.d_model}, num_heads={c.num_heads}, d_k={c.d_k}, "
+                f"d_v={c.d_v}, kdim={c.kdim}, vdim={c.vdim}, bias={c.bias}, "
+                f"add_bias_kv={c.add_bias_kv}, add_zero_attn={c.add_zero_attn}, "
+                f"dropout={c.dropout}, batch_first={c.batch_first}, dtype={self._dtype.name})")

@@ -1,0 +1,121 @@
+// Binds scaled_dot_product_attention and its backward (mha/attention.hpp), the Kernel choice and the
+// thread count.
+#include "mha/attention.hpp"
+
+#include <cstdint>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include <pybind11/stl.h>
+
+#include "bindings.hpp"
+#include "tensor_conversion.hpp"
+
+namespace mha::python {
+
+namespace {
+
+// AttentionOptions built from Python arguments, with the arrays its mask views point into.
+struct HeldOptions {
+  AttentionOptions options;
+  std::optional<ArrayView> attn_mask;
+  std::optional<ArrayView> key_padding_mask;
+};
+
+HeldOptions attention_options(py::handle attn_mask, bool is_causal, std::optional<double> scale,
+                              py::handle key_padding_mask, std::vector<std::int64_t> key_lengths,
+                              double dropout_p, std::uint64_t dropout_seed, Kernel kernel) {
+  HeldOptions held;
+  held.attn_mask = optional_view_of(attn_mask, "attn_mask", Accept::Mask);
+  held.key_padding_mask = optional_view_of(key_padding_mask, "key_padding_mask", Accept::Mask);
+  AttentionOptions& o = held.options;
+  o.scale = scale;
+  o.causal = is_causal;
+  if (held.key_padding_mask) o.key_padding_mask = held.key_padding_mask->view;
+  o.key_lengths = std::move(key_lengths);
+  if (held.attn_mask) o.attn_mask = held.attn_mask->view;
+  o.dropout_p = dropout_p;
+  o.dropout_seed = dropout_seed;
+  o.kernel = kernel;
+  return held;
+}
+
+// q: [B, h, L, d_k], k: [B, h, S, d_k], v: [B, h, S, d_v]. Returns (out [B, h, L, d_v],
+// weights [B, h, L, S] or None, lse [B, h, L] or None).
+py::tuple sdpa(py::handle q, py::handle k, py::handle v, py::handle attn_mask, bool is_causal,
+               std::optional<double> scale, py::handle key_padding_mask,
+               std::vector<std::int64_t> key_lengths, double dropout_p, std::uint64_t dropout_seed,
+               bool need_weights, bool need_lse, Kernel kernel) {
+  const ArrayView q_view = view_of(q, "q", Accept::Float);
+  const ArrayView k_view = view_of(k, "k", Accept::Float);
+  const ArrayView v_view = view_of(v, "v", Accept::Float);
+  HeldOptions held = attention_options(attn_mask, is_causal, scale, key_padding_mask, std::move(key_lengths),
+                                       dropout_p, dropout_seed, kernel);
+  held.options.need_weights = need_weights;
+  held.options.need_lse = need_lse;
+
+  AttentionResult result;
+  {
+    py::gil_scoped_release release;
+    result = scaled_dot_product_attention(q_view.view, k_view.view, v_view.view, held.options);
+  }
+  return py::make_tuple(to_numpy(std::move(result.out)), to_numpy_or_none(std::move(result.weights)),
+                        to_numpy_or_none(std::move(result.lse)));
+}
+
+// dout, out: [B, h, L, d_v], lse: [B, h, L] from the forward with the same inputs and options.
+// Returns (dq [B, h, L, d_k], dk [B, h, S, d_k], dv [B, h, S, d_v]).
+py::tuple sdpa_backward(py::handle dout, py::handle q, py::handle k, py::handle v, py::handle out,
+                        py::handle lse, py::handle attn_mask, bool is_causal, std::optional<double> scale,
+                        py::handle key_padding_mask, std::vector<std::int64_t> key_lengths, double dropout_p,
+                        std::uint64_t dropout_seed, Kernel kernel) {
+  const ArrayView dout_view = view_of(dout, "dout", Accept::Float);
+  const ArrayView q_view = view_of(q, "q", Accept::Float);
+  const ArrayView k_view = view_of(k, "k", Accept::Float);
+  const ArrayView v_view = view_of(v, "v", Accept::Float);
+  const ArrayView out_view = view_of(out, "out", Accept::Float);
+  const ArrayView lse_view = view_of(lse, "lse", Accept::Float);
+  const HeldOptions held = attention_options(attn_mask, is_causal, scale, key_padding_mask,
+                                             std::move(key_lengths), dropout_p, dropout_seed, kernel);
+
+  AttentionGradients grads;
+  {
+    py::gil_scoped_release release;
+    grads = scaled_dot_product_attention_backward(dout_view.view, q_view.view, k_view.view, v_view.view,
+                                                  out_view.view, lse_view.view, held.options);
+  }
+  return py::make_tuple(to_numpy(std::move(grads.dq)), to_numpy(std::move(grads.dk)),
+                        to_numpy(std::move(grads.dv)));
+}
+
+}  // namespace
+
+void register_attention(py::module_& m) {
+  py::enum_<Kernel>(m, "Kernel", "Which implementation computes the attention core")
+      .value("flash", Kernel::Flash)
+      .value("reference", Kernel::Reference);
+
+  const Kernel default_kernel = AttentionOptions{}.kernel;
+  m.def("scaled_dot_product_attention", &sdpa, py::arg("q"), py::arg("k"), py::arg("v"), py::kw_only(),
+        py::arg("attn_mask") = py::none(), py::arg("is_causal") = false, py::arg("scale") = py::none(),
+        py::arg("key_padding_mask") = py::none(), py::arg("key_lengths") = std::vector<std::int64_t>{},
+        py::arg("dropout_p") = 0.0, py::arg("dropout_seed") = 0, py::arg("need_weights") = false,
+        py::arg("need_lse") = false, py::arg("kernel") = default_kernel,
+        "softmax(q k^T * scale + mask) v. q: [B, h, L, d_k], k: [B, h, S, d_k], v: [B, h, S, d_v].\n"
+        "Returns (out [B, h, L, d_v], weights [B, h, L, S] or None, lse [B, h, L] or None).");
+
+  m.def("scaled_dot_product_attention_backward", &sdpa_backward, py::arg("dout"), py::arg("q"), py::arg("k"),
+        py::arg("v"), py::arg("out"), py::arg("lse"), py::kw_only(), py::arg("attn_mask") = py::none(),
+        py::arg("is_causal") = false, py::arg("scale") = py::none(), py::arg("key_padding_mask") = py::none(),
+        py::arg("key_lengths") = std::vector<std::int64_t>{}, py::arg("dropout_p") = 0.0,
+        py::arg("dropout_seed") = 0, py::arg("kernel") = default_kernel,
+        "The gradients (dq, dk, dv) of scaled_dot_product_attention, given dout = dLoss/dout and the\n"
+        "forward's out and lse (need_lse=True), with the forward's options. New arrays, nothing accumulated.");
+
+  m.def("set_num_threads", &set_num_threads, py::arg("threads"),
+        "Sets the number of OpenMP threads the library's kernels use.");
+  m.def("num_threads", &num_threads, "The number of OpenMP threads the library's kernels use.");
+}
+
+}  // namespace mha::python

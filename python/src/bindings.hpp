@@ -1,0 +1,16 @@
+// The register_* functions of the Python module `mha._core`, one per bound thing (one .cpp each);
+// module.cpp only calls them, in this order.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace mha::python {
+
+namespace py = pybind11;
+
+void register_error(py::module_& m);                 // error.cpp: mha::Error -> mha._core.Error (a ValueError)
+void register_tensor(py::module_& m);                // tensor_conversion.cpp: DType
+void register_attention(py::module_& m);             // attention.cpp: Kernel, scaled_dot_product_attention, threads
+void register_multi_head_attention(py::module_& m);  // multi_head_attention.cpp: config and module
+
+}  // namespace mha::python

@@ -1,0 +1,201 @@
+// Binds MultiHeadAttentionConfig and MultiHeadAttention (mha/multi_head_attention.hpp). The
+// torch.nn.MultiheadAttention-like class that users see is python/mha/__init__.py on top of these.
+#include "mha/multi_head_attention.hpp"
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <pybind11/stl.h>
+
+#include "bindings.hpp"
+#include "mha/error.hpp"
+#include "tensor_conversion.hpp"
+
+namespace mha::python {
+
+namespace {
+
+// The bound object: the C++ module and a lock. The compute releases the GIL, so two Python threads
+// can call one module at once, and forward() is not const (dropout counter, the activations kept for
+// backward) while load_state_dict() writes the parameters: every call into the module takes the
+// lock. A call that releases the GIL takes the lock after releasing it and drops it before taking
+// the GIL back, so a thread never waits for the GIL while holding the lock (no deadlock).
+struct LockedModule {
+  LockedModule(const MultiHeadAttentionConfig& config, std::uint64_t seed) : module(config, seed) {}
+  MultiHeadAttention module;
+  std::mutex mutex;
+};
+
+using Lock = std::lock_guard<std::mutex>;
+
+// query [B, L, E] / [L, B, E] / [L, E], key [.., S, kdim], value [.., S, vdim].
+// Returns (out like query, weights or None).
+py::tuple forward(LockedModule& self, py::handle query, py::handle key, py::handle value,
+                  py::handle key_padding_mask, py::handle attn_mask, std::vector<std::int64_t> key_lengths,
+                  bool is_causal, bool need_weights, bool average_attn_weights) {
+  const ArrayView query_view = view_of(query, "query", Accept::Float);
+  const ArrayView key_view = view_of(key, "key", Accept::Float);
+  const ArrayView value_view = view_of(value, "value", Accept::Float);
+  const std::optional<ArrayView> padding_view =
+      optional_view_of(key_padding_mask, "key_padding_mask", Accept::Mask);
+  const std::optional<ArrayView> mask_view = optional_view_of(attn_mask, "attn_mask", Accept::Mask);
+
+  MultiHeadAttentionInputs inputs;
+  if (padding_view) inputs.key_padding_mask = padding_view->view;
+  inputs.key_lengths = std::move(key_lengths);
+  if (mask_view) inputs.attn_mask = mask_view->view;
+  inputs.causal = is_causal;
+  inputs.need_weights = need_weights;
+  inputs.average_attn_weights = average_attn_weights;
+
+  MultiHeadAttentionOutput output;
+  {
+    py::gil_scoped_release release;
+    const Lock lock(self.mutex);
+    output = self.module.forward(query_view.view, key_view.view, value_view.view, inputs);
+  }
+  return py::make_tuple(to_numpy(std::move(output.out)), to_numpy_or_none(std::move(output.weights)));
+}
+
+// The gradients of the last training-mode forward, given dout = dLoss/dout (shaped like its out).
+// Returns (d query, d key, d value, {name: d parameter} in state_dict order).
+py::tuple backward(LockedModule& self, py::handle dout) {
+  const ArrayView dout_view = view_of(dout, "dout", Accept::Float);
+  MultiHeadAttentionGradients grads;
+  std::vector<std::string> names;
+  {
+    py::gil_scoped_release release;
+    const Lock lock(self.mutex);
+    grads = self.module.backward(dout_view.view);
+    names = self.module.parameter_names();
+  }
+  py::dict parameters;
+  for (const std::string& name : names) {
+    auto it = grads.parameters.find(name);
+    if (it != grads.parameters.end()) parameters[py::str(name)] = to_numpy(std::move(it->second));
+  }
+  return py::make_tuple(to_numpy(std::move(grads.query)), to_numpy(std::move(grads.key)),
+                        to_numpy(std::move(grads.value)), parameters);
+}
+
+// Loads a {name: array} dict; every value must be a float32 or float64 array-like.
+void load_state_dict(LockedModule& self, const py::dict& state) {
+  std::vector<ArrayView> held;  // keeps the arrays (or their copies) alive during the load
+  held.reserve(state.size());
+  std::map<std::string, TensorView> views;
+  for (const auto& [key, value] : state) {
+    if (!py::isinstance<py::str>(key)) {
+      throw Error("state_dict: expected str keys, got " +
+                  py::str(py::type::handle_of(key).attr("__name__")).cast<std::string>());
+    }
+    const std::string name = key.cast<std::string>();
+    held.push_back(view_of(value, name, Accept::Float));
+    views.emplace(name, held.back().view);
+  }
+  const Lock lock(self.mutex);
+  self.module.load_state_dict(views);
+}
+
+// {name: copy of the parameter} in PyTorch's state_dict order (a dict keeps insertion order).
+py::dict state_dict(LockedModule& self) {
+  std::vector<std::pair<std::string, Tensor>> copies;
+  {
+    const Lock lock(self.mutex);
+    for (const std::string& name : self.module.parameter_names()) {
+      copies.emplace_back(name, self.module.parameter(name).clone());
+    }
+  }
+  py::dict state;
+  for (auto& [name, tensor] : copies) state[py::str(name)] = to_numpy(std::move(tensor));
+  return state;
+}
+
+}  // namespace
+
+void register_multi_head_attention(py::module_& m) {
+  using Config = MultiHeadAttentionConfig;
+  py::class_<Config>(m, "MultiHeadAttentionConfig",
+                     "Hyper-parameters of MultiHeadAttention; 0 for d_k, d_v, kdim, vdim means the default")
+      .def(py::init<>())
+      .def_readwrite("d_model", &Config::d_model)
+      .def_readwrite("num_heads", &Config::num_heads)
+      .def_readwrite("d_k", &Config::d_k)
+      .def_readwrite("d_v", &Config::d_v)
+      .def_readwrite("kdim", &Config::kdim)
+      .def_readwrite("vdim", &Config::vdim)
+      .def_readwrite("bias", &Config::bias)
+      .def_readwrite("add_bias_kv", &Config::add_bias_kv)
+      .def_readwrite("add_zero_attn", &Config::add_zero_attn)
+      .def_readwrite("dropout", &Config::dropout)
+      .def_readwrite("batch_first", &Config::batch_first)
+      .def_readwrite("dtype", &Config::dtype);
+
+  py::class_<LockedModule>(m, "MultiHeadAttention", "Multi-head attention with PyTorch's parameter names")
+      .def(py::init<const Config&, std::uint64_t>(), py::arg("config"), py::arg("seed") = 0)
+      .def_property_readonly("config", [](const LockedModule& self) { return self.module.config(); },
+                             "The config with every default resolved (a copy)")
+      .def_property_readonly("packed_in_proj", [](const LockedModule& self) { return self.module.packed_in_proj(); })
+      .def("parameter_names", [](const LockedModule& self) { return self.module.parameter_names(); })
+      .def(
+          "parameter",
+          [](LockedModule& self, const std::string& name) {
+            Tensor copy;
+            {
+              const Lock lock(self.mutex);
+              copy = self.module.parameter(name).clone();
+            }
+            return to_numpy(std::move(copy));
+          },
+          py::arg("name"), "A copy of the parameter `name`")
+      .def(
+          "set_parameter",
+          [](LockedModule& self, const std::string& name, py::handle value) {
+            const ArrayView view = view_of(value, name, Accept::Float);
+            const Lock lock(self.mutex);
+            self.module.set_parameter(name, view.view);
+          },
+          py::arg("name"), py::arg("value"))
+      .def("load_state_dict", &load_state_dict, py::arg("state_dict"))
+      .def("state_dict", &state_dict)
+      .def(
+          "train",
+          [](LockedModule& self, bool mode) {
+            const Lock lock(self.mutex);
+            self.module.train(mode);
+          },
+          py::arg("mode") = true)
+      .def("eval",
+           [](LockedModule& self) {
+             const Lock lock(self.mutex);
+             self.module.eval();
+           })
+      .def_property_readonly("training",
+                             [](LockedModule& self) {
+                               const Lock lock(self.mutex);
+                               return self.module.training();
+                             })
+      .def_property(
+          "kernel",
+          [](LockedModule& self) {
+            const Lock lock(self.mutex);
+            return self.module.kernel();
+          },
+          [](LockedModule& self, Kernel kernel) {
+            const Lock lock(self.mutex);
+            self.module.set_kernel(kernel);
+          })
+      .def("forward", &forward, py::arg("query"), py::arg("key"), py::arg("value"), py::kw_only(),
+           py::arg("key_padding_mask") = py::none(), py::arg("attn_mask") = py::none(),
+           py::arg("key_lengths") = std::vector<std::int64_t>{}, py::arg("is_causal") = false,
+           py::arg("need_weights") = true, py::arg("average_attn_weights") = true,
+           "Returns (out like query, weights or None)")
+      .def("backward", &backward, py::arg("dout"),
+           "Gradients of the last training-mode forward: (d query, d key, d value, {name: d parameter})");
+}
+
+}  // namespace mha::python

@@ -1,0 +1,143 @@
+// NumPy <-> mha::TensorView / mha::Tensor conversions; see tensor_conversion.hpp.
+#include "tensor_conversion.hpp"
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include <pybind11/stl.h>
+
+#include "bindings.hpp"
+#include "mha/error.hpp"
+
+namespace mha::python {
+
+namespace {
+
+// NumPy's type numbers (numpy/ndarraytypes.h, NPY_TYPES), stable across NumPy versions.
+constexpr int kNpyFloat = 11;   // float32
+constexpr int kNpyDouble = 12;  // float64
+
+py::module_ numpy() { return py::module_::import("numpy"); }
+
+std::string dtype_str(const py::dtype& dtype) { return py::str(py::handle(dtype)).cast<std::string>(); }
+
+// The mha dtype of `array`, converting the array first where needed (byte order, wide integers).
+DType accepted_dtype(py::array& array, const std::string& name, Accept accept) {
+  if (!array.dtype().attr("isnative").cast<bool>()) {
+    array = py::array::ensure(array.attr("astype")(array.dtype().attr("newbyteorder")("=")));
+  }
+  const py::dtype dtype = array.dtype();
+  if (dtype.num() == kNpyFloat) return DType::Float32;
+  if (dtype.num() == kNpyDouble) return DType::Float64;
+  if (accept == Accept::Mask) {
+    if (dtype.kind() == 'b') return DType::Bool;
+    if (dtype.kind() == 'i' || dtype.kind() == 'u') {
+      // A bool element is one byte, nonzero = true, so 1-byte integers are viewed as they are.
+      if (dtype.itemsize() != 1) array = py::array::ensure(numpy().attr("not_equal")(array, 0));
+      return DType::Bool;
+    }
+    throw Error(name + ": expected a bool, integer, float32 or float64 array, got " + dtype_str(dtype));
+  }
+  throw Error(name + ": expected a float32 or float64 array, got " + dtype_str(dtype));
+}
+
+// True when every byte stride is a non-negative multiple of the element size and the data is
+// aligned, i.e. when the array can be described by element strides.
+bool has_element_strides(const py::array& array) {
+  const auto itemsize = static_cast<std::intptr_t>(array.itemsize());
+  if (reinterpret_cast<std::uintptr_t>(array.data()) % static_cast<std::uintptr_t>(itemsize) != 0) {
+    return false;
+  }
+  for (py::ssize_t d = 0; d < array.ndim(); ++d) {
+    const auto stride = static_cast<std::intptr_t>(array.strides(d));
+    if (stride < 0 || stride % itemsize != 0) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+ArrayView view_of(py::handle obj, const std::string& name, Accept accept) {
+  py::array array = py::array::ensure(obj);
+  if (!array) {
+    throw Error(name + ": expected an array, got " +
+                py::str(py::type::handle_of(obj).attr("__name__")).cast<std::string>());
+  }
+  const DType dtype = accepted_dtype(array, name, accept);
+  if (array.size() > 0 && !has_element_strides(array)) {
+    // A fresh C-order copy (numpy.ascontiguousarray would keep a contiguous but misaligned array).
+    array = py::array::ensure(numpy().attr("array")(array, py::arg("copy") = true, py::arg("order") = "C"));
+  }
+
+  Shape shape(static_cast<std::size_t>(array.ndim()));
+  Shape strides(shape.size());
+  for (py::ssize_t d = 0; d < array.ndim(); ++d) shape[d] = array.shape(d);
+  if (array.size() > 0) {
+    for (py::ssize_t d = 0; d < array.ndim(); ++d) strides[d] = array.strides(d) / array.itemsize();
+  } else {
+    strides = contiguous_strides(shape);  // an empty array's strides carry no information
+  }
+  TensorView view(array.data(), dtype, std::move(shape), std::move(strides));
+  return ArrayView{std::move(array), std::move(view)};
+}
+
+std::optional<ArrayView> optional_view_of(py::handle obj, const std::string& name, Accept accept) {
+  if (obj.is_none()) return std::nullopt;
+  return view_of(obj, name, accept);
+}
+
+py::dtype numpy_dtype(DType dtype) {
+  switch (dtype) {
+    case DType::Float32: return py::dtype::of<float>();
+    case DType::Float64: return py::dtype::of<double>();
+    case DType::Bool: return py::dtype::of<bool>();
+  }
+  throw Error("numpy_dtype: unknown dtype");
+}
+
+py::array to_numpy(Tensor&& tensor) {
+  const py::dtype dtype = numpy_dtype(tensor.dtype());
+  std::vector<py::ssize_t> shape(tensor.shape().begin(), tensor.shape().end());
+  std::vector<py::ssize_t> strides;
+  for (const std::int64_t stride : tensor.strides()) {
+    strides.push_back(static_cast<py::ssize_t>(stride) * dtype.itemsize());
+  }
+  if (tensor.numel() == 0) return py::array(dtype, shape, strides);  // no memory to share
+
+  auto owner = std::make_unique<Tensor>(std::move(tensor));
+  const void* data = owner->data();
+  py::capsule base(owner.get(), [](void* p) { delete static_cast<Tensor*>(p); });
+  owner.release();  // the capsule owns it now
+  return py::array(dtype, shape, strides, data, base);
+}
+
+py::object to_numpy_or_none(Tensor&& tensor) {
+  if (!tensor.defined()) return py::none();
+  return to_numpy(std::move(tensor));
+}
+
+void register_tensor(py::module_& m) {
+  py::enum_<DType>(m, "DType", "Element type of a tensor")
+      .value("float32", DType::Float32)
+      .value("float64", DType::Float64)
+      .value("bool", DType::Bool);
+
+  // For tests of the conversion: what the library receives for `obj`.
+  m.def(
+      "_describe_view",
+      [](py::handle obj, const std::string& name, bool mask) {
+        const ArrayView view = view_of(obj, name, mask ? Accept::Mask : Accept::Float);
+        py::dict d;
+        d["data"] = reinterpret_cast<std::uintptr_t>(view.view.data());
+        d["dtype"] = std::string(dtype_name(view.view.dtype()));
+        d["shape"] = py::tuple(py::cast(view.view.shape()));
+        d["strides"] = py::tuple(py::cast(view.view.strides()));
+        return d;
+      },
+      py::arg("obj"), py::arg("name") = "array", py::arg("mask") = false,
+      "The data pointer, dtype, shape and element strides the library would see for `obj`.");
+}
+
+}  // namespace mha::python

@@ -66,6 +66,9 @@ namespace detail {
 struct SavedForward;  // what a training-mode forward keeps for backward()
 }
 
+// Thread safety: forward() and backward() change the layer's state (the dropout counter, what a
+// training-mode forward keeps), so calls on one layer must not overlap; separate layers are
+// independent. Each call uses the library's OpenMP threads (set_num_threads) internally.
 class MultiHeadAttention {
  public:
   // Validates the config and initialises the parameters as PyTorch does, from `seed`:

@@ -15,6 +15,10 @@
 // A query row whose keys are all forbidden attends to nothing: its output row and its weights are 0
 // and its log-sum-exp is -inf. (PyTorch 1.13 returns NaN there; we return a defined result.)
 // Masked keys are never read, so NaN or Inf stored at a masked position cannot reach any output.
+//
+// Sizes: B, h, L, S and d_v may be 0 (the results are then empty or, for S = 0, zero); d_k >= 1.
+// scale may be any finite number. key_padding_mask and key_lengths may be given together (both apply).
+// A float attn_mask must have q's dtype (MultiHeadAttention converts the other float dtype for you).
 #pragma once
 
 #include <cstdint>

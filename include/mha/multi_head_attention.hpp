@@ -42,6 +42,9 @@ struct MultiHeadAttentionConfig {
   DType dtype = DType::Float32; // Float32 or Float64
 };
 
+// Masks and causal concern the S input keys; the positions appended by add_bias_kv / add_zero_attn
+// are visible to every query (PyTorch pads its masks with "allowed" there). Inputs may have any
+// non-negative strides.
 struct MultiHeadAttentionInputs {
   std::optional<TensorView> key_padding_mask;  // bool [B, S] ([S] for unbatched input), true = padding
   std::vector<std::int64_t> key_lengths;       // alternative: B lengths in [0, S]

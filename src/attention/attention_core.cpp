@@ -152,7 +152,7 @@ void run_typed(const TensorView& q, const TensorView& k, const TensorView& v, co
     p.lse = lse.data_as<T>();
   }
   if constexpr (std::is_same_v<T, float>) {
-    if (o.kernel == Kernel::Flash) return flash_attention_forward(p);
+    if (o.kernel == Kernel::Flash && p.d_v > 0) return flash_attention_forward(p);  // d_v = 0: nothing to tile
   }
   reference_attention_forward(p);
 }
@@ -179,7 +179,7 @@ void run_backward_typed(const TensorView& dout, const TensorView& q, const Tenso
   p.dk = strided_output<T>(dk);
   p.dv = strided_output<T>(dv);
   if constexpr (std::is_same_v<T, float>) {
-    if (o.kernel == Kernel::Flash) return flash_attention_backward(p);
+    if (o.kernel == Kernel::Flash && p.d_v > 0) return flash_attention_backward(p);
   }
   reference_attention_backward(p);
 }

@@ -27,7 +27,6 @@ Errors: every invalid argument raises ``ValueError`` (precisely :class:`mha.Erro
 ``query: expected float32 (the layer's dtype), got float64 [5, 2, 8]``.
 """
 
-import collections
 import operator
 import os
 
@@ -38,7 +37,6 @@ from ._core import Error, Kernel, num_threads, set_num_threads
 
 __all__ = [
     "Error",
-    "Gradients",
     "Kernel",
     "MultiheadAttention",
     "num_threads",
@@ -199,11 +197,6 @@ def scaled_dot_product_attention_backward(dout, q, k, v, out, lse, attn_mask=Non
                                  dropout_p, dropout_seed, kernel)
     grads = _core.scaled_dot_product_attention_backward(dout, q, k, v, out, lse, **options)
     return tuple(g[0] for g in grads) if unbatched else grads
-
-
-Gradients = collections.namedtuple("Gradients", ["query", "key", "value", "parameters"])
-Gradients.__doc__ = """MultiheadAttention.backward's result: dLoss/d(query, key, value), each shaped like
-that input, and {name: dLoss/d parameter} in state_dict order."""
 
 
 class MultiheadAttention:
@@ -369,14 +362,15 @@ class MultiheadAttention:
     def backward(self, grad_out):
         """The gradients of the last training-mode forward, given grad_out = dLoss/d out.
 
-        Returns Gradients(query, key, value, parameters): new arrays shaped like that forward's
-        inputs, and {name: gradient} for every parameter (state_dict names and order). Nothing is
+        Returns a dict: "query", "key", "value" (new arrays shaped like that forward's inputs),
+        then every parameter under its state_dict name, in state_dict order. Nothing is
         accumulated: when query, key and value were one array, add the three gradients. No gradient
         flows through the returned attention weights. A training-mode forward keeps what this
         needs; evaluation mode keeps nothing. Raises ValueError when there is no training-mode
         forward or grad_out has the wrong shape or dtype.
         """
-        return Gradients(*self._module.backward(grad_out))
+        query, key, value, parameters = self._module.backward(grad_out)
+        return {"query": query, "key": key, "value": value, **parameters}
 
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)

@@ -136,10 +136,10 @@ def test_mha_backward_against_torch(c, kernel):
         ours(query.astype(dtype), key.astype(dtype), value.astype(dtype), key_padding_mask=kpm,
              attn_mask=mask, need_weights=False)
         grads = ours.backward(dout.astype(dtype))
-        assert list(grads.parameters) == list(state)
-        pairs = [("query", grads.query, dq32, dq64), ("key", grads.key, dk32, dk64),
-                 ("value", grads.value, dv32, dv64)]
-        pairs += [(name, grads.parameters[name], dp32[name], dp64[name]) for name in state]
+        assert list(grads) == ["query", "key", "value"] + list(state)
+        pairs = [("query", grads["query"], dq32, dq64), ("key", grads["key"], dk32, dk64),
+                 ("value", grads["value"], dv32, dv64)]
+        pairs += [(name, grads[name], dp32[name], dp64[name]) for name in state]
         for name, ours_grad, g32, g64 in pairs:
             assert ours_grad.dtype == dtype and ours_grad.shape == g64.shape, name
             assert np.isfinite(ours_grad).all(), name
@@ -165,7 +165,7 @@ def test_mha_backward_errors():
     with pytest.raises(ValueError, match="^dout"):
         m.backward(x.astype(np.float64))
     grads = m.backward(x)
-    assert isinstance(grads, mha.Gradients) and grads.query.shape == x.shape
+    assert isinstance(grads, dict) and grads["query"].shape == x.shape
 
 
 def test_mha_backward_with_dropout_linear_parts():
@@ -181,7 +181,7 @@ def test_mha_backward_with_dropout_linear_parts():
     assert (w == 0).any()
     dout = normal(r, (B, L, E))
     grads = m.backward(dout)
-    np.testing.assert_allclose(grads.parameters["out_proj.bias"], dout.astype(np.float64).sum(axis=(0, 1)),
+    np.testing.assert_allclose(grads["out_proj.bias"], dout.astype(np.float64).sum(axis=(0, 1)),
                                rtol=1e-5, atol=1e-5)
     # context = concat_h(W_h V_h) from the dropped weights; d out_proj.weight = sum dout^T context
     w_v = state["in_proj_weight"][2 * E:].astype(np.float64)
@@ -189,12 +189,12 @@ def test_mha_backward_with_dropout_linear_parts():
     v_heads = (v.astype(np.float64) @ w_v.T + b_v).reshape(B, S, h, E // h).transpose(0, 2, 1, 3)
     context = (w.astype(np.float64) @ v_heads).transpose(0, 2, 1, 3).reshape(B, L, E)
     expected = np.einsum("ble,blf->ef", dout.astype(np.float64), context)
-    np.testing.assert_allclose(grads.parameters["out_proj.weight"], expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(grads["out_proj.weight"], expected, rtol=1e-4, atol=1e-4)
     # d value = (W_h^T dcontext_h) through the value projection
     dcontext = (dout.astype(np.float64) @ state["out_proj.weight"].astype(np.float64)).reshape(B, L, h, E // h)
     dv_heads = np.swapaxes(w.astype(np.float64), -1, -2) @ dcontext.transpose(0, 2, 1, 3)
     dvalue = dv_heads.transpose(0, 2, 1, 3).reshape(B, S, E) @ w_v
-    np.testing.assert_allclose(grads.value, dvalue, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(grads["value"], dvalue, rtol=1e-4, atol=1e-4)
     ref, _ = mha_reference(state, q, k, v, h, E // h, E // h, weights_override=w)
     np.testing.assert_allclose(out, ref, atol=1e-5)
 

@@ -2,10 +2,9 @@
 // Better Parallelism and Work Partitioning") on the CPU, float32, never holding an L x S matrix.
 //
 // Forward, for one (b, head, block of kBlockQ query rows):
-//   Qs = scale * Q_blk                                         [rows, d_k]
 //   m = -inf, l = 0, acc = 0                                   per row; acc [rows, d_v]
 //   for each block of kBlockK keys:
-//     S = Qs K_blk^T (+ masks)                                 [rows, cols]
+//     S = scale Q_blk K_blk^T (+ masks)                        [rows, cols]
 //     m' = max(m, rowmax S);  P = exp(S - m');  a = exp(m - m')
 //     l = a l + rowsum P;  acc = a acc + dropout(P) V_blk;  m = m'
 //   out = acc / l;  lse = m + log l                            (a row with no allowed key: 0, -inf)
@@ -140,10 +139,10 @@ using flash::round_up;
 void FlashForward(const AttentionParams<float>& p) {
   const std::int64_t q_blocks = (p.L + kBlockQ - 1) / kBlockQ;
   const std::int64_t ld_acc = round_up(p.d_v, kRowAlign);
-  // Per-thread workspace, allocated once per call: Qs, logits tile, accumulator, V block copy, m, l.
-  const std::int64_t q_size = kBlockQ * p.d_k, s_size = kBlockQ * kBlockK, acc_size = kBlockQ * ld_acc;
+  // Per-thread workspace, allocated once per call: logits tile, accumulator, V block copy, m, l.
+  const std::int64_t s_size = kBlockQ * kBlockK, acc_size = kBlockQ * ld_acc;
   const std::int64_t kv_size = kBlockK * std::max(p.d_k, p.d_v);
-  const std::int64_t per_thread = round_up(q_size, kRowAlign) + s_size + acc_size + round_up(kv_size, kRowAlign) + 2 * kBlockQ;
+  const std::int64_t per_thread = s_size + acc_size + round_up(kv_size, kRowAlign) + 2 * kBlockQ;
   auto workspace = hwy::AllocateAligned<float>(static_cast<std::size_t>(omp_get_max_threads() * per_thread));
   std::vector<std::int64_t> nonfinite_lists(static_cast<std::size_t>(omp_get_max_threads() * kBlockK));
 
@@ -152,15 +151,14 @@ void FlashForward(const AttentionParams<float>& p) {
     const std::int64_t b = item / (p.h * q_blocks), head = (item / q_blocks) % p.h;
     const std::int64_t i0 = (item % q_blocks) * kBlockQ, rows = std::min(kBlockQ, p.L - i0);
     std::int64_t* nonfinite = nonfinite_lists.data() + omp_get_thread_num() * kBlockK;  // [kBlockK]
-    float* qs = workspace.get() + omp_get_thread_num() * per_thread;  // [rows, d_k]
-    float* s = qs + round_up(q_size, kRowAlign);                        // [rows, kBlockK]
+    float* s = workspace.get() + omp_get_thread_num() * per_thread;    // [rows, kBlockK]
     float* acc = s + s_size;                                            // [rows, ld_acc]
     float* kv_copy = acc + acc_size;                                    // [kBlockK, d_v]
     float* m = kv_copy + round_up(kv_size, kRowAlign);                  // [rows]
     float* l = m + kBlockQ;                                             // [rows]
 
+    const float* q_rows = &p.q(b, head, i0, 0);  // [rows, d_k], row stride p.q.stride[2]
     for (std::int64_t r = 0; r < rows; ++r) {
-      for (std::int64_t c = 0; c < p.d_k; ++c) qs[r * p.d_k + c] = p.q(b, head, i0 + r, c) * p.scale;
       m[r] = kMinusInf;
       l[r] = 0.0f;
     }
@@ -169,8 +167,10 @@ void FlashForward(const AttentionParams<float>& p) {
     const std::int64_t key_end = flash::key_range_end(p, b, i0, rows);
     for (std::int64_t j0 = 0; j0 < key_end; j0 += kBlockK) {
       const std::int64_t cols = std::min(kBlockK, key_end - j0), padded_cols = round_up(cols, kRowAlign);
-      // S = Qs K_blk^T
-      flash::sgemm(false, true, rows, cols, p.d_k, 1.0f, qs, p.d_k, &p.k(b, head, j0, 0), p.k.stride[2], false, s, kBlockK);
+      // S = scale Q_blk K_blk^T (the scale as sgemm's alpha: the backward recomputes S the same way,
+      // so its P = exp(S - lse) is normalised to float precision)
+      flash::sgemm(false, true, rows, cols, p.d_k, p.scale, q_rows, p.q.stride[2], &p.k(b, head, j0, 0), p.k.stride[2],
+                     false, s, kBlockK);
       if (flash::tile_needs_masks(p, i0, j0, cols)) flash::apply_masks(p, b, head, i0, rows, j0, cols, s, kBlockK);
       // Online softmax: P = exp(S - m'), l = a l + rowsum P, acc = a acc.
       for (std::int64_t r = 0; r < rows; ++r) {
@@ -214,7 +214,8 @@ void FlashForward(const AttentionParams<float>& p) {
     if (p.weights) {
       for (std::int64_t j0 = 0; j0 < key_end; j0 += kBlockK) {
         const std::int64_t cols = std::min(kBlockK, key_end - j0), padded_cols = round_up(cols, kRowAlign);
-        flash::sgemm(false, true, rows, cols, p.d_k, 1.0f, qs, p.d_k, &p.k(b, head, j0, 0), p.k.stride[2], false, s, kBlockK);
+        flash::sgemm(false, true, rows, cols, p.d_k, p.scale, q_rows, p.q.stride[2], &p.k(b, head, j0, 0), p.k.stride[2],
+                     false, s, kBlockK);
         if (flash::tile_needs_masks(p, i0, j0, cols)) flash::apply_masks(p, b, head, i0, rows, j0, cols, s, kBlockK);
         for (std::int64_t r = 0; r < rows; ++r) {
           float* row = s + r * kBlockK;

@@ -5,7 +5,7 @@
 
 namespace mha::detail::flash {
 
-// Query rows per block. Each block keeps its scaled Q rows (128 x d_k), its output accumulator
+// Query rows per block. Each block reads its Q rows (128 x d_k), its output accumulator
 // (128 x d_v) and one logits tile (128 x kBlockK) resident while it streams K/V blocks past them;
 // taller blocks reuse each K/V block for more rows (measured: 128 x 256 beat 64 x 128 by about 5
 // points of the GEMM roof forward and backward at N = 2048..4096, d = 64, on this machine).

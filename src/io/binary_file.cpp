@@ -13,7 +13,7 @@ namespace mha::io {
 
 void fail(const std::string& name, const std::string& problem) { throw Error(name + ": " + problem); }
 
-std::string quoted(std::string_view text, std::size_t max) {
+std::string printable(std::string_view text, std::size_t max) {
   static const char kHex[] = "0123456789abcdef";
   std::string out = "'";
   for (std::size_t i = 0; i < text.size() && i < max; ++i) {

@@ -20,7 +20,7 @@ namespace mha::io {
 
 // `text` quoted for an error message: non-printable bytes as \xNN, cut after `max` bytes with "...".
 // Names inside hostile files can hold anything, and messages must stay readable.
-std::string quoted(std::string_view text, std::size_t max = 80);
+std::string printable(std::string_view text, std::size_t max = 80);
 
 class ByteSource {
  public:

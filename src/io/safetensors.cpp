@@ -1,0 +1,413 @@
+// safetensors: reading (a strict, streaming parse of the header, then checked reads of each tensor)
+// and writing. Format: https://github.com/huggingface/safetensors (see include/mha/io.hpp).
+//
+// The header is parsed with nlohmann/json's SAX interface rather than into a json value: a handler
+// that accepts exactly the structure safetensors allows stops at the first surprise (so nesting
+// depth, value kinds and duplicate keys, which json::parse would silently let through, are all
+// checked), and nothing is built but the tensor table itself.
+#include <algorithm>
+#include <set>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <nlohmann/json.hpp>
+
+#include "io/binary_file.hpp"
+#include "io/little_endian.hpp"
+#include "io/tensor_bytes.hpp"
+#include "io/utf8.hpp"
+#include "mha/error.hpp"
+#include "mha/io.hpp"
+
+namespace mha {
+
+namespace {
+
+using io::fail;
+using io::printable;
+using io::StoredType;
+
+// The reference implementation's limit on the header (MAX_HEADER_SIZE in safetensors/src/tensor.rs).
+constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
+constexpr std::uint64_t kLengthBytes = 8;  // the little-endian header length in front of the header
+constexpr const char* kMetadataKey = "__metadata__";
+
+struct DTypeName {
+  const char* name;
+  StoredType type;
+};
+constexpr DTypeName kReadable[] = {{"F64", StoredType::F64}, {"F32", StoredType::F32}, {"F16", StoredType::F16},
+                                   {"BF16", StoredType::BF16}, {"BOOL", StoredType::Bool}};
+// dtypes the format defines that this reader does not convert; named so the message can say so.
+constexpr const char* kUnsupported[] = {"I8", "U8", "I16", "U16", "I32", "U32", "I64", "U64", "C64",
+                                        "F8_E4M3", "F8_E5M2", "F8_E8M0", "F6_E2M3", "F6_E3M2", "F4"};
+
+// One tensor as the header describes it, before the description is checked against the buffer.
+struct Entry {
+  std::string name;
+  std::string dtype;
+  Shape shape;
+  std::vector<std::uint64_t> offsets;
+  bool has_dtype = false, has_shape = false, has_offsets = false;
+};
+
+// ---- the header's SAX handler --------------------------------------------------------------------
+
+// Accepts exactly: { name: {"dtype": str, "shape": [uint...], "data_offsets": [uint, uint]} ...,
+// "__metadata__": {str: str} or null }. Each callback returns false (stopping the parse) with a
+// message in `error` at the first event that does not fit.
+class HeaderHandler {
+ public:
+  std::vector<Entry> entries;
+  std::map<std::string, std::string> metadata;
+  std::string error;
+
+  bool null() { return value("null"); }
+  bool boolean(bool) { return value("a boolean"); }
+  bool number_integer(std::int64_t v) {  // nlohmann reports only negative integers here
+    if (state_ == State::kShapeItem) return refuse(where() + "shape has a negative size " + std::to_string(v));
+    return value("the negative integer " + std::to_string(v));
+  }
+  bool number_unsigned(std::uint64_t v) {
+    if (state_ == State::kShapeItem) {
+      if (v > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+        return refuse(where() + "shape size " + std::to_string(v) + " does not fit 64-bit sizes");
+      entries.back().shape.push_back(static_cast<std::int64_t>(v));
+      return true;
+    }
+    if (state_ == State::kOffsetsItem) {
+      if (entries.back().offsets.size() == 2) return refuse(where() + "data_offsets must be two integers [begin, end], got more");
+      entries.back().offsets.push_back(v);
+      return true;
+    }
+    return value("the integer " + std::to_string(v));
+  }
+  bool number_float(double, const std::string& text) {
+    // Also where integers too large for 64 bits land.
+    return value("the number " + printable(text, 40) + " (not an integer that fits 64 bits)");
+  }
+  bool string(std::string& s) {
+    switch (state_) {
+      case State::kDtype:
+        entries.back().dtype = std::move(s);
+        state_ = State::kEntryKey;
+        return true;
+      case State::kMetadataValue:
+        metadata[metadata_key_] = std::move(s);
+        state_ = State::kMetadataKey;
+        return true;
+      default: return value("a string");
+    }
+  }
+  bool binary(nlohmann::json::binary_t&) { return value("binary data"); }
+
+  bool start_object(std::size_t) {
+    switch (state_) {
+      case State::kTop: state_ = State::kTopKey; return true;
+      case State::kEntryValue: state_ = State::kEntryKey; return true;
+      case State::kMetadataStart: state_ = State::kMetadataKey; return true;
+      default: return value("an object");
+    }
+  }
+  bool end_object() {
+    switch (state_) {
+      case State::kTopKey: state_ = State::kDone; return true;
+      case State::kMetadataKey: state_ = State::kTopKey; return true;
+      case State::kEntryKey: {
+        const Entry& e = entries.back();
+        for (auto [present, key] : {std::pair{e.has_dtype, "dtype"}, std::pair{e.has_shape, "shape"},
+                                    std::pair{e.has_offsets, "data_offsets"}})
+          if (!present) return refuse(where() + "missing \"" + key + "\"");
+        state_ = State::kTopKey;
+        return true;
+      }
+      default: return refuse("malformed header");  // unreachable: the parser pairs braces
+    }
+  }
+  bool key(std::string& k) {
+    switch (state_) {
+      case State::kTopKey:
+        if (k == kMetadataKey) {
+          if (seen_metadata_) return refuse("duplicate key \"__metadata__\"");
+          seen_metadata_ = true;
+          state_ = State::kMetadataStart;
+          return true;
+        }
+        if (!names_.insert(k).second) return refuse("duplicate tensor name " + printable(k));
+        entries.push_back(Entry{std::move(k), {}, {}, {}});
+        state_ = State::kEntryValue;
+        return true;
+      case State::kEntryKey: {
+        Entry& e = entries.back();
+        bool* seen = k == "dtype" ? &e.has_dtype : k == "shape" ? &e.has_shape : k == "data_offsets" ? &e.has_offsets : nullptr;
+        if (!seen) return refuse(where() + "unknown key " + printable(k) + " (expected dtype, shape, data_offsets)");
+        if (*seen) return refuse(where() + "duplicate key " + printable(k));
+        *seen = true;
+        state_ = k == "dtype" ? State::kDtype : k == "shape" ? State::kShapeStart : State::kOffsetsStart;
+        return true;
+      }
+      case State::kMetadataKey:
+        if (metadata.count(k)) return refuse("__metadata__: duplicate key " + printable(k));
+        metadata_key_ = std::move(k);
+        state_ = State::kMetadataValue;
+        return true;
+      default: return refuse("malformed header");  // unreachable: keys come only inside objects
+    }
+  }
+  bool start_array(std::size_t) {
+    switch (state_) {
+      case State::kShapeStart: state_ = State::kShapeItem; return true;
+      case State::kOffsetsStart: state_ = State::kOffsetsItem; return true;
+      default: return value("an array");
+    }
+  }
+  bool end_array() {
+    if (state_ == State::kOffsetsItem && entries.back().offsets.size() != 2)
+      return refuse(where() + "data_offsets must be two integers [begin, end], got " +
+                    std::to_string(entries.back().offsets.size()));
+    state_ = State::kEntryKey;  // only the shape and offsets arrays are ever opened
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::json::exception& ex) {
+    std::string what = ex.what();
+    if (const auto bracket = what.find("] "); what.rfind("[json.exception", 0) == 0 && bracket != std::string::npos)
+      what = what.substr(bracket + 2);  // drop nlohmann's "[json.exception.parse_error.101] " prefix
+    return refuse("header is not valid JSON: " + what);
+  }
+
+  bool done() const { return state_ == State::kDone; }
+
+ private:
+  enum class State {
+    kTop, kTopKey, kEntryValue, kEntryKey, kDtype, kShapeStart, kShapeItem, kOffsetsStart, kOffsetsItem,
+    kMetadataStart, kMetadataKey, kMetadataValue, kDone
+  };
+
+  bool refuse(std::string message) {
+    error = std::move(message);
+    return false;
+  }
+  std::string where() const { return "tensor " + printable(entries.back().name) + ": "; }
+
+  // A value of kind `got` arrived in `state_`: accept a null "__metadata__", refuse anything else
+  // with what was expected there.
+  bool value(const std::string& got) {
+    switch (state_) {
+      case State::kTop: return refuse("header is not a JSON object: it is " + got);
+      case State::kEntryValue:
+        return refuse(where() + "expected an object {\"dtype\", \"shape\", \"data_offsets\"}, got " + got);
+      case State::kDtype: return refuse(where() + "dtype must be a string, got " + got);
+      case State::kShapeStart: return refuse(where() + "shape must be an array of non-negative integers, got " + got);
+      case State::kShapeItem:
+        return refuse(where() + "shape entries must be non-negative integers, got " + got);
+      case State::kOffsetsStart:
+        return refuse(where() + "data_offsets must be two integers [begin, end], got " + got);
+      case State::kOffsetsItem:
+        return refuse(where() + "data_offsets must be two non-negative integers [begin, end], got " + got);
+      case State::kMetadataStart:
+        if (got == "null") {
+          state_ = State::kTopKey;
+          return true;
+        }
+        return refuse("__metadata__ must be an object of strings, got " + got);
+      case State::kMetadataValue:
+        return refuse("__metadata__: the value of " + printable(metadata_key_) + " must be a string, got " + got);
+      default: return refuse("malformed header: unexpected " + got);
+    }
+  }
+
+  State state_ = State::kTop;
+  std::set<std::string> names_;
+  bool seen_metadata_ = false;
+  std::string metadata_key_;
+};
+
+StoredType stored_type(const Entry& e, const std::string& file) {
+  for (const auto& d : kReadable)
+    if (e.dtype == d.name) return d.type;
+  const std::string prefix = "tensor " + printable(e.name) + ": ";
+  for (const char* d : kUnsupported)
+    if (e.dtype == d)
+      fail(file, prefix + "unsupported dtype " + printable(e.dtype) + " (this reader takes F64, F32, F16, BF16, BOOL)");
+  fail(file, prefix + "unknown dtype " + printable(e.dtype));
+}
+
+std::string offsets_str(std::uint64_t begin, std::uint64_t end) {
+  std::string s = "[";  // built step by step: "[" + std::string&& trips GCC 12's -Wrestrict (bug 105329)
+  s += std::to_string(begin);
+  s += ", ";
+  s += std::to_string(end);
+  return s + "]";
+}
+
+SafetensorsFile read(const io::ByteSource& source, std::optional<DType> dtype) {
+  const std::string& file = source.name();
+  if (dtype && *dtype == DType::Bool)
+    fail(file, "dtype: floating-point tensors are read as float32 or float64, not bool");
+  if (source.size() < kLengthBytes)
+    fail(file, "the file is " + std::to_string(source.size()) + " bytes, shorter than the 8-byte header length");
+
+  std::byte length_bytes[kLengthBytes];
+  source.read(0, length_bytes, kLengthBytes);
+  const auto header_length = io::load_le<std::uint64_t>(length_bytes);
+  if (header_length > kMaxHeaderBytes)
+    fail(file, "header length " + std::to_string(header_length) + " exceeds the limit of " +
+                   std::to_string(kMaxHeaderBytes) + " bytes");
+  if (header_length > source.size() - kLengthBytes)
+    fail(file, "header length " + std::to_string(header_length) + " runs past the end of the file (" +
+                   std::to_string(source.size()) + " bytes)");
+
+  std::string header(header_length, '\0');
+  source.read(kLengthBytes, header.data(), header.size());
+  if (const auto bad = io::first_invalid_utf8(header))
+    fail(file, "header is not valid UTF-8 (byte " + std::to_string(*bad) + " of the header)");
+
+  // nlohmann's lexer takes a NUL byte for the end of the input (for C strings), so "{}\0junk" would
+  // pass; JSON allows no raw NUL anywhere, so refuse it first.
+  if (const auto nul = header.find('\0'); nul != std::string::npos)
+    fail(file, "header is not valid JSON: a NUL byte at byte " + std::to_string(nul) + " of the header");
+
+  HeaderHandler handler;
+  const bool parsed = nlohmann::json::sax_parse(header.data(), header.data() + header.size(), &handler);
+  if (!parsed || !handler.done())
+    fail(file, handler.error.empty() ? std::string("header is not valid JSON") : handler.error);
+  header = std::string();  // the header's text is no longer needed
+
+  // Each tensor's own description: dtype, size, offsets inside the buffer and matching the size.
+  const std::uint64_t data_start = kLengthBytes + header_length;
+  const std::uint64_t buffer_size = source.size() - data_start;
+  std::vector<StoredType> types;
+  types.reserve(handler.entries.size());
+  for (const Entry& e : handler.entries) {
+    const std::string prefix = "tensor " + printable(e.name) + ": ";
+    const StoredType type = stored_type(e, file);
+    types.push_back(type);
+    const auto bytes = io::checked_byte_size(e.shape, io::stored_size(type));
+    if (!bytes) fail(file, prefix + "shape " + shape_str(e.shape) + " is too large: its byte size overflows 64 bits");
+    const std::uint64_t begin = e.offsets[0], end = e.offsets[1];
+    if (begin > end) fail(file, prefix + "data_offsets " + offsets_str(begin, end) + " are reversed");
+    if (end > buffer_size)
+      fail(file, prefix + "data_offsets " + offsets_str(begin, end) + " run past the end of the data buffer (" +
+                     std::to_string(buffer_size) + " bytes; is the file truncated?)");
+    if (end - begin != *bytes)
+      fail(file, prefix + "data_offsets " + offsets_str(begin, end) + " hold " + std::to_string(end - begin) +
+                     " bytes, but " + e.dtype + " " + shape_str(e.shape) + " needs " + std::to_string(*bytes));
+  }
+
+  // Together the tensors must tile the buffer: sorted by offset, each begins where the last ended.
+  std::vector<std::size_t> order(handler.entries.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  const auto& entries = handler.entries;
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return entries[a].offsets < entries[b].offsets; });
+  std::uint64_t covered = 0;
+  const Entry* previous = nullptr;
+  for (std::size_t i : order) {
+    const Entry& e = entries[i];
+    if (e.offsets[0] < covered)
+      fail(file, "tensor " + printable(e.name) + " (data_offsets " + offsets_str(e.offsets[0], e.offsets[1]) +
+                     ") overlaps tensor " + printable(previous->name) + " (data_offsets " +
+                     offsets_str(previous->offsets[0], previous->offsets[1]) + ")");
+    if (e.offsets[0] > covered)
+      fail(file, "bytes " + offsets_str(covered, e.offsets[0]) + " of the data buffer belong to no tensor (a gap before tensor " +
+                     printable(e.name) + ")");
+    covered = e.offsets[1];
+    previous = &e;
+  }
+  if (covered != buffer_size)
+    fail(file, "the last " + std::to_string(buffer_size - covered) + " bytes of the data buffer (" +
+                   std::to_string(buffer_size) + " bytes) belong to no tensor");
+
+  // Only now, with every size checked against the file, is anything allocated for the data.
+  SafetensorsFile result;
+  result.metadata = std::move(handler.metadata);
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const Entry& e = entries[i];
+    const DType target = types[i] == StoredType::Bool ? DType::Bool : dtype.value_or(io::natural_dtype(types[i]));
+    result.tensors.emplace(e.name, io::read_elements(source, data_start + e.offsets[0], types[i], e.shape, target));
+  }
+  return result;
+}
+
+// ---- writing -------------------------------------------------------------------------------------
+
+const char* stored_name(DType dtype) {
+  switch (dtype) {
+    case DType::Float64: return "F64";
+    case DType::Float32: return "F32";
+    case DType::Bool: return "BOOL";
+  }
+  return "?";
+}
+
+void check_utf8(const std::string& file, const std::string& what, const std::string& text) {
+  if (io::first_invalid_utf8(text)) fail(file, what + " " + printable(text) + " is not valid UTF-8");
+}
+
+// Writes the whole file to `sink`; `file` names it in error messages.
+void write(io::ByteSink& sink, const std::string& file, const std::map<std::string, TensorView>& tensors,
+           const std::map<std::string, std::string>& metadata) {
+  // Layout order: wider elements first, then by name, so each tensor starts aligned to its element.
+  std::vector<const std::pair<const std::string, TensorView>*> order;
+  for (const auto& item : tensors) {
+    if (item.first == kMetadataKey) fail(file, "a tensor cannot be named \"__metadata__\"");
+    check_utf8(file, "tensor name", item.first);
+    order.push_back(&item);
+  }
+  std::stable_sort(order.begin(), order.end(), [](auto* a, auto* b) {
+    return dtype_size(a->second.dtype()) > dtype_size(b->second.dtype());
+  });
+
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) {
+    auto& m = header[kMetadataKey] = nlohmann::ordered_json::object();
+    for (const auto& [key, value] : metadata) {
+      check_utf8(file, "metadata key", key);
+      check_utf8(file, "metadata value of " + printable(key), value);
+      m[key] = value;
+    }
+  }
+  std::uint64_t offset = 0;
+  for (const auto* item : order) {
+    const TensorView& view = item->second;
+    const std::uint64_t bytes = static_cast<std::uint64_t>(view.numel()) * dtype_size(view.dtype());
+    header[item->first] = {{"dtype", stored_name(view.dtype())},
+                           {"shape", view.shape()},
+                           {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // the buffer then starts 8-byte aligned
+
+  std::byte length[kLengthBytes];
+  io::store_le<std::uint64_t>(length, text.size());
+  sink.write(length, sizeof length);
+  sink.write(text.data(), text.size());
+  for (const auto* item : order) io::write_c_order(sink, item->second);
+}
+
+}  // namespace
+
+SafetensorsFile read_safetensors(const std::string& path, std::optional<DType> dtype) {
+  return read(io::FileSource(path), dtype);
+}
+
+SafetensorsFile parse_safetensors(std::span<const std::byte> bytes, const std::string& name,
+                                  std::optional<DType> dtype) {
+  return read(io::MemorySource(bytes, name), dtype);
+}
+
+void write_safetensors(const std::string& path, const std::map<std::string, TensorView>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  io::FileSink sink(path);
+  write(sink, path, tensors, metadata);
+  sink.commit();
+}
+
+std::vector<std::byte> serialize_safetensors(const std::map<std::string, TensorView>& tensors,
+                                             const std::map<std::string, std::string>& metadata) {
+  io::VectorSink sink;
+  write(sink, "serialize_safetensors", tensors, metadata);
+  return std::move(sink.bytes);
+}
+
+}  // namespace mha

@@ -1,4 +1,4 @@
-// Linear projections, y = x W^T + b, as in torch.nn.Linear. float32 goes through oneDNN's matmul;
+// Linear projections, y = x W^T + b, as in torch.nn.Linear. float32 goes through oneDNN's sgemm;
 // float64 (the verification dtype, which oneDNN's CPU matmul does not support) through plain loops.
 #pragma once
 

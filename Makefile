@@ -7,7 +7,7 @@ JOBS        ?= $(shell nproc)
 PYTHON      ?= /usr/bin/python3
 DEMO_OUT    ?= $(BUILD)/demo
 
-.PHONY: all deps build demo test test-cpp test-python test-asan clean
+.PHONY: all deps build demo test test-cpp test-python test-asan test-fuzz test-install clean
 
 all: build
 
@@ -22,7 +22,7 @@ demo: build
 	./$(BUILD)/mha demo --out $(DEMO_OUT)
 
 test: build
-	$(MAKE) --no-print-directory test-cpp test-python test-asan
+	$(MAKE) --no-print-directory test-cpp test-python test-install test-asan test-fuzz
 
 test-cpp:
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
@@ -38,5 +38,25 @@ test-asan: deps
 	cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --output-on-failure -j $(JOBS)
 
+# libFuzzer + ASan + UBSan on the safetensors and .npy readers, FUZZ_TIME seconds each (default 30);
+# fails on any crash, leak, sanitizer report or oversized allocation (fuzz/run.sh, docs/FUZZING.md).
+test-fuzz: deps
+	bash fuzz/run.sh
+
 clean:
 	rm -rf $(BUILD) $(BUILD_ASAN)
+
+# Install into a scratch prefix, then build and run examples/consumer against it, through the CMake
+# package (shared and static) and through pkg-config.
+PREFIX_TEST := $(abspath $(BUILD))/install-test
+test-install:
+	rm -rf $(PREFIX_TEST) $(BUILD)/consumer
+	cmake --install $(BUILD) --prefix $(PREFIX_TEST) > /dev/null
+	cmake -S examples/consumer -B $(BUILD)/consumer -DCMAKE_PREFIX_PATH=$(PREFIX_TEST) -Wno-dev > /dev/null
+	cmake --build $(BUILD)/consumer -j $(JOBS)
+	./$(BUILD)/consumer/consumer | grep -q 'consumer: out \[3, 8\], weights \[3, 3\]'
+	./$(BUILD)/consumer/consumer_static | grep -q 'consumer: out \[3, 8\], weights \[3, 3\]'
+	g++ -std=c++20 examples/consumer/main.cpp -o $(BUILD)/consumer/consumer_pkgconfig \
+	  $$(PKG_CONFIG_PATH=$(PREFIX_TEST)/lib/pkgconfig pkg-config --cflags --libs mha) -Wl,-rpath,$(PREFIX_TEST)/lib
+	./$(BUILD)/consumer/consumer_pkgconfig | grep -q 'consumer: out \[3, 8\], weights \[3, 3\]'
+	@echo "test-install: 3 passed, 0 failed"

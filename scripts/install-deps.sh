@@ -11,6 +11,7 @@ packages=(
   nlohmann-json3-dev libcli11-dev libfmt-dev libstb-dev
   python3-dev pybind11-dev python3-numpy python3-torch python3-pytest python3-hypothesis
   libclang-rt-14-dev   # sanitizer runtimes for the ASan + UBSan build
+  clang-14             # libFuzzer targets of the file readers (make test-fuzz)
 )
 
 missing=()

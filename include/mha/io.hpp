@@ -4,8 +4,10 @@
 // with mha::Error naming the file (its path, or the name given to a parse_* call) and the problem, e.g.
 //   "model.safetensors: tensor 'w': data_offsets [0, 12] hold 12 bytes, but F32 [2, 3] needs 24".
 // Every size a file states is checked against the bytes the file actually has before anything is
-// allocated, so a reader never allocates more than the file's size (times 4 when 2-byte floats are
-// widened to float64) and never reads outside it.
+// allocated, and a reader never reads outside the file. What a reader allocates is bounded by what
+// the file holds, never by what it claims: the tensors (at most the data's size; twice it when F16 /
+// BF16 become float32, four times as float64) and a table of names and shapes proportional to the
+// header. Files are read piece by piece (header, then each tensor into its own storage), not whole.
 //
 // Byte order: both formats are read and written little-endian; the library builds only on
 // little-endian machines (a static_assert says so), which is every machine it targets.

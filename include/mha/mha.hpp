@@ -3,5 +3,6 @@
 
 #include "mha/attention.hpp"
 #include "mha/error.hpp"
+#include "mha/io.hpp"
 #include "mha/multi_head_attention.hpp"
 #include "mha/tensor.hpp"

@@ -183,7 +183,7 @@ const char* descr_of(StoredType type) {
   return "?";
 }
 
-Tensor read(const io::ByteSource& source) {
+Tensor read_from(const io::ByteSource& source) {
   const std::string& file = source.name();
   std::byte preamble[kVersionEnd + 4] = {};
   source.read(0, preamble, std::min<std::uint64_t>(source.size(), sizeof preamble));
@@ -240,7 +240,7 @@ std::string header_text(const TensorView& view) {
   return std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";
 }
 
-void write(io::ByteSink& sink, const TensorView& view) {
+void write_to(io::ByteSink& sink, const TensorView& view) {
   std::string header = header_text(view);
   // Version 1.0 has a 2-byte header length; use 2.0 (4 bytes) only when the header needs it.
   int major = 1;
@@ -269,21 +269,21 @@ void write(io::ByteSink& sink, const TensorView& view) {
 
 }  // namespace
 
-Tensor read_npy(const std::string& path) { return read(io::FileSource(path)); }
+Tensor read_npy(const std::string& path) { return read_from(io::FileSource(path)); }
 
 Tensor parse_npy(std::span<const std::byte> bytes, const std::string& name) {
-  return read(io::MemorySource(bytes, name));
+  return read_from(io::MemorySource(bytes, name));
 }
 
 void write_npy(const std::string& path, const TensorView& tensor) {
   io::FileSink sink(path);
-  write(sink, tensor);
+  write_to(sink, tensor);
   sink.commit();
 }
 
 std::vector<std::byte> serialize_npy(const TensorView& tensor) {
   io::VectorSink sink;
-  write(sink, tensor);
+  write_to(sink, tensor);
   return std::move(sink.bytes);
 }
 

@@ -6,7 +6,7 @@
 // depth, value kinds and duplicate keys, which json::parse would silently let through, are all
 // checked), and nothing is built but the tensor table itself.
 #include <algorithm>
-#include <set>
+#include <array>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -47,7 +47,8 @@ struct Entry {
   std::string name;
   std::string dtype;
   Shape shape;
-  std::vector<std::uint64_t> offsets;
+  std::array<std::uint64_t, 2> offsets{};  // [begin, end) relative to the data buffer
+  std::size_t offsets_count = 0;
   bool has_dtype = false, has_shape = false, has_offsets = false;
 };
 
@@ -76,8 +77,9 @@ class HeaderHandler {
       return true;
     }
     if (state_ == State::kOffsetsItem) {
-      if (entries.back().offsets.size() == 2) return refuse(where() + "data_offsets must be two integers [begin, end], got more");
-      entries.back().offsets.push_back(v);
+      Entry& e = entries.back();
+      if (e.offsets_count == 2) return refuse(where() + "data_offsets must be two integers [begin, end], got more");
+      e.offsets[e.offsets_count++] = v;
       return true;
     }
     return value("the integer " + std::to_string(v));
@@ -133,8 +135,8 @@ class HeaderHandler {
           state_ = State::kMetadataStart;
           return true;
         }
-        if (!names_.insert(k).second) return refuse("duplicate tensor name " + printable(k));
-        entries.push_back(Entry{std::move(k), {}, {}, {}});
+        entries.push_back(Entry{});  // duplicate names are found after the parse (see read_from)
+        entries.back().name = std::move(k);
         state_ = State::kEntryValue;
         return true;
       case State::kEntryKey: {
@@ -162,9 +164,9 @@ class HeaderHandler {
     }
   }
   bool end_array() {
-    if (state_ == State::kOffsetsItem && entries.back().offsets.size() != 2)
+    if (state_ == State::kOffsetsItem && entries.back().offsets_count != 2)
       return refuse(where() + "data_offsets must be two integers [begin, end], got " +
-                    std::to_string(entries.back().offsets.size()));
+                    std::to_string(entries.back().offsets_count));
     state_ = State::kEntryKey;  // only the shape and offsets arrays are ever opened
     return true;
   }
@@ -217,7 +219,6 @@ class HeaderHandler {
   }
 
   State state_ = State::kTop;
-  std::set<std::string> names_;
   bool seen_metadata_ = false;
   std::string metadata_key_;
 };
@@ -240,7 +241,7 @@ std::string offsets_str(std::uint64_t begin, std::uint64_t end) {
   return s + "]";
 }
 
-SafetensorsFile read(const io::ByteSource& source, std::optional<DType> dtype) {
+SafetensorsFile read_from(const io::ByteSource& source, std::optional<DType> dtype) {
   const std::string& file = source.name();
   if (dtype && *dtype == DType::Bool)
     fail(file, "dtype: floating-point tensors are read as float32 or float64, not bool");
@@ -272,13 +273,23 @@ SafetensorsFile read(const io::ByteSource& source, std::optional<DType> dtype) {
   if (!parsed || !handler.done())
     fail(file, handler.error.empty() ? std::string("header is not valid JSON") : handler.error);
   header = std::string();  // the header's text is no longer needed
+  const auto& entries = handler.entries;
+
+  // Names must be unique (a JSON object may repeat a key; nlohmann would keep the last silently).
+  // Checked on sorted indices rather than with a set, so the names are not stored twice.
+  std::vector<std::size_t> order(entries.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return entries[a].name < entries[b].name; });
+  for (std::size_t i = 1; i < order.size(); ++i)
+    if (entries[order[i]].name == entries[order[i - 1]].name)
+      fail(file, "duplicate tensor name " + printable(entries[order[i]].name));
 
   // Each tensor's own description: dtype, size, offsets inside the buffer and matching the size.
   const std::uint64_t data_start = kLengthBytes + header_length;
   const std::uint64_t buffer_size = source.size() - data_start;
   std::vector<StoredType> types;
-  types.reserve(handler.entries.size());
-  for (const Entry& e : handler.entries) {
+  types.reserve(entries.size());
+  for (const Entry& e : entries) {
     const std::string prefix = "tensor " + printable(e.name) + ": ";
     const StoredType type = stored_type(e, file);
     types.push_back(type);
@@ -295,9 +306,6 @@ SafetensorsFile read(const io::ByteSource& source, std::optional<DType> dtype) {
   }
 
   // Together the tensors must tile the buffer: sorted by offset, each begins where the last ended.
-  std::vector<std::size_t> order(handler.entries.size());
-  std::iota(order.begin(), order.end(), std::size_t{0});
-  const auto& entries = handler.entries;
   std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return entries[a].offsets < entries[b].offsets; });
   std::uint64_t covered = 0;
   const Entry* previous = nullptr;
@@ -344,7 +352,7 @@ void check_utf8(const std::string& file, const std::string& what, const std::str
 }
 
 // Writes the whole file to `sink`; `file` names it in error messages.
-void write(io::ByteSink& sink, const std::string& file, const std::map<std::string, TensorView>& tensors,
+void write_to(io::ByteSink& sink, const std::string& file, const std::map<std::string, TensorView>& tensors,
            const std::map<std::string, std::string>& metadata) {
   // Layout order: wider elements first, then by name, so each tensor starts aligned to its element.
   std::vector<const std::pair<const std::string, TensorView>*> order;
@@ -388,25 +396,25 @@ void write(io::ByteSink& sink, const std::string& file, const std::map<std::stri
 }  // namespace
 
 SafetensorsFile read_safetensors(const std::string& path, std::optional<DType> dtype) {
-  return read(io::FileSource(path), dtype);
+  return read_from(io::FileSource(path), dtype);
 }
 
 SafetensorsFile parse_safetensors(std::span<const std::byte> bytes, const std::string& name,
                                   std::optional<DType> dtype) {
-  return read(io::MemorySource(bytes, name), dtype);
+  return read_from(io::MemorySource(bytes, name), dtype);
 }
 
 void write_safetensors(const std::string& path, const std::map<std::string, TensorView>& tensors,
                        const std::map<std::string, std::string>& metadata) {
   io::FileSink sink(path);
-  write(sink, path, tensors, metadata);
+  write_to(sink, path, tensors, metadata);
   sink.commit();
 }
 
 std::vector<std::byte> serialize_safetensors(const std::map<std::string, TensorView>& tensors,
                                              const std::map<std::string, std::string>& metadata) {
   io::VectorSink sink;
-  write(sink, "serialize_safetensors", tensors, metadata);
+  write_to(sink, "serialize_safetensors", tensors, metadata);
   return std::move(sink.bytes);
 }
 

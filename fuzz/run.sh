@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets of the file readers and runs each for a bounded time.
+#
+#   fuzz/run.sh [safetensors|npy ...]       both targets when none is named
+#
+# Environment: FUZZ_TIME seconds per target (default 30), FUZZ_BUILD output folder (default
+# build-fuzz), CXX (default clang++-14), FUZZ_ARGS extra libFuzzer flags (e.g. -jobs=2).
+#
+# The targets are built with clang's libFuzzer, AddressSanitizer (which also detects leaks) and
+# UndefinedBehaviorSanitizer, from the readers' sources only (src/io + src/tensor.cpp): no oneDNN, no
+# OpenMP. Limits: inputs up to 64 KiB (-max_len), and no single allocation of 1 MiB or more
+# (-malloc_limit_mb=1). Readers may allocate what the input holds, widened at most 2x (F16 -> float32)
+# plus container slack, which stays far below 1 MiB for a 64 KiB input; a size the file merely
+# claims (10^18 elements) would go far above it and be reported as a crash. Exits non-zero when a
+# target finds anything (crash, sanitizer report, leak, over-limit allocation, timeout); the input is
+# saved under $FUZZ_BUILD/artifacts/. New inputs go to $FUZZ_BUILD/corpus/<target>; the committed
+# seeds in fuzz/corpus/<target> are only read.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+CXX=${CXX:-clang++-14}
+FUZZ_TIME=${FUZZ_TIME:-30}
+OUT=${FUZZ_BUILD:-build-fuzz}
+targets=("$@")
+[ ${#targets[@]} -eq 0 ] && targets=(safetensors npy)
+
+if ! command -v "$CXX" >/dev/null 2>&1; then
+  echo "fuzz/run.sh: $CXX not found (Debian: apt-get install clang-14 libclang-rt-14-dev)" >&2
+  exit 1
+fi
+
+sources=(src/io/safetensors.cpp src/io/npy.cpp src/io/binary_file.cpp src/io/tensor_bytes.cpp src/tensor.cpp)
+flags=(-std=c++20 -O1 -g -fno-omit-frame-pointer
+       -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
+       -Iinclude -Isrc)
+mkdir -p "$OUT/artifacts"
+
+status=0
+for t in "${targets[@]}"; do
+  echo "== $t: building"
+  "$CXX" "${flags[@]}" "fuzz/${t}_fuzzer.cpp" "${sources[@]}" -o "$OUT/${t}_fuzzer"
+  mkdir -p "$OUT/corpus/$t"
+  echo "== $t: fuzzing for ${FUZZ_TIME} s"
+  set +e
+  ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    "$OUT/${t}_fuzzer" -max_total_time="$FUZZ_TIME" -rss_limit_mb=2048 -malloc_limit_mb=1 -max_len=65536 \
+    -timeout=10 -print_final_stats=1 -dict="fuzz/$t.dict" -artifact_prefix="$OUT/artifacts/$t-" \
+    ${FUZZ_ARGS:-} "$OUT/corpus/$t" "fuzz/corpus/$t" >"$OUT/$t.log" 2>&1
+  rc=$?
+  set -e
+  runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$OUT/$t.log" | tail -1 | awk '{print $2}')
+  speed=$(grep -o 'stat::average_exec_per_sec: *[0-9]*' "$OUT/$t.log" | tail -1 | awk '{print $2}')
+  cov=$(grep -o 'cov: [0-9]*' "$OUT/$t.log" | tail -1 | awk '{print $2}')
+  if [ $rc -ne 0 ]; then
+    echo "== $t: FAILED (exit $rc); log: $OUT/$t.log" >&2
+    tail -40 "$OUT/$t.log" >&2
+    status=1
+  else
+    echo "== $t: ok, ${runs:-?} runs, ${speed:-?} exec/s, coverage ${cov:-?} edges, ${FUZZ_TIME} s"
+  fi
+done
+exit $status

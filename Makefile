@@ -7,7 +7,7 @@ JOBS        ?= $(shell nproc)
 PYTHON      ?= /usr/bin/python3
 DEMO_OUT    ?= $(BUILD)/demo
 
-.PHONY: all deps build demo test test-cpp test-python test-asan test-fuzz test-install clean
+.PHONY: all deps build demo test test-cpp test-python test-asan test-fuzz test-install test-pip clean
 
 all: build
 
@@ -22,7 +22,7 @@ demo: build
 	./$(BUILD)/mha demo --out $(DEMO_OUT)
 
 test: build
-	$(MAKE) --no-print-directory test-cpp test-python test-install test-asan test-fuzz
+	$(MAKE) --no-print-directory test-cpp test-python test-install test-pip test-asan test-fuzz
 
 test-cpp:
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
@@ -60,3 +60,14 @@ test-install:
 	  $$(PKG_CONFIG_PATH=$(PREFIX_TEST)/lib/pkgconfig pkg-config --cflags --libs mha) -Wl,-rpath,$(PREFIX_TEST)/lib
 	./$(BUILD)/consumer/consumer_pkgconfig | grep -q 'consumer: out \[3, 8\], weights \[3, 3\]'
 	@echo "test-install: 3 passed, 0 failed"
+
+# pip install from the repository into a fresh virtual environment that sees Debian's numpy and torch
+# (as README says), then use the installed package from outside the source tree.
+VENV := $(BUILD)/venv-test
+test-pip: deps
+	rm -rf $(VENV) $(BUILD)/pip-build
+	$(PYTHON) -m venv --system-site-packages $(VENV)
+	$(VENV)/bin/pip install --no-build-isolation --no-index --quiet .
+	cd / && $(abspath $(VENV))/bin/python -c "import mha, numpy as np; x = np.ones((3, 8), np.float32); \
+	  out, w = mha.MultiheadAttention(8, 2, seed=1)(x, x, x); assert out.shape == (3, 8) and w.shape == (3, 3); \
+	  print('test-pip: 1 passed, 0 failed (mha from', mha.__file__ + ')')"

@@ -12,6 +12,9 @@ Two entry points:
   addition d_k and d_v (the per-head widths) are free, ``is_causal`` applies a causal mask, and
   ``backward()`` returns the gradients of the last training-mode forward.
 
+For torch models, ``import mha.torch`` gives ``mha.torch.MultiheadAttention``, a ``torch.nn.Module``
+drop-in for ``torch.nn.MultiheadAttention`` with autograd (``import mha`` alone does not import torch).
+
 Legend: B batch, h heads, L queries, S keys, E = embed_dim, d_k / d_v per-head widths.
 
 Masks follow PyTorch: a boolean ``True`` (or a nonzero integer) means "may not attend"; a float

@@ -1,6 +1,8 @@
 // Linear projections and products through oneDNN's sgemm (float32) or plain loops (float64).
 #include "linear.hpp"
 
+#include "parallel.hpp"
+
 #include <oneapi/dnnl/dnnl.h>
 
 #include <algorithm>
@@ -27,6 +29,7 @@ constexpr std::int64_t kRowsPerBlock = 128;
 void blocked_sgemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, const float* A,
                    std::int64_t lda, const float* B, std::int64_t ldb, bool accumulate, float* C, std::int64_t ldc) {
   const std::int64_t blocks = (M + kRowsPerBlock - 1) / kRowsPerBlock;
+  const SerialIfSmall serial_if_small(2.0 * M * N * K);
 #pragma omp parallel for schedule(dynamic, 1)
   for (std::int64_t block = 0; block < blocks; ++block) {
     const std::int64_t m0 = block * kRowsPerBlock, rows = std::min(kRowsPerBlock, M - m0);
@@ -49,6 +52,7 @@ void linear_forward<float>(const float* x, std::int64_t ldx, std::int64_t M, std
 template <>
 void linear_forward<double>(const double* x, std::int64_t ldx, std::int64_t M, std::int64_t K, const double* w,
                             std::int64_t N, const double* bias, double* y, std::int64_t ldy) {
+  const SerialIfSmall serial_if_small(2.0 * M * N * K);
 #pragma omp parallel for schedule(static)
   for (std::int64_t m = 0; m < M; ++m)
     for (std::int64_t n = 0; n < N; ++n) {
@@ -72,6 +76,7 @@ void gemm<float>(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std
 template <>
 void gemm<double>(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, const double* A,
                   std::int64_t lda, const double* B, std::int64_t ldb, bool accumulate, double* C, std::int64_t ldc) {
+  const SerialIfSmall serial_if_small(2.0 * M * N * K);
 #pragma omp parallel for schedule(static)
   for (std::int64_t m = 0; m < M; ++m)
     for (std::int64_t n = 0; n < N; ++n) {

@@ -31,6 +31,7 @@
 #include "attention/dropout.hpp"
 #include "attention/flash_config.hpp"
 #include "attention/online_softmax-inl.h"
+#include "parallel.hpp"
 #include "hwy/aligned_allocator.h"
 #include "hwy/highway.h"
 
@@ -135,8 +136,10 @@ using flash::kBlockQ;
 using flash::kMinusInf;
 using flash::kRowAlign;
 using flash::round_up;
+using detail::SerialIfSmall;
 
 void FlashForward(const AttentionParams<float>& p) {
+  const SerialIfSmall serial_if_small(2.0 * p.B * p.h * p.L * p.S * (p.d_k + p.d_v));
   const std::int64_t q_blocks = (p.L + kBlockQ - 1) / kBlockQ;
   const std::int64_t ld_acc = round_up(p.d_v, kRowAlign);
   // Per-thread workspace, allocated once per call: logits tile, accumulator, V block copy, m, l.
@@ -268,6 +271,7 @@ void SoftmaxBackwardTile(const AttentionParams<float>& p, std::int64_t b, std::i
 //                          dK_j += scale dS^T Q_i
 //   pass 2, query block i: for each key block j:  (S, P, dP, dS as above);  dQ_i += scale dS K_j
 void FlashBackward(const AttentionBackwardParams<float>& p) {
+  const SerialIfSmall serial_if_small(5.0 * p.B * p.h * p.L * p.S * (p.d_k + p.d_v));
   const std::int64_t q_blocks = (p.L + kBlockQ - 1) / kBlockQ, k_blocks = (p.S + kBlockK - 1) / kBlockK;
   const std::int64_t tile = kBlockQ * kBlockK, kv_size = round_up(kBlockK * std::max(p.d_k, p.d_v), kRowAlign);
   const std::int64_t per_thread = 3 * tile + 2 * kv_size;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "attention/dropout.hpp"
+#include "parallel.hpp"
 
 namespace mha::detail {
 
@@ -23,6 +24,7 @@ template <class T>
 void reference_attention_forward(const AttentionParams<T>& p) {
   constexpr T kMinusInf = -std::numeric_limits<T>::infinity();
   const std::int64_t rows = p.B * p.h * p.L;
+  const SerialIfSmall serial_if_small(2.0 * rows * p.S * (p.d_k + p.d_v));
   // One logits row per thread, allocated once per call.
   std::vector<T> scratch(static_cast<std::size_t>(omp_get_max_threads() * p.S));
 
@@ -86,6 +88,7 @@ void reference_attention_forward(const AttentionParams<T>& p) {
 template <class T>
 void reference_attention_backward(const AttentionBackwardParams<T>& p) {
   constexpr T kMinusInf = -std::numeric_limits<T>::infinity();
+  const SerialIfSmall serial_if_small(4.0 * p.B * p.h * p.L * p.S * (p.d_k + p.d_v));
 #pragma omp parallel for schedule(static)
   for (std::int64_t bh = 0; bh < p.B * p.h; ++bh) {
     const std::int64_t b = bh / p.h, head = bh % p.h;

@@ -1,30 +1,16 @@
-// PNG heat map of an attention weight matrix [L, S].
-//
-// Pixels are drawn into an RGB buffer and saved with stb_image_write (libstb-dev). Text uses
-// stb_easy_font (same package), which turns ASCII into axis-aligned quads, so rasterising it is
-// filling rectangles: no font files and no text-layout library are needed for a few labels.
+// PNG heat map of an attention weight matrix [L, S], drawn on a png_canvas.hpp Canvas.
 #include "attention_map_png.hpp"
 
-#include <cstring>
+#include <algorithm>
 #include <stdexcept>
 #include <string>
-#include <vector>
 
-#include <stb/stb_image_write.h>
-
-// stb_easy_font defines its functions `static` in the header; the ones we do not call would warn.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wunused-function"
-#pragma GCC diagnostic ignored "-Wsign-conversion"
-#include <stb/stb_easy_font.h>
-#pragma GCC diagnostic pop
+#include "png_canvas.hpp"
 
 namespace mha_cli {
 namespace {
 
 constexpr int kCell = 22;        // pixels per weight, grid line included
-constexpr int kFontScale = 2;    // stb_easy_font glyphs are ~5x7 "pixels"; each becomes 2x2
-constexpr int kLineHeight = 12 * kFontScale;  // stb_easy_font's line advance, scaled
 constexpr int kMargin = 12;      // around everything
 constexpr int kLabelBand = 26;   // width of the query labels, height of the key labels
 constexpr int kColourBarWidth = 200;
@@ -33,76 +19,6 @@ constexpr int kColourBarHeight = 14;
 constexpr Rgb kBackground{255, 255, 255};
 constexpr Rgb kGridLine{215, 215, 215};
 constexpr Rgb kInk{35, 35, 35};
-
-// stb_easy_font draws ASCII 32..126 only (it indexes a table by c - 32).
-std::string printable(const std::string& text) {
-  std::string out = text;
-  for (char& c : out) {
-    if (c < 32 || c > 126) c = '?';
-  }
-  return out;
-}
-
-// Width in pixels of `text` at kFontScale, without the spacing after the last glyph.
-int text_width(const std::string& text) {
-  if (text.empty()) return 0;
-  std::string buffer = printable(text);
-  return (stb_easy_font_width(buffer.data()) - 1) * kFontScale;
-}
-
-class Canvas {
- public:
-  Canvas(int width, int height) : width_(width), height_(height), pixels_(3 * std::size_t(width) * std::size_t(height)) {
-    fill(0, 0, width, height, kBackground);
-  }
-
-  // Fills the rectangle [x, x + w) x [y, y + h), clipped to the canvas.
-  void fill(int x, int y, int w, int h, Rgb colour) {
-    for (int row = std::max(y, 0); row < std::min(y + h, height_); ++row) {
-      for (int col = std::max(x, 0); col < std::min(x + w, width_); ++col) {
-        std::uint8_t* p = &pixels_[3 * (std::size_t(row) * std::size_t(width_) + std::size_t(col))];
-        p[0] = colour.r;
-        p[1] = colour.g;
-        p[2] = colour.b;
-      }
-    }
-  }
-
-  // A frame `thickness` pixels wide just inside the rectangle.
-  void frame(int x, int y, int w, int h, int thickness, Rgb colour) {
-    fill(x, y, w, thickness, colour);
-    fill(x, y + h - thickness, w, thickness, colour);
-    fill(x, y, thickness, h, colour);
-    fill(x + w - thickness, y, thickness, h, colour);
-  }
-
-  // Draws `text` with its top-left corner at (x, y).
-  void text(int x, int y, const std::string& text, Rgb colour) {
-    std::string buffer = printable(text);
-    // stb_easy_font needs "~270 bytes per character" of vertex buffer; 4 vertices of 16 bytes per quad.
-    std::vector<char> vertices(buffer.size() * 512 + 64);
-    const int quads = stb_easy_font_print(0.0f, 0.0f, buffer.data(), nullptr, vertices.data(),
-                                          static_cast<int>(vertices.size()));
-    for (int q = 0; q < quads; ++q) {
-      float corner0[2], corner2[2];  // vertex 0 is the top-left, vertex 2 the bottom-right corner
-      std::memcpy(corner0, vertices.data() + q * 64, sizeof corner0);
-      std::memcpy(corner2, vertices.data() + q * 64 + 32, sizeof corner2);
-      fill(x + static_cast<int>(corner0[0]) * kFontScale, y + static_cast<int>(corner0[1]) * kFontScale,
-           static_cast<int>(corner2[0] - corner0[0]) * kFontScale,
-           static_cast<int>(corner2[1] - corner0[1]) * kFontScale, colour);
-    }
-  }
-
-  void save_png(const std::filesystem::path& path) const {
-    if (stbi_write_png(path.string().c_str(), width_, height_, 3, pixels_.data(), 3 * width_) == 0) {
-      throw std::runtime_error("cannot write " + path.string());
-    }
-  }
-
- private:
-  int width_, height_;
-  std::vector<std::uint8_t> pixels_;  // [height, width, 3] RGB
-};
 
 }  // namespace
 
@@ -130,11 +46,10 @@ void write_attention_map_png(const std::filesystem::path& path, const AttentionM
   const int note_y = caption_y + kLineHeight;
   const int height = (map.note.empty() ? caption_y : note_y) + kLineHeight + kMargin;
 
-  Canvas canvas(width, height);
+  Canvas canvas(width, height, kBackground);
   canvas.text(kMargin, kMargin, map.title, kInk);
 
-  // Labels are centred on their cell; stb_easy_font glyphs sit in the top ~8 of their 12-row line.
-  constexpr int kGlyphHeight = 8 * kFontScale;
+  // Labels are centred on their cell.
   for (int j = 0; j < cols; ++j) {
     const int x = grid_x + j * kCell + (kCell - text_width(map.key_labels[std::size_t(j)])) / 2;
     canvas.text(x, grid_y - kLabelBand + (kLabelBand - kGlyphHeight) / 2, map.key_labels[std::size_t(j)], kInk);

@@ -9,9 +9,12 @@
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
+#include "bench.hpp"
+#include "bench_one.hpp"
 #include "demo.hpp"
 #include "demo_heads.hpp"
 #include "mha/error.hpp"
+#include "run.hpp"
 
 namespace {
 
@@ -31,6 +34,79 @@ void add_demo_command(CLI::App& app, mha_cli::DemoOptions& options) {
       ->capture_default_str();
 }
 
+void add_bench_command(CLI::App& app, mha_cli::BenchOptions& options) {
+  CLI::App* bench = app.add_subcommand(
+      "bench", "Side-by-side benchmark: oneDNN sgemm roof, our attention core and layer, PyTorch 1.13 (takes minutes)");
+  bench->add_option("--out", options.out_dir, "Directory for bench.json and bench.png")->capture_default_str();
+  bench->add_option("--threads", options.threads, "Thread counts, comma-separated")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber)
+      ->default_str("1,2");
+  bench->add_option("--sizes", options.sizes, "Sequence lengths N = L = S, comma-separated")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber)
+      ->default_str("512,2048,4096,16384");
+  bench->add_option("--big", options.big, "N of the long forward-only run of ours alone (0: none)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  bench->add_flag("!--no-torch", options.torch, "Do not run PyTorch");
+  bench->add_flag("--quick", options.quick, "A smoke run: sizes 512,2048 only, no big size");
+  bench->add_option("--torch-blas", options.torch_blas,
+                    "BLAS under PyTorch's products: onednn (its sgemm_ preloaded onto oneDNN) or installed")
+      ->check(CLI::IsMember({"onednn", "installed"}))
+      ->capture_default_str();
+  bench->add_option("--python", options.python, "The Python with torch")->capture_default_str();
+  bench->add_option("--torch-script", options.torch_script, "PyTorch's side (default: bench/torch_mha.py)");
+  bench->add_option("--torch-memory-limit", options.torch_memory_limit_gib,
+                    "GiB: PyTorch runs estimated to need more are skipped")
+      ->capture_default_str();
+  bench->add_option("--torch-timeout", options.torch_timeout_s, "Seconds per PyTorch process")->capture_default_str();
+}
+
+void add_run_command(CLI::App& app, mha_cli::RunOptions& o) {
+  CLI::App* run = app.add_subcommand(
+      "run", "Apply a layer stored in safetensors to inputs in .npy files; write the output (and weights) as .npy");
+  run->add_option("--weights", o.weights, "safetensors file with the layer's parameters (PyTorch state_dict names)")
+      ->required();
+  run->add_option("--query", o.query, ".npy query: [B, L, E] batch-first, [L, B, E] seq-first, or [L, E]")
+      ->required();
+  run->add_option("--key", o.key, ".npy key (default: the query)");
+  run->add_option("--value", o.value, ".npy value (default: the key)");
+  run->add_option("--key-padding-mask", o.key_padding_mask, ".npy bool [B, S] ([S] unbatched), true = padding");
+  run->add_option("--attn-mask", o.attn_mask, ".npy bool (true = may not attend) or float (added), [L, S] or [B*h, L, S]");
+  run->add_flag("--causal", o.causal, "Causal mask, bottom-right aligned: query i sees key j <= i + S - L");
+  run->add_option("--out", o.out, ".npy file for the output")->required();
+  run->add_option("--weights-out", o.weights_out, ".npy file for the attention weights (averaged over heads)");
+  run->add_flag("--per-head-weights", o.per_head_weights, "Write the weights per head [B, h, L, S]");
+  run->add_option("--threads", o.threads, "Threads for the library's kernels (0: its default)")
+      ->check(CLI::Range(0, 1024));
+  run->add_option("--heads", o.heads, "Number of heads, for a file without mha's metadata (e.g. from PyTorch)")
+      ->check(CLI::PositiveNumber);
+  run->add_flag("--add-zero-attn", o.add_zero_attn, "The layer has add_zero_attn (files without metadata)");
+  run->add_option("--layout", o.layout, "Input layout for files without metadata (PyTorch's default is seq-first)")
+      ->check(CLI::IsMember({"batch-first", "seq-first"}))
+      ->capture_default_str();
+}
+
+// `mha bench-one`: what `mha bench` runs in a process of its own; hidden from --help.
+void add_bench_one_command(CLI::App& app, mha_cli::BenchOneOptions& options) {
+  CLI::App* one = app.add_subcommand("bench-one", "One shape timed in its own process; prints JSON");
+  one->group("");
+  one->add_option("--impl", options.impl)->check(CLI::IsMember({"mha", "core"}));
+  one->add_option("--n", options.n)->check(CLI::PositiveNumber);
+  one->add_option("--causal", options.causal);
+  one->add_option("--threads", options.threads)->check(CLI::PositiveNumber);
+  one->add_option("--pass", options.pass)->check(CLI::IsMember({"fwd", "fwdbwd"}));
+  one->add_option("--batch", options.batch)->check(CLI::PositiveNumber);
+  one->add_option("--d-model", options.d_model)->check(CLI::PositiveNumber);
+  one->add_option("--heads", options.heads)->check(CLI::PositiveNumber);
+  one->add_option("--warmup", options.policy.warmup)->check(CLI::NonNegativeNumber);
+  one->add_option("--min-reps", options.policy.min_reps)->check(CLI::PositiveNumber);
+  one->add_option("--max-reps", options.policy.max_reps)->check(CLI::PositiveNumber);
+  one->add_option("--min-time", options.policy.min_time_s)->check(CLI::NonNegativeNumber);
+  one->add_option("--max-time", options.policy.max_time_s)->check(CLI::NonNegativeNumber);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -39,6 +115,12 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   mha_cli::DemoOptions demo_options;
   add_demo_command(app, demo_options);
+  mha_cli::BenchOptions bench_options;
+  add_bench_command(app, bench_options);
+  mha_cli::RunOptions run_options;
+  add_run_command(app, run_options);
+  mha_cli::BenchOneOptions bench_one_options;
+  add_bench_one_command(app, bench_one_options);
 
   try {
     app.parse(argc, argv);
@@ -49,6 +131,13 @@ int main(int argc, char** argv) {
 
   try {
     if (app.got_subcommand("demo")) return mha_cli::run_demo(demo_options);
+    if (app.got_subcommand("run")) return mha_cli::run_layer(run_options);
+    if (app.got_subcommand("bench")) {
+      std::string command;
+      for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
+      return mha_cli::run_bench(bench_options, command);
+    }
+    if (app.got_subcommand("bench-one")) return mha_cli::run_bench_one(bench_one_options);
   } catch (const mha::Error& e) {
     fmt::print(stderr, "mha: error: {}\n", e.what());
     return kExitError;

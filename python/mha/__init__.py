@@ -42,10 +42,15 @@ __all__ = [
     "Error",
     "Kernel",
     "MultiheadAttention",
+    "load",
     "num_threads",
+    "read_npy",
+    "read_safetensors",
     "scaled_dot_product_attention",
     "scaled_dot_product_attention_backward",
     "set_num_threads",
+    "write_npy",
+    "write_safetensors",
 ]
 
 __version__ = "0.1.0"
@@ -362,6 +367,11 @@ class MultiheadAttention:
             key_lengths=list(key_lengths or []), is_causal=bool(is_causal),
             need_weights=bool(need_weights), average_attn_weights=bool(average_attn_weights))
 
+    def save(self, path):
+        """Writes the layer as safetensors: parameters under state_dict names, the config in the
+        file's __metadata__ (what `mha.load` and the `mha run` command read)."""
+        self._module.save_safetensors(str(path))
+
     def backward(self, grad_out):
         """The gradients of the last training-mode forward, given grad_out = dLoss/d out.
 
@@ -384,3 +394,29 @@ class MultiheadAttention:
                 f"d_v={c.d_v}, kdim={c.kdim}, vdim={c.vdim}, bias={c.bias}, "
                 f"add_bias_kv={c.add_bias_kv}, add_zero_attn={c.add_zero_attn}, "
                 f"dropout={c.dropout}, batch_first={c.batch_first}, dtype={self._dtype.name})")
+
+
+def load(path, **overrides):
+    """A MultiheadAttention from a safetensors file written by `MultiheadAttention.save` (or by the
+    C++ `mha::save_safetensors`): the config from the file's metadata, then the parameters, strictly.
+    Keyword arguments override constructor arguments (e.g. batch_first=False)."""
+    tensors, meta = _core.read_safetensors(str(path))
+    if meta.get("format") != "mha":
+        raise ValueError(f"{path}: no mha metadata; build the layer yourself and load_state_dict("
+                         "mha.read_safetensors(path)[0])")
+    flag = lambda key: meta[key] == "true"  # noqa: E731
+    config = dict(embed_dim=int(meta["d_model"]), num_heads=int(meta["num_heads"]), d_k=int(meta["d_k"]),
+                  d_v=int(meta["d_v"]), kdim=int(meta["kdim"]), vdim=int(meta["vdim"]), bias=flag("bias"),
+                  add_bias_kv=flag("add_bias_kv"), add_zero_attn=flag("add_zero_attn"),
+                  batch_first=flag("batch_first"), dropout=float(meta["dropout"]),
+                  dtype=np.dtype(meta["dtype"]))
+    config.update(overrides)
+    layer = MultiheadAttention(**config)
+    layer.load_state_dict(tensors)
+    return layer
+
+
+read_safetensors = _core.read_safetensors
+write_safetensors = _core.write_safetensors
+read_npy = _core.read_npy
+write_npy = _core.write_npy

@@ -12,5 +12,6 @@ void register_error(py::module_& m);                 // error.cpp: mha::Error ->
 void register_tensor(py::module_& m);                // tensor_conversion.cpp: DType
 void register_attention(py::module_& m);             // attention.cpp: Kernel, scaled_dot_product_attention, threads
 void register_multi_head_attention(py::module_& m);  // multi_head_attention.cpp: config and module
+void register_io(py::module_& m);                    // io.cpp: safetensors and .npy
 
 }  // namespace mha::python

@@ -8,4 +8,5 @@ PYBIND11_MODULE(_core, m) {
   mha::python::register_tensor(m);
   mha::python::register_attention(m);
   mha::python::register_multi_head_attention(m);
+  mha::python::register_io(m);
 }

@@ -14,6 +14,7 @@
 
 #include "bindings.hpp"
 #include "mha/error.hpp"
+#include "mha/io.hpp"
 #include "tensor_conversion.hpp"
 
 namespace mha::python {
@@ -194,6 +195,14 @@ void register_multi_head_attention(py::module_& m) {
            py::arg("key_lengths") = std::vector<std::int64_t>{}, py::arg("is_causal") = false,
            py::arg("need_weights") = true, py::arg("average_attn_weights") = true,
            "Returns (out like query, weights or None)")
+      .def(
+          "save_safetensors",
+          [](LockedModule& self, const std::string& path) {
+            py::gil_scoped_release release;
+            const Lock lock(self.mutex);
+            mha::save_safetensors(self.module, path);
+          },
+          py::arg("path"), "Parameters under state_dict names, the config in __metadata__")
       .def("backward", &backward, py::arg("dout"),
            "Gradients of the last training-mode forward: (d query, d key, d value, {name: d parameter})");
 }

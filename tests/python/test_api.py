@@ -990,3 +990,35 @@ def test_nan_and_inf_at_masked_keys_do_not_reach_the_output(how, kernel):
     value[:, S - 1] = np.inf
     out, w = m(query, key, value, **kwargs)
     assert np.isfinite(out[:, rows]).all() and np.isfinite(w[:, rows]).all()
+
+
+# ---- files: save / load, safetensors and .npy from Python ----------------------------------------
+
+def test_save_and_load_round_trip(tmp_path):
+    layer = mha.MultiheadAttention(8, 2, kdim=5, vdim=6, add_bias_kv=True, batch_first=True, d_v=3, seed=3).eval()
+    layer.save(tmp_path / "layer.safetensors")
+    loaded = mha.load(tmp_path / "layer.safetensors").eval()
+    assert repr(loaded) == repr(layer)
+    for name, value in layer.state_dict().items():
+        np.testing.assert_array_equal(loaded.state_dict()[name], value)
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((2, 3, 8), dtype=np.float32)
+    k = rng.standard_normal((2, 4, 5), dtype=np.float32)
+    v = rng.standard_normal((2, 4, 6), dtype=np.float32)
+    np.testing.assert_array_equal(loaded(q, k, v)[0], layer(q, k, v)[0])
+
+
+def test_load_refuses_a_file_without_mha_metadata(tmp_path):
+    mha.write_safetensors(str(tmp_path / "plain.safetensors"), {"w": np.ones((2, 2), np.float32)})
+    with pytest.raises(ValueError, match="no mha metadata"):
+        mha.load(tmp_path / "plain.safetensors")
+
+
+def test_npy_round_trip_and_a_hostile_file(tmp_path):
+    a = np.arange(12, dtype=np.float64).reshape(3, 4)[:, ::2]  # strided
+    mha.write_npy(str(tmp_path / "a.npy"), a)
+    np.testing.assert_array_equal(np.load(tmp_path / "a.npy"), a)
+    np.testing.assert_array_equal(mha.read_npy(str(tmp_path / "a.npy")), a)
+    (tmp_path / "bad.npy").write_bytes(b"\x93NUMPY\x01\x00\xff\xff")
+    with pytest.raises(ValueError, match="bad.npy"):
+        mha.read_npy(str(tmp_path / "bad.npy"))

@@ -1,0 +1,100 @@
+"""`mha run`: a PyTorch layer saved as safetensors and inputs saved as .npy, run by the command, compared
+with PyTorch under the project's rule: max|ours - torch64| <= 2 * max|torch32 - torch64| + 1e-6."""
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+MHA = ROOT / "build" / "mha"
+sys.path.insert(0, str(ROOT / "tests" / "data"))
+from torch_interop import write_safetensors  # noqa: E402  (the by-hand safetensors writer)
+
+pytestmark = pytest.mark.skipif(not MHA.exists(), reason="build/mha is not built")
+
+
+def run(*args):
+    return subprocess.run([str(MHA), "run", *map(str, args)], capture_output=True, text=True)
+
+
+def within_rule(ours, t32, t64):
+    ours, t32, t64 = (np.asarray(x, np.float64) for x in (ours, t32, t64))
+    return np.abs(ours - t64).max() <= 2 * np.abs(t32 - t64).max() + 1e-6
+
+
+CASES = [  # (batch_first, kdim, add_bias_kv, causal, with key padding, with float mask, per-head weights)
+    (True, None, False, False, False, False, False),
+    (False, None, True, True, False, False, True),
+    (True, 6, False, False, True, False, False),
+    (False, 6, False, False, True, True, True),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "bf{}-kdim{}-biaskv{}-causal{}-kpm{}-float{}-heads{}".format(*c))
+def test_mha_run_matches_torch(tmp_path, case):
+    batch_first, kdim, bias_kv, causal, with_kpm, with_float_mask, per_head = case
+    torch.manual_seed(sum(map(hash, map(str, case))) % 1000)
+    E, h, B, L, S = 8, 2, 3, 5, 7
+    layer = torch.nn.MultiheadAttention(E, h, kdim=kdim, vdim=kdim, add_bias_kv=bias_kv, batch_first=batch_first).eval()
+    write_safetensors(tmp_path / "layer.safetensors", dict(layer.state_dict()))
+    rng = np.random.default_rng(len(str(case)))
+    shape = lambda T, W: (B, T, W) if batch_first else (T, B, W)  # noqa: E731
+    q = rng.standard_normal(shape(L, E), dtype=np.float32)
+    k = rng.standard_normal(shape(S, kdim or E), dtype=np.float32)
+    v = rng.standard_normal(shape(S, kdim or E), dtype=np.float32)
+    np.save(tmp_path / "q.npy", q), np.save(tmp_path / "k.npy", k), np.save(tmp_path / "v.npy", v)
+    args = ["--weights", tmp_path / "layer.safetensors", "--heads", h, "--query", tmp_path / "q.npy",
+            "--key", tmp_path / "k.npy", "--value", tmp_path / "v.npy", "--out", tmp_path / "out.npy",
+            "--weights-out", tmp_path / "w.npy", "--layout", "batch-first" if batch_first else "seq-first",
+            "--threads", 2]
+    mask = None
+    if causal:  # bottom-right aligned: query i sees key j <= i + S - L
+        mask = np.triu(np.ones((L, S), bool), k=S - L + 1)
+        args.append("--causal")
+    if with_float_mask:
+        mask = rng.standard_normal((L, S)).astype(np.float32)
+        np.save(tmp_path / "mask.npy", mask)
+        args += ["--attn-mask", tmp_path / "mask.npy"]
+    kpm = None
+    if with_kpm:
+        kpm = np.zeros((B, S), bool)
+        kpm[:, -2:] = True
+        np.save(tmp_path / "kpm.npy", kpm)
+        args += ["--key-padding-mask", tmp_path / "kpm.npy"]
+    if per_head:
+        args.append("--per-head-weights")
+    result = run(*args)
+    assert result.returncode == 0, result.stderr
+
+    def torch_run(dtype):
+        m = layer.to(dtype)
+        t = lambda a: None if a is None else torch.from_numpy(a).to(dtype) if a.dtype != bool else torch.from_numpy(a)  # noqa: E731
+        with torch.no_grad():
+            out, w = m(t(q), t(k), t(v), key_padding_mask=t(kpm), attn_mask=t(mask), need_weights=True,
+                       average_attn_weights=not per_head)
+        return out.double().numpy(), w.double().numpy()
+
+    out64, w64 = torch_run(torch.float64)
+    out32, w32 = torch_run(torch.float32)
+    assert within_rule(np.load(tmp_path / "out.npy"), out32, out64)
+    assert within_rule(np.load(tmp_path / "w.npy"), w32, w64)
+
+
+def test_mha_run_errors_name_the_flag_and_the_file(tmp_path):
+    np.save(tmp_path / "q.npy", np.ones((2, 3, 8), np.float32))
+    missing = tmp_path / "nope.safetensors"
+    result = run("--weights", missing, "--heads", 2, "--query", tmp_path / "q.npy", "--out", tmp_path / "o.npy")
+    assert result.returncode == 1 and "--weights" in result.stderr and str(missing) in result.stderr
+    layer = torch.nn.MultiheadAttention(8, 2)
+    write_safetensors(tmp_path / "layer.safetensors", dict(layer.state_dict()))
+    (tmp_path / "bad.npy").write_bytes(b"not an npy file at all")
+    result = run("--weights", tmp_path / "layer.safetensors", "--heads", 2, "--query", tmp_path / "bad.npy",
+                 "--out", tmp_path / "o.npy")
+    assert result.returncode == 1 and "--query" in result.stderr and "bad.npy" in result.stderr
+    result = run("--weights", tmp_path / "layer.safetensors", "--query", tmp_path / "q.npy", "--out", tmp_path / "o.npy")
+    assert result.returncode == 1 and "--heads" in result.stderr  # no metadata: the heads must be given
+    result = run("--weights", tmp_path / "layer.safetensors", "--heads", 2, "--out", tmp_path / "o.npy")
+    assert result.returncode == 2  # --query is required: a usage error

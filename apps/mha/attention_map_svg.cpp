@@ -18,6 +18,12 @@ constexpr int kLabelBand = 26;
 constexpr int kTitleHeight = 24;
 constexpr int kFontSize = 15;
 
+
+std::string hex(Rgb c) { return fmt::format("#{:02x}{:02x}{:02x}", c.r, c.g, c.b); }
+
+}  // namespace
+
+// &, <, > and " as XML (and HTML) entities.
 std::string xml_escape(const std::string& text) {
   std::string out;
   for (char c : text) {
@@ -31,10 +37,6 @@ std::string xml_escape(const std::string& text) {
   }
   return out;
 }
-
-std::string hex(Rgb c) { return fmt::format("#{:02x}{:02x}{:02x}", c.r, c.g, c.b); }
-
-}  // namespace
 
 void write_attention_map_svg(const std::filesystem::path& path, const AttentionMap& map) {
   const int rows = static_cast<int>(map.rows());

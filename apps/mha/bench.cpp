@@ -176,7 +176,7 @@ ProcessRun parse_run(const ProcessResult& process, double timeout_s, double flop
 // `mha bench-one` in a new process of this program.
 ProcessRun run_ours(const std::string& impl, std::int64_t n, bool causal, int threads, Pass pass,
                     const RepeatPolicy& policy, double flops) {
-  std::vector<std::string> argv = {self_executable().string(), "bench-one", "--impl", impl, "--n", std::to_string(n),
+  std::vector<std::string> argv = {kSelfExecutable, "bench-one", "--impl", impl, "--n", std::to_string(n),
                                    "--causal", causal ? "1" : "0", "--threads", std::to_string(threads), "--pass",
                                    pass_name(pass)};
   for (std::string& a : policy_args(policy)) argv.push_back(std::move(a));
@@ -193,6 +193,10 @@ double torch_memory_estimate_bytes(std::int64_t n, bool causal, Pass pass) {
   return 0.3 * (1 << 30) + tensors * one;
 }
 
+std::string torch_script(const BenchOptions& options) {
+  return options.torch_script.empty() ? std::string(MHA_SOURCE_DIR) + "/bench/torch_mha.py" : options.torch_script;
+}
+
 struct TorchRunner {
   const BenchOptions& options;
   BenchResults& results;
@@ -207,12 +211,12 @@ struct TorchRunner {
                                    need / (1 << 30), options.torch_memory_limit_gib);
       return skipped;
     }
-    std::vector<std::string> argv = {options.python, script(), "--n", std::to_string(n), "--causal", causal ? "1" : "0",
+    std::vector<std::string> argv = {options.python, torch_script(options), "--n", std::to_string(n), "--causal", causal ? "1" : "0",
                                      "--threads", std::to_string(threads), "--pass", pass_name(pass),
                                      "--d-model", std::to_string(kDModel), "--heads", std::to_string(kHeads)};
     for (std::string& a : policy_args(policy)) argv.push_back(std::move(a));
     std::vector<std::string> env;
-    if (blas == "onednn") env.push_back("LD_PRELOAD=" + (self_executable().parent_path() / kBlasShim).string());
+    if (blas == "onednn") env.push_back("LD_PRELOAD=" + (self_directory() / kBlasShim).string());
     nlohmann::json raw;
     ProcessRun run = parse_run(run_process(argv, env, options.torch_timeout_s), options.torch_timeout_s, flops, &raw);
     if (run.ok()) {
@@ -220,10 +224,6 @@ struct TorchRunner {
       results.python_version = raw.value("python", "");
     }
     return run;
-  }
-
-  std::string script() const {
-    return options.torch_script.empty() ? std::string(MHA_SOURCE_DIR) + "/bench/torch_mha.py" : options.torch_script;
   }
 };
 
@@ -302,18 +302,41 @@ void run_big(BenchResults& results, const Plan& plan) {
   }
 }
 
+// The source tree's commit, "-dirty" when it has uncommitted changes, at the time of the run (the
+// binary was built from the tree as it was at build time).
+std::string source_revision() {
+  try {
+    const ProcessResult git = run_process({"/usr/bin/git", "-C", MHA_SOURCE_DIR, "describe", "--always", "--dirty"}, {}, 10);
+    if (git.exit_code == 0) return git.out.substr(0, git.out.find_last_not_of("\n ") + 1);
+  } catch (const std::runtime_error&) {
+  }
+  return "unknown";
+}
+
+// Fails early, before minutes of measurements, when a PyTorch run could not start.
+void check_torch_setup(const BenchOptions& options) {
+  if (!options.torch) return;
+  for (const std::filesystem::path& file : {std::filesystem::path(options.python), std::filesystem::path(torch_script(options))})
+    if (!std::filesystem::exists(file)) throw std::runtime_error(file.string() + " not found (or run with --no-torch)");
+  if (options.torch_blas == "onednn" && !std::filesystem::exists(self_directory() / kBlasShim))
+    throw std::runtime_error((self_directory() / kBlasShim).string() +
+                             " not found: build the target mha_onednn_blas, or run with --torch-blas installed");
+}
+
 }  // namespace
 
 int run_bench(const BenchOptions& options, const std::string& command) {
   if (options.torch_blas != "onednn" && options.torch_blas != "installed")
     throw std::invalid_argument("--torch-blas: expected onednn or installed, got " + options.torch_blas);
   const Plan plan = make_plan(options);
+  check_torch_setup(options);
   const std::filesystem::path out_dir = options.out_dir;
   std::filesystem::create_directories(out_dir);
 
   BenchResults results;
   results.machine = describe_machine();
   results.command = command;
+  results.source_revision = source_revision();
   results.load_start = load_average();
   results.torch_blas = options.torch ? options.torch_blas : "";
   print_machine(results);

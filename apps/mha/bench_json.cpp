@@ -107,6 +107,7 @@ json to_json(const BenchResults& r) {
       {"load_average", {{"start", r.load_start}, {"end", r.load_end}}},
       {"versions",
        {{"mha", r.machine.mha_version},
+        {"source_revision", r.source_revision},
         {"onednn", r.machine.onednn_version},
         {"onednn_isa", r.machine.onednn_isa},
         {"compiler", r.machine.compiler},

@@ -102,6 +102,6 @@ ProcessResult run_process(const std::vector<std::string>& argv, const std::vecto
   return result;
 }
 
-std::filesystem::path self_executable() { return std::filesystem::read_symlink("/proc/self/exe"); }
+std::filesystem::path self_directory() { return std::filesystem::read_symlink(kSelfExecutable).parent_path(); }
 
 }  // namespace mha_cli::bench

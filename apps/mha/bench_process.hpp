@@ -21,7 +21,12 @@ struct ProcessResult {
 ProcessResult run_process(const std::vector<std::string>& argv, const std::vector<std::string>& extra_env,
                           double timeout_s);
 
-// The path of the running executable (/proc/self/exe).
-std::filesystem::path self_executable();
+// What to execute to run this very program again: "/proc/self/exe". The kernel resolves it to the
+// running binary even after the file was replaced or deleted (a rebuild during a long benchmark
+// would otherwise run a different program, or none).
+inline constexpr const char* kSelfExecutable = "/proc/self/exe";
+
+// The directory the running executable was started from (where libmha_onednn_blas.so is built).
+std::filesystem::path self_directory();
 
 }  // namespace mha_cli::bench

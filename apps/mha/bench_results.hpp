@@ -98,6 +98,7 @@ struct TargetResult {
 struct BenchResults {
   MachineInfo machine;
   std::string command;  // the command line of this run
+  std::string source_revision;  // `git describe --always --dirty` of the source tree during the run
   std::string load_start, load_end;  // load averages (1, 5, 15 min) when the run started and ended
   std::string torch_version, python_version;
   std::string torch_blas;  // the BLAS under PyTorch's products in `layer` (see BenchOptions::torch_blas)

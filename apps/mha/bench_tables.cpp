@@ -43,8 +43,8 @@ void print_machine(const BenchResults& r) {
   fmt::print("machine: {} ({}, {:.0f} MHz, {}{}), {} logical CPUs, {} memory, {}\n", m.cpu_model, m.cpu_family_model,
              m.cpu_mhz, m.simd, m.virtual_machine ? ", virtual machine" : "", m.logical_cpus,
              format_bytes(m.memory_bytes), m.kernel);
-  fmt::print("software: mha {}, oneDNN {} (JIT for {}), {}\n", m.mha_version, m.onednn_version, m.onednn_isa,
-             m.compiler);
+  fmt::print("software: mha {} (source tree {}), oneDNN {} (JIT for {}), {}\n", m.mha_version, r.source_revision,
+             m.onednn_version, m.onednn_isa, m.compiler);
   fmt::print("command: {}\n", r.command);
   fmt::print("load average (1, 5, 15 min) at the start: {}\n", r.load_start);
   flush();

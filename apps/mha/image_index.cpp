@@ -1,29 +1,14 @@
 // A static HTML page listing images with captions.
 #include "image_index.hpp"
 
+#include "attention_map_svg.hpp"
+
 #include <fstream>
 #include <stdexcept>
 
 #include <fmt/core.h>
 
 namespace mha_cli {
-namespace {
-
-std::string html_escape(const std::string& text) {
-  std::string out;
-  for (char c : text) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
-
-}  // namespace
 
 void write_image_index(const std::filesystem::path& path, const std::string& title,
                        const std::vector<std::string>& intro, const std::vector<IndexEntry>& entries) {
@@ -33,11 +18,11 @@ void write_image_index(const std::filesystem::path& path, const std::string& tit
       "figure{{display:inline-block;vertical-align:top;margin:1em}}"
       "figcaption{{max-width:36em}}img{{image-rendering:pixelated}}</style></head>\n"
       "<body>\n<h1>{0}</h1>\n",
-      html_escape(title));
-  for (const std::string& paragraph : intro) html += fmt::format("<p>{}</p>\n", html_escape(paragraph));
+      xml_escape(title));
+  for (const std::string& paragraph : intro) html += fmt::format("<p>{}</p>\n", xml_escape(paragraph));
   for (const IndexEntry& entry : entries) {
     html += fmt::format("<figure><img src=\"{0}\" alt=\"{0}\"><figcaption>{1}</figcaption></figure>\n",
-                        html_escape(entry.file), html_escape(entry.caption));
+                        xml_escape(entry.file), xml_escape(entry.caption));
   }
   html += "</body></html>\n";
 

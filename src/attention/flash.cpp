@@ -138,6 +138,20 @@ using flash::kRowAlign;
 using flash::round_up;
 using detail::SerialIfSmall;
 
+// Probabilities of a tile: s [rows, cols] (row stride kBlockK) holds scale * Q K^T; masks are applied
+// and each row becomes P = exp(S - lse) (0 for a row that attended to nothing), padded with zeros.
+void ProbabilitiesFromLse(const AttentionParams<float>& p, std::int64_t b, std::int64_t head, std::int64_t i0,
+                          std::int64_t rows, std::int64_t j0, std::int64_t cols, const float* lse, float* s) {
+  const std::int64_t padded_cols = round_up(cols, kRowAlign);
+  if (flash::tile_needs_masks(p, i0, j0, cols)) flash::apply_masks(p, b, head, i0, rows, j0, cols, s, kBlockK);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float* row = s + r * kBlockK;
+    std::fill(row + cols, row + padded_cols, kMinusInf);
+    if (lse[r] == kMinusInf) std::fill(row, row + padded_cols, 0.0f);
+    else ExpShiftedRow(row, padded_cols, lse[r]);
+  }
+}
+
 void FlashForward(const AttentionParams<float>& p) {
   const SerialIfSmall serial_if_small(2.0 * p.B * p.h * p.L * p.S * (p.d_k + p.d_v));
   const std::int64_t q_blocks = (p.L + kBlockQ - 1) / kBlockQ;
@@ -216,35 +230,15 @@ void FlashForward(const AttentionParams<float>& p) {
     // [B, h, L, S] output (already zero outside the key range).
     if (p.weights) {
       for (std::int64_t j0 = 0; j0 < key_end; j0 += kBlockK) {
-        const std::int64_t cols = std::min(kBlockK, key_end - j0), padded_cols = round_up(cols, kRowAlign);
+        const std::int64_t cols = std::min(kBlockK, key_end - j0);
         flash::sgemm(false, true, rows, cols, p.d_k, p.scale, q_rows, p.q.stride[2], &p.k(b, head, j0, 0), p.k.stride[2],
                      false, s, kBlockK);
-        if (flash::tile_needs_masks(p, i0, j0, cols)) flash::apply_masks(p, b, head, i0, rows, j0, cols, s, kBlockK);
-        for (std::int64_t r = 0; r < rows; ++r) {
-          float* row = s + r * kBlockK;
-          std::fill(row + cols, row + padded_cols, kMinusInf);
-          if (m[r] == kMinusInf) std::fill(row, row + padded_cols, 0.0f);
-          else ExpShiftedRow(row, padded_cols, m[r]);
-        }
+        ProbabilitiesFromLse(p, b, head, i0, rows, j0, cols, m, s);  // m holds the log-sum-exp
         if (p.dropout_p > 0) flash::apply_dropout(p, b, head, i0, rows, j0, cols, s, kBlockK);
         for (std::int64_t r = 0; r < rows; ++r)
           std::copy_n(s + r * kBlockK, cols, p.weights + ((b * p.h + head) * p.L + i0 + r) * p.S + j0);
       }
     }
-  }
-}
-
-// Probabilities of a tile: s [rows, cols] (row stride kBlockK) holds scale * Q K^T; masks are applied
-// and each row becomes P = exp(S - lse) (0 for a row that attended to nothing), padded with zeros.
-void ProbabilitiesFromLse(const AttentionParams<float>& p, std::int64_t b, std::int64_t head, std::int64_t i0,
-                          std::int64_t rows, std::int64_t j0, std::int64_t cols, const float* lse, float* s) {
-  const std::int64_t padded_cols = round_up(cols, kRowAlign);
-  if (flash::tile_needs_masks(p, i0, j0, cols)) flash::apply_masks(p, b, head, i0, rows, j0, cols, s, kBlockK);
-  for (std::int64_t r = 0; r < rows; ++r) {
-    float* row = s + r * kBlockK;
-    std::fill(row + cols, row + padded_cols, kMinusInf);
-    if (lse[r] == kMinusInf) std::fill(row, row + padded_cols, 0.0f);
-    else ExpShiftedRow(row, padded_cols, lse[r]);
   }
 }
 

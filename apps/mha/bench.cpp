@@ -1,5 +1,5 @@
 // `mha bench`: the measurement plan. Every group of measurements at one thread count and size is
-// preceded by a roof measurement, so that each rate can be read against the machine's state at the time.
+// bracketed by roof measurements, so that each rate can be read against the machine's state at the time.
 //
 // Legend: B batch (1 here), h heads, N = L = S, d per-head width, E = d_model = h * d.
 #include "bench.hpp"
@@ -33,6 +33,7 @@ constexpr std::int64_t kHeadWidth = kDModel / kHeads;  // d = 64
 constexpr std::int64_t kQuickSizes[] = {512, 2048};
 constexpr std::int64_t kScalingN = 4096;  // the B*h = 1 thread-scaling shape
 constexpr std::int64_t kCausalN = 4096;   // the causal / non-causal comparison
+constexpr std::int64_t kLayoutMinN = 4096;  // the head-layout comparison, from this N up
 constexpr std::int64_t kBlasCheckN = 4096;  // the one shape PyTorch also runs on the other BLAS
 constexpr double kOwnTimeoutS = 3600;     // our own processes: the --big ones take minutes
 constexpr const char* kBlasShim = "libmha_onednn_blas.so";  // built beside this program
@@ -77,15 +78,43 @@ Roof take_roof(BenchResults& results, int threads) {
   return roof;
 }
 
+// A group's roof, measured just before the group and again just after it. The better of the two is
+// the group's roof (other work on the machine only slows the sgemm down); their ratio, the spread,
+// shows how much the machine's load changed during the group.
+class GroupRoof {
+ public:
+  GroupRoof(BenchResults& results, int threads) : results_(results), before_(take_roof(results, threads)) {}
+
+  Roof finish() {
+    const Roof after = take_roof(results_, before_.threads);
+    Roof best = after.gflops > before_.gflops ? after : before_;
+    best.spread = std::max(after.gflops, before_.gflops) / std::min(after.gflops, before_.gflops);
+    return best;
+  }
+
+ private:
+  BenchResults& results_;
+  Roof before_;
+};
+
 // ---- the attention core, in this process ---------------------------------------------------------
 
+struct CoreTimings {
+  Timing forward, backward;
+  double forward_flops = 0;  // per call; the backward does kBackwardFlopsRatio times as many
+
+  KernelRate forward_rate(const Roof& roof) const { return rate_of(forward, forward_flops, roof); }
+  KernelRate backward_rate(const Roof& roof) const { return rate_of(backward, kBackwardFlopsRatio * forward_flops, roof); }
+};
+
 // q, k, v [1, heads, n, d]: forward, then backward from that forward's out and lse.
-void measure_core(std::int64_t heads, std::int64_t n, bool causal, const Roof& roof, KernelRate* forward,
-                  KernelRate* backward) {
-  CoreWorkload work(1, heads, n, kHeadWidth, causal, true);
-  const double flops = attention_forward_flops(1, heads, n, kHeadWidth, causal);
-  *forward = rate_of(measure([&] { work.forward(); }, kPolicy), flops, roof);
-  *backward = rate_of(measure([&] { work.backward(); }, kPolicy), kBackwardFlopsRatio * flops, roof);
+CoreTimings measure_core(std::int64_t heads, std::int64_t n, bool causal, HeadLayout layout = HeadLayout::Contiguous) {
+  CoreWorkload work(1, heads, n, kHeadWidth, causal, true, layout);
+  CoreTimings t;
+  t.forward_flops = attention_forward_flops(1, heads, n, kHeadWidth, causal);
+  t.forward = measure([&] { work.forward(); }, kPolicy);
+  t.backward = measure([&] { work.backward(); }, kPolicy);
+  return t;
 }
 
 void run_core(BenchResults& results, const Plan& plan) {
@@ -93,10 +122,11 @@ void run_core(BenchResults& results, const Plan& plan) {
   for (int threads : plan.threads) {
     for (std::int64_t n : plan.sizes) {
       const TileRate tile = measure_tile_sgemm();
-      const Roof roof = take_roof(results, threads);
-      for (bool causal : {false, true}) {
-        CoreResult row{threads, n, kHeads, kHeadWidth, causal, roof, tile, {}, {}};
-        measure_core(kHeads, n, causal, roof, &row.forward, &row.backward);
+      GroupRoof group(results, threads);
+      const CoreTimings full = measure_core(kHeads, n, false), causal = measure_core(kHeads, n, true);
+      const Roof roof = group.finish();
+      for (const auto& [is_causal, t] : {std::pair{false, full}, std::pair{true, causal}}) {
+        const CoreResult row{threads, n, kHeads, kHeadWidth, is_causal, roof, tile, t.forward_rate(roof), t.backward_rate(roof)};
         results.core.push_back(row);
         print_core_row(row);
       }
@@ -109,19 +139,42 @@ void run_scaling(BenchResults& results, const Plan& plan) {
   s.n = kScalingN;
   s.d = kHeadWidth;
   for (int threads : plan.threads) {
-    const Roof roof = take_roof(results, threads);
-    KernelRate forward, backward;
-    measure_core(1, kScalingN, false, roof, &forward, &backward);
+    GroupRoof group(results, threads);
+    const CoreTimings t = measure_core(1, kScalingN, false);
+    const Roof roof = group.finish();
     s.threads.push_back(threads);
     s.roofs.push_back(roof);
-    s.forward.push_back(forward);
-    s.backward.push_back(backward);
+    s.forward.push_back(t.forward_rate(roof));
+    s.backward.push_back(t.backward_rate(roof));
   }
   s.forward_speedup = s.forward.front().timing.min_s / s.forward.back().timing.min_s;
   s.backward_speedup = s.backward.front().timing.min_s / s.backward.back().timing.min_s;
   s.roof_speedup = s.roofs.back().gflops / s.roofs.front().gflops;
   results.scaling = s;
   print_scaling(s);
+}
+
+// The core on both head layouts at each size from kLayoutMinN up, at the largest thread count.
+void run_layout(BenchResults& results, const Plan& plan) {
+  bool header = false;
+  for (std::int64_t n : plan.sizes) {
+    if (n < kLayoutMinN) continue;
+    if (!header) print_layout_header();
+    header = true;
+    GroupRoof group(results, plan.big_threads);
+    const CoreTimings contiguous = measure_core(kHeads, n, false, HeadLayout::Contiguous);
+    const CoreTimings interleaved = measure_core(kHeads, n, false, HeadLayout::Interleaved);
+    const Roof roof = group.finish();
+    const LayoutResult row{plan.big_threads,
+                           n,
+                           roof,
+                           contiguous.forward_rate(roof),
+                           contiguous.backward_rate(roof),
+                           interleaved.forward_rate(roof),
+                           interleaved.backward_rate(roof)};
+    results.layout.push_back(row);
+    print_layout_row(row);
+  }
 }
 
 // Non-causal time over causal time at kCausalN, from the core rows.
@@ -244,18 +297,24 @@ void run_layer(BenchResults& results, const Plan& plan, const BenchOptions& opti
   print_layer_header(options.torch ? torch_label(options.torch_blas) : "nothing (--no-torch)");
   for (int threads : plan.threads) {
     for (std::int64_t n : plan.sizes) {
-      const Roof roof = take_roof(results, threads);
+      GroupRoof group(results, threads);
+      std::vector<LayerResult> rows;
       for (bool causal : {false, true}) {
         for (Pass pass : {Pass::Forward, Pass::ForwardBackward}) {
           const double flops = layer_flops(1, n, kDModel, kHeads, causal, pass);
-          LayerResult row{threads, n, causal, pass_name(pass), flops * 1e-9, roof, {}, {}, {}, {}};
+          LayerResult row{threads, n, causal, pass_name(pass), flops * 1e-9, {}, {}, {}, {}, {}};
           row.mha = run_ours("mha", n, causal, threads, pass, kPolicy, flops);
           if (options.torch) row.torch = torch.run(n, causal, threads, pass, options.torch_blas, kPolicy, flops);
-          else row.torch.status = "skipped: --no-torch";
+          else row.torch.status = kNoTorchStatus;
           finish_layer_row(row);
-          results.layer.push_back(row);
-          print_layer_row(row);
+          rows.push_back(row);
         }
+      }
+      const Roof roof = group.finish();
+      for (LayerResult& row : rows) {
+        row.roof = roof;
+        results.layer.push_back(row);
+        print_layer_row(row);
       }
     }
   }
@@ -269,14 +328,20 @@ void run_torch_blas_check(BenchResults& results, const Plan& plan, const BenchOp
   results.torch_other_blas = other;
   const TorchRunner torch{options, results};
   print_layer_header(torch_label(other) + " (one call each)");
-  const Roof roof = take_roof(results, plan.big_threads);
+  GroupRoof group(results, plan.big_threads);
+  std::vector<LayerResult> rows;
   for (Pass pass : {Pass::Forward, Pass::ForwardBackward}) {
     const double flops = layer_flops(1, n, kDModel, kHeads, false, pass);
-    LayerResult row{plan.big_threads, n, false, pass_name(pass), flops * 1e-9, roof, {}, {}, {}, {}};
+    LayerResult row{plan.big_threads, n, false, pass_name(pass), flops * 1e-9, {}, {}, {}, {}, {}};
     for (const LayerResult& l : results.layer)  // ours, as measured above at this shape
       if (l.threads == row.threads && l.n == n && !l.causal && l.pass == row.pass) row.mha = l.mha;
     row.torch = torch.run(n, false, plan.big_threads, pass, other, kSingleCall, flops);
     finish_layer_row(row);
+    rows.push_back(row);
+  }
+  const Roof roof = group.finish();
+  for (LayerResult& row : rows) {
+    row.roof = roof;
     results.torch_other_blas_layer.push_back(row);
     print_layer_row(row);
   }
@@ -287,10 +352,12 @@ void run_big(BenchResults& results, const Plan& plan) {
   print_big_header();
   for (const char* impl : {"core", "mha"}) {
     for (bool causal : {false, true}) {
-      BigResult row{impl, plan.big, causal, plan.big_threads, take_roof(results, plan.big_threads), {}, 0, 0, 0};
+      BigResult row{impl, plan.big, causal, plan.big_threads, {}, {}, 0, 0, 0};
       const double attention = attention_forward_flops(1, kHeads, plan.big, kHeadWidth, causal);
       const double flops = row.impl == "core" ? attention : layer_flops(1, plan.big, kDModel, kHeads, causal, Pass::Forward);
+      GroupRoof group(results, plan.big_threads);
       row.run = run_ours(impl, plan.big, causal, plan.big_threads, Pass::Forward, kSingleCall, flops);
+      row.roof = group.finish();
       row.attention_gflop = attention * 1e-9;
       if (row.run.ok()) {
         row.attention_gflops = attention / row.run.timing.min_s * 1e-9;
@@ -345,6 +412,7 @@ int run_bench(const BenchOptions& options, const std::string& command) {
   run_core(results, plan);
   run_scaling(results, plan);
   derive_causal(results);
+  run_layout(results, plan);
   run_layer(results, plan, options);
   run_torch_blas_check(results, plan, options);
   run_big(results, plan);

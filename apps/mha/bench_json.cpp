@@ -20,7 +20,11 @@ json optional_json(const std::optional<T>& value) {
 void to_json(json& j, const Timing& t) { j = {{"min_s", t.min_s}, {"median_s", t.median_s}, {"reps", t.reps}}; }
 
 void to_json(json& j, const Roof& r) {
-  j = {{"threads", r.threads}, {"gflops", r.gflops}, {"timing", r.timing}, {"sgemm_size", kRoofSize}};
+  j = {{"threads", r.threads},
+       {"gflops", r.gflops},
+       {"timing", r.timing},
+       {"spread", r.spread},
+       {"sgemm_size", kRoofSize}};
 }
 
 void to_json(json& j, const TileRate& t) {
@@ -67,6 +71,14 @@ void to_json(json& j, const ScalingResult& s) {
        {"forward_speedup", s.forward_speedup},
        {"backward_speedup", s.backward_speedup},
        {"roof_speedup", s.roof_speedup}};
+}
+
+void to_json(json& j, const LayoutResult& l) {
+  j = {{"threads", l.threads},
+       {"n", l.n},
+       {"roof", l.roof},
+       {"contiguous", {{"forward", l.contiguous_forward}, {"backward", l.contiguous_backward}}},
+       {"interleaved", {{"forward", l.interleaved_forward}, {"backward", l.interleaved_backward}}}};
 }
 
 void to_json(json& j, const CausalResult& c) {
@@ -122,6 +134,7 @@ json to_json(const BenchResults& r) {
       {"layer", r.layer},
       {"torch_other_blas", {{"blas", r.torch_other_blas}, {"layer", r.torch_other_blas_layer}}},
       {"scaling", optional_json(r.scaling)},
+      {"layout", r.layout},
       {"causal", r.causal},
       {"big", r.big},
       {"targets", r.targets},

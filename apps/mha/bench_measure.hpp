@@ -33,6 +33,8 @@ struct Roof {
   int threads = 0;
   double gflops = 0;
   Timing timing;
+  double spread = 1;  // for a group's roof (bench.cpp's GroupRoof): the better of the before and after
+                      // measurements over the worse; 1 for a single measurement
 };
 inline constexpr std::int64_t kRoofSize = 2048;
 Roof measure_roof(int threads);

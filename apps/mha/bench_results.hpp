@@ -34,6 +34,8 @@ struct CoreResult {
   KernelRate forward, backward;
 };
 
+inline constexpr const char* kNoTorchStatus = "skipped: --no-torch";
+
 // One shape timed in its own process (`mha bench-one` or bench/torch_mha.py).
 struct ProcessRun {
   std::string status = "ok";  // "ok", or why there is no figure: "skipped: ...", "failed: ...", "timed out ..."
@@ -66,6 +68,15 @@ struct ScalingResult {
   std::vector<KernelRate> forward;   // per thread count
   std::vector<KernelRate> backward;  // per thread count
   double forward_speedup = 0, backward_speedup = 0, roof_speedup = 0;  // last thread count over the first
+};
+
+// The core on the two head layouts, back to back: contiguous [B, h, N, d] (the core table) against
+// the layer's [B, N, h, d] (row stride h*d), to separate the layout's cost from the layer's own.
+struct LayoutResult {
+  int threads = 0;
+  std::int64_t n = 0;
+  Roof roof;
+  KernelRate contiguous_forward, contiguous_backward, interleaved_forward, interleaved_backward;
 };
 
 // Causal against non-causal at one N, from the core results.
@@ -108,6 +119,7 @@ struct BenchResults {
   std::string torch_other_blas;              // the other BLAS, tried at one shape
   std::vector<LayerResult> torch_other_blas_layer;  // that shape, with PyTorch on the other BLAS
   std::optional<ScalingResult> scaling;
+  std::vector<LayoutResult> layout;
   std::vector<CausalResult> causal;
   std::vector<BigResult> big;
   std::vector<TargetResult> targets;

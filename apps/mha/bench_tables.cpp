@@ -15,6 +15,13 @@ std::string format_time(double seconds) {
 
 std::string yes_no(bool b) { return b ? "yes" : "no"; }
 
+constexpr double kNoisySpread = 1.15;  // a group's roof changed more than this much: mark it
+
+// The roof's GFLOP/s, marked '*' when the machine's load changed during its group.
+std::string roof_cell(const Roof& roof) {
+  return fmt::format("{:.1f}{}", roof.gflops, roof.spread > kNoisySpread ? "*" : " ");
+}
+
 std::string percent(double fraction) { return fmt::format("{:.1f}%", 100 * fraction); }
 
 // A process run's cells: time, GFLOP/s, peak RSS (extra over the baseline), or its status.
@@ -51,10 +58,12 @@ void print_machine(const BenchResults& r) {
 }
 
 void print_roof_note() {
-  fmt::print("\nroof = oneDNN sgemm {0}x{0}x{0} GFLOP/s at the same thread count, measured just before each group;\n"
-             "times are the best of repeated calls (one warm-up call first; bench.json also has medians).\n"
-             "The machine is shared: compare ratios measured in this run, not times across runs.\n",
-             kRoofSize);
+  fmt::print("\nroof = oneDNN sgemm {0}x{0}x{0} GFLOP/s at the same thread count, measured just before and just after\n"
+             "each group of measurements; the better of the two. '*': the two differed by more than {1:.0f}%: the\n"
+             "machine's load changed during the group, so its ratios are less certain. Times are the best of\n"
+             "repeated calls (one warm-up call first; bench.json also has medians). The machine is shared:\n"
+             "compare ratios measured in this run, not times across runs.\n",
+             kRoofSize, 100 * (kNoisySpread - 1));
   flush();
 }
 
@@ -70,8 +79,8 @@ void print_core_header(std::int64_t heads, std::int64_t d) {
 }
 
 void print_core_row(const CoreResult& c) {
-  fmt::print("{:>7} {:>6} {:>6} {:>7.1f} {:>6.1f} | {:>10} {:>7.1f} {:>6} | {:>10} {:>7.1f} {:>6}\n", c.threads, c.n,
-             yes_no(c.causal), c.roof.gflops, c.tile.gflops, format_time(c.forward.timing.min_s), c.forward.gflops,
+  fmt::print("{:>7} {:>6} {:>6} {:>7} {:>6.1f} | {:>10} {:>7.1f} {:>6} | {:>10} {:>7.1f} {:>6}\n", c.threads, c.n,
+             yes_no(c.causal), roof_cell(c.roof), c.tile.gflops, format_time(c.forward.timing.min_s), c.forward.gflops,
              percent(c.forward.roof_fraction), format_time(c.backward.timing.min_s), c.backward.gflops,
              percent(c.backward.roof_fraction));
   flush();
@@ -82,7 +91,7 @@ void print_scaling(const ScalingResult& s) {
   fmt::print("{:>7} {:>7} | {:>10} {:>7} {:>6} | {:>10} {:>7} {:>6}\n", "threads", "roof", "fwd time", "GFLOP/s",
              "%roof", "bwd time", "GFLOP/s", "%roof");
   for (std::size_t i = 0; i < s.threads.size(); ++i) {
-    fmt::print("{:>7} {:>7.1f} | {:>10} {:>7.1f} {:>6} | {:>10} {:>7.1f} {:>6}\n", s.threads[i], s.roofs[i].gflops,
+    fmt::print("{:>7} {:>7} | {:>10} {:>7.1f} {:>6} | {:>10} {:>7.1f} {:>6}\n", s.threads[i], roof_cell(s.roofs[i]),
                format_time(s.forward[i].timing.min_s), s.forward[i].gflops, percent(s.forward[i].roof_fraction),
                format_time(s.backward[i].timing.min_s), s.backward[i].gflops,
                percent(s.backward[i].roof_fraction));
@@ -91,6 +100,25 @@ void print_scaling(const ScalingResult& s) {
     fmt::print("speed-up {} threads / {} thread: forward {:.2f}x, backward {:.2f}x (the roof: {:.2f}x)\n",
                s.threads.back(), s.threads.front(), s.forward_speedup, s.backward_speedup, s.roof_speedup);
   }
+  flush();
+}
+
+void print_layout_header() {
+  fmt::print("\n== Head layout: the core (h = 8, d = 64, non-causal) on contiguous heads [1, h, N, d] against the\n"
+             "   layer's layout [1, N, h, d] (a head's rows h*d floats apart), back to back\n");
+  fmt::print("{:>7} {:>6} {:>7} | {:>24} | {:>24} | {:>24}\n", "threads", "N", "roof", "contiguous fwd / bwd",
+             "interleaved fwd / bwd", "interleaved slowdown");
+  flush();
+}
+
+void print_layout_row(const LayoutResult& l) {
+  auto pair = [](const KernelRate& f, const KernelRate& b) {
+    return fmt::format("{:.1f} / {:.1f} GFLOP/s", f.gflops, b.gflops);
+  };
+  fmt::print("{:>7} {:>6} {:>7} | {:>24} | {:>24} | {:>24}\n", l.threads, l.n, roof_cell(l.roof),
+             pair(l.contiguous_forward, l.contiguous_backward), pair(l.interleaved_forward, l.interleaved_backward),
+             fmt::format("{:.2f}x / {:.2f}x", l.interleaved_forward.timing.min_s / l.contiguous_forward.timing.min_s,
+                         l.interleaved_backward.timing.min_s / l.contiguous_backward.timing.min_s));
   flush();
 }
 
@@ -120,12 +148,12 @@ void print_layer_header(const std::string& torch_label) {
 
 void print_layer_row(const LayerResult& l) {
   const RunCells ours = run_cells(l.mha), theirs = run_cells(l.torch);
-  fmt::print("{:>7} {:>6} {:>6} {:>6} {:>7.1f} | {:>10} {:>7} {:>20} | {:>10} {:>7} {:>22} | {:>8} {:>6}\n",
-             l.threads, l.n, yes_no(l.causal), l.pass, l.roof.gflops, ours.time, ours.rate, ours.memory, theirs.time,
+  fmt::print("{:>7} {:>6} {:>6} {:>6} {:>7} | {:>10} {:>7} {:>20} | {:>10} {:>7} {:>22} | {:>8} {:>6}\n",
+             l.threads, l.n, yes_no(l.causal), l.pass, roof_cell(l.roof), ours.time, ours.rate, ours.memory, theirs.time,
              theirs.rate, theirs.memory, l.speedup ? fmt::format("{:.2f}x", *l.speedup) : "-",
              l.memory_ratio ? fmt::format("{:.3f}", *l.memory_ratio) : "-");
   if (!l.mha.ok()) fmt::print("        mha: {}\n", l.mha.status);
-  if (!l.torch.ok()) fmt::print("        torch: {}\n", l.torch.status);
+  if (!l.torch.ok() && l.torch.status != kNoTorchStatus) fmt::print("        torch: {}\n", l.torch.status);
   flush();
 }
 
@@ -139,11 +167,11 @@ void print_big_header() {
 
 void print_big_row(const BigResult& b) {
   if (!b.run.ok()) {
-    fmt::print("{:>5} {:>7} {:>6} {:>7} {:>7.1f} | {}\n", b.impl, b.threads, b.n, yes_no(b.causal), b.roof.gflops,
+    fmt::print("{:>5} {:>7} {:>6} {:>7} {:>7} | {}\n", b.impl, b.threads, b.n, yes_no(b.causal), roof_cell(b.roof),
                b.run.status);
   } else {
-    fmt::print("{:>5} {:>7} {:>6} {:>7} {:>7.1f} | {:>10} {:>7.1f} {:>6} | {:>20}\n", b.impl, b.threads, b.n,
-               yes_no(b.causal), b.roof.gflops, format_time(b.run.timing.min_s), b.attention_gflops,
+    fmt::print("{:>5} {:>7} {:>6} {:>7} {:>7} | {:>10} {:>7.1f} {:>6} | {:>20}\n", b.impl, b.threads, b.n,
+               yes_no(b.causal), roof_cell(b.roof), format_time(b.run.timing.min_s), b.attention_gflops,
                percent(b.roof_fraction), run_cells(b.run).memory);
   }
   flush();

@@ -18,6 +18,8 @@ void print_core_header(std::int64_t heads, std::int64_t d);
 void print_core_row(const CoreResult& row);
 
 void print_scaling(const ScalingResult& scaling);
+void print_layout_header();
+void print_layout_row(const LayoutResult& row);
 void print_causal(const std::vector<CausalResult>& rows);
 
 void print_layer_header(const std::string& torch_label);

@@ -43,9 +43,18 @@ double layer_flops(std::int64_t B, std::int64_t N, std::int64_t E, std::int64_t 
 }
 
 CoreWorkload::CoreWorkload(std::int64_t B, std::int64_t h, std::int64_t N, std::int64_t d, bool causal,
-                           bool with_backward)
-    : q_(random_tensor({B, h, N, d}, 1)), k_(random_tensor({B, h, N, d}, 2)), v_(random_tensor({B, h, N, d}, 3)) {
-  if (with_backward) dout_ = random_tensor({B, h, N, d}, 4);
+                           bool with_backward, HeadLayout layout) {
+  const bool interleaved = layout == HeadLayout::Interleaved;
+  const mha::Shape storage = interleaved ? mha::Shape{B, N, h, d} : mha::Shape{B, h, N, d};
+  const mha::Shape strides = interleaved ? mha::Shape{N * h * d, d, h * d, 1} : mha::contiguous_strides({B, h, N, d});
+  auto make = [&](unsigned seed, mha::Tensor& t, mha::TensorView& view) {
+    t = random_tensor(storage, seed);
+    view = mha::TensorView(t.data(), mha::DType::Float32, {B, h, N, d}, strides);
+  };
+  make(1, q_, q_view_);
+  make(2, k_, k_view_);
+  make(3, v_, v_view_);
+  if (with_backward) make(4, dout_, dout_view_);
   options_.causal = causal;
   options_.need_lse = true;  // the backward recomputes the weights from the log-sum-exp
   options_.kernel = mha::Kernel::Flash;
@@ -53,14 +62,15 @@ CoreWorkload::CoreWorkload(std::int64_t B, std::int64_t h, std::int64_t N, std::
 
 void CoreWorkload::forward() {
   result_ = {};  // the previous call's outputs are freed first, as in a training loop
-  result_ = mha::scaled_dot_product_attention(q_, k_, v_, options_);
+  result_ = mha::scaled_dot_product_attention(q_view_, k_view_, v_view_, options_);
 }
 
 void CoreWorkload::backward() {
   if (!result_.out.defined() || !dout_.defined())
     throw std::logic_error("CoreWorkload::backward without with_backward or before forward");
   // The gradients are new tensors, freed at the end of the statement, as a training step would.
-  mha::scaled_dot_product_attention_backward(dout_, q_, k_, v_, result_.out, result_.lse, options_);
+  mha::scaled_dot_product_attention_backward(dout_view_, q_view_, k_view_, v_view_, result_.out, result_.lse,
+                                             options_);
 }
 
 LayerWorkload::LayerWorkload(std::int64_t B, std::int64_t N, std::int64_t E, std::int64_t h, bool causal, Pass pass)

@@ -29,15 +29,24 @@ inline constexpr double kBackwardFlopsRatio = 2.5;
 // core as above.
 double layer_flops(std::int64_t B, std::int64_t N, std::int64_t E, std::int64_t h, bool causal, Pass pass);
 
-// q, k, v, dout: [B, h, N, d] float32, uniform in [-1, 1); dout only with_backward.
+// Where the rows of one head lie in memory.
+enum class HeadLayout {
+  Contiguous,   // [B, h, N, d]: a head's rows are adjacent (row stride d)
+  Interleaved,  // [B, N, h, d] viewed as [B, h, N, d]: the heads of one position are adjacent (row stride
+                // h*d), as in a projection's output [B*N, h*d]; how MultiHeadAttention calls the core
+};
+
+// q, k, v, dout: [B, h, N, d] float32 views, uniform in [-1, 1); dout only with_backward.
 class CoreWorkload {
  public:
-  CoreWorkload(std::int64_t B, std::int64_t h, std::int64_t N, std::int64_t d, bool causal, bool with_backward);
+  CoreWorkload(std::int64_t B, std::int64_t h, std::int64_t N, std::int64_t d, bool causal, bool with_backward,
+               HeadLayout layout = HeadLayout::Contiguous);
   void forward();   // out [B, h, N, d], lse [B, h, N]
   void backward();  // dq, dk, dv from the last forward()'s out and lse
 
  private:
-  mha::Tensor q_, k_, v_, dout_;  // [B, h, N, d]
+  mha::Tensor q_, k_, v_, dout_;                    // storage, in `layout`
+  mha::TensorView q_view_, k_view_, v_view_, dout_view_;  // [B, h, N, d]
   mha::AttentionOptions options_;
   mha::AttentionResult result_;
 };

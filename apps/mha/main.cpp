@@ -2,6 +2,7 @@
 //
 // Exit status: 0 success; 1 an error while running (printed as "mha: error: <message>"), including
 // a demo whose heads fail their check; 2 a command-line misuse (CLI11's message).
+#include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -20,6 +21,8 @@ namespace {
 
 constexpr int kExitError = 1;
 constexpr int kExitUsage = 2;
+constexpr int kMaxThreads = 1024;                  // --threads
+constexpr std::int64_t kMaxBenchN = 1 << 22;       // --sizes, --big, --n: far past what fits in memory here
 
 void add_demo_command(CLI::App& app, mha_cli::DemoOptions& options) {
   CLI::App* demo = app.add_subcommand(
@@ -40,14 +43,14 @@ void add_bench_command(CLI::App& app, mha_cli::BenchOptions& options) {
   bench->add_option("--out", options.out_dir, "Directory for bench.json and bench.png")->capture_default_str();
   bench->add_option("--threads", options.threads, "Thread counts, comma-separated")
       ->delimiter(',')
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(1, kMaxThreads))
       ->default_str("1,2");
   bench->add_option("--sizes", options.sizes, "Sequence lengths N = L = S, comma-separated")
       ->delimiter(',')
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(std::int64_t{1}, kMaxBenchN))
       ->default_str("512,2048,4096,16384");
   bench->add_option("--big", options.big, "N of the long forward-only run of ours alone (0: none)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(CLI::Range(std::int64_t{0}, kMaxBenchN))
       ->capture_default_str();
   bench->add_flag("!--no-torch", options.torch, "Do not run PyTorch");
   bench->add_flag("--quick", options.quick, "A smoke run: sizes 512,2048 only, no big size");
@@ -93,9 +96,9 @@ void add_bench_one_command(CLI::App& app, mha_cli::BenchOneOptions& options) {
   CLI::App* one = app.add_subcommand("bench-one", "One shape timed in its own process; prints JSON");
   one->group("");
   one->add_option("--impl", options.impl)->check(CLI::IsMember({"mha", "core"}));
-  one->add_option("--n", options.n)->check(CLI::PositiveNumber);
+  one->add_option("--n", options.n)->check(CLI::Range(std::int64_t{1}, kMaxBenchN));
   one->add_option("--causal", options.causal);
-  one->add_option("--threads", options.threads)->check(CLI::PositiveNumber);
+  one->add_option("--threads", options.threads)->check(CLI::Range(1, kMaxThreads));
   one->add_option("--pass", options.pass)->check(CLI::IsMember({"fwd", "fwdbwd"}));
   one->add_option("--batch", options.batch)->check(CLI::PositiveNumber);
   one->add_option("--d-model", options.d_model)->check(CLI::PositiveNumber);

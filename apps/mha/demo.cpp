@@ -1,357 +1,363 @@
-// `mha demo`: runs the hand-built heads of demo_heads.hpp through mha::MultiHeadAttention, measures
-// how closely each head follows its rule, compares with one head of the same width, checks the
-// results and draws the attention maps.
+// `mha demo` (demo.hpp): train, evaluate, draw, report.
 //
-// Legend: L queries = S keys = the text's length, h heads, E = d_model, V symbol slots.
+// Legend: S source characters, T = 11 decoder positions (<bos> and the 10 characters of the date),
+// h heads.
 #include "demo.hpp"
 
-#include <algorithm>
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <fmt/core.h>
+#include <nlohmann/json.hpp>
 
 #include "attention_map_png.hpp"
-#include "attention_map_svg.hpp"
-#include "demo_heads.hpp"
-#include "image_index.hpp"
+#include "attention_map_svg.hpp"  // xml_escape
+#include "checkpoint.hpp"
+#include "learning_curve_svg.hpp"
 #include "mha/attention.hpp"
-#include "mha/multi_head_attention.hpp"
+#include "training.hpp"
 
 namespace mha_cli {
 namespace {
 
-using demo::kHeadRules;
-using demo::kHeads;
-using demo::Rule;
-using demo::Sequence;
+namespace tf = transformer;
 
-constexpr double kPassWeight = 0.9;        // a head passes when every query puts >= this on its rule's keys
-constexpr double kAverageTolerance = 1e-5; // averaged weights vs the mean of the per-head weights
+constexpr double kTargetAccuracy = 0.99;  // the issue's goal, with kTargetSeconds on this machine's 2 cores
+constexpr double kTargetSeconds = 180;
 
-using Matrix = std::vector<float>;  // [L, S] row-major
+tf::TransformerConfig model_config(const DemoOptions& o, const tf::Vocabulary& vocab) {
+  tf::TransformerConfig c;
+  c.vocab = vocab.size();
+  c.d_model = o.d_model;
+  c.heads = o.heads;
+  c.d_ff = o.d_ff;
+  c.encoder_layers = o.layers;
+  c.decoder_layers = o.layers;
+  c.pre_norm = o.pre_norm;
+  c.dropout = o.dropout;
+  c.attention_dropout = o.attention_dropout;
+  return c;
+}
 
-// How closely one attention map [L, S] follows one rule.
-struct RuleScore {
-  double mean_weight = 0;         // mean over queries of the weight on the rule's keys
-  double worst_weight = 1;        // the smallest such weight
-  std::int64_t argmax_hits = 0;   // queries whose largest weight falls on one of the rule's keys
+tf::TrainingConfig training_config(const DemoOptions& o) {
+  tf::TrainingConfig t;
+  t.steps = o.steps;
+  t.batch_size = o.batch_size;
+  t.label_smoothing = o.label_smoothing;
+  t.lr_factor = o.lr_factor;
+  t.warmup = o.warmup;
+  t.seed = o.seed;
+  t.eval_every = o.eval_every;
+  t.eval_examples = 200;
+  return t;
+}
+
+std::string minutes(double seconds) {
+  const auto s = static_cast<long>(std::lround(seconds));
+  return fmt::format("{}:{:02}", s / 60, s % 60);
+}
+
+// "step  1200/2400 [#########.........] loss 0.734  5321 tok/s  1:02 left", redrawn in place on a
+// terminal, one line per tenth of the run otherwise.
+class ProgressBar {
+ public:
+  explicit ProgressBar(bool enabled) : enabled_(enabled), tty_(isatty(fileno(stderr)) != 0) {}
+
+  void operator()(const tf::Progress& p) {
+    if (!enabled_) return;
+    const bool tenth = p.step * 10 / p.steps != (p.step - 1) * 10 / p.steps;
+    if (!tty_ && !tenth && p.step != 1) return;
+    constexpr int kBarWidth = 24;
+    const int filled = static_cast<int>(kBarWidth * p.step / p.steps);
+    fmt::print(stderr, "{}step {:>5}/{} [{}{}] loss {:.3f}  {:.0f} tok/s  {} left{}", tty_ ? "\r" : "", p.step,
+               p.steps, std::string(static_cast<std::size_t>(filled), '#'),
+               std::string(static_cast<std::size_t>(kBarWidth - filled), '.'), p.loss, p.tokens_per_second,
+               minutes(p.seconds_left), tty_ ? "" : "\n");
+    if (tty_ && p.step == p.steps) fmt::print(stderr, "\n");
+  }
+
+ private:
+  bool enabled_, tty_;
 };
 
-// A space is drawn and printed as '_' so that it can be seen.
-char shown(char c) { return c == ' ' ? '_' : c; }
-std::string shown(const std::string& text) {
-  std::string out = text;
-  std::transform(out.begin(), out.end(), out.begin(), [](char c) { return shown(c); });
+// ---- attention maps --------------------------------------------------------------------------------
+
+struct MapFigure {
+  std::string file, caption;
+};
+
+struct ExampleMaps {
+  std::string source, target, predicted;
+  // kind ("encoder self-attention", ...) -> [layer][head] figures
+  std::vector<std::pair<std::string, std::vector<std::vector<MapFigure>>>> kinds;
+};
+
+// Labels of a token sequence for the axes.
+std::vector<std::string> labels(const std::vector<int>& ids, const tf::Vocabulary& vocab) {
+  std::vector<std::string> out;
+  for (int id : ids) out.push_back(vocab.token_label(id));
   return out;
 }
-std::string token_at(const Sequence& seq, std::int64_t j) { return fmt::format("{}{}", shown(seq.text[std::size_t(j)]), j); }
 
-std::int64_t argmax(const float* row, std::int64_t n) { return std::max_element(row, row + n) - row; }
-
-// Head h of per-head weights [h, L, S] as an [L, S] matrix.
-Matrix head_weights(const mha::Tensor& weights, std::int64_t h) {
-  const std::int64_t n = weights.size(1) * weights.size(2);
-  const float* p = weights.data_as<float>() + h * n;
-  return Matrix(p, p + n);
+// Head `head` of per-head weights [1, h, L, S] as an AttentionMap.
+AttentionMap head_map(const mha::Tensor& weights, std::int64_t head, std::string title,
+                      std::vector<std::string> rows, std::vector<std::string> cols) {
+  AttentionMap map;
+  const std::int64_t L = weights.size(2), S = weights.size(3);
+  const float* w = weights.data_as<float>() + head * L * S;
+  map.title = std::move(title);
+  map.query_labels = std::move(rows);
+  map.key_labels = std::move(cols);
+  map.weights.assign(w, w + L * S);
+  return map;
 }
 
-RuleScore score_rule(const Matrix& w, Rule rule, const Sequence& seq) {
-  const std::int64_t L = seq.length();
-  RuleScore score;
-  for (std::int64_t i = 0; i < L; ++i) {
-    const float* row = &w[std::size_t(i * L)];
-    const auto targets = demo::rule_targets(rule, seq, i);
-    double mass = 0;
-    for (std::int64_t j : targets) mass += row[j];
-    score.mean_weight += mass / double(L);
-    score.worst_weight = std::min(score.worst_weight, mass);
-    if (std::find(targets.begin(), targets.end(), argmax(row, L)) != targets.end()) ++score.argmax_hits;
+// Runs the model on one held-out example (the decoder reading its own greedy output) with the
+// attention weights kept, and draws every layer and head of the three kinds of attention.
+ExampleMaps draw_example(tf::Transformer<float>& model, const tf::Vocabulary& vocab, const tf::DateExample& example,
+                         std::size_t index, const std::filesystem::path& dir) {
+  ExampleMaps out{example.source, example.target, tf::translate(model, vocab, {example.source}).at(0), {}};
+  tf::Batch batch = tf::make_batch(std::vector<tf::DateExample>{example}, vocab);
+  tf::TokenBatch tokens = tf::token_batch(batch);
+  const std::int64_t T = batch.target_len;
+  tokens.target = model.greedy_decode(tokens, T, tf::Vocabulary::kBos, /*use_cache=*/true);
+  tokens.target.insert(tokens.target.begin(), tf::Vocabulary::kBos);
+  tokens.target.pop_back();  // <bos> y1 .. y10: the decoder's input when it wrote y1 .. y10 <eos>
+  model.train(false);
+  model.keep_attention_weights(true);
+  model.forward(tokens);
+  model.keep_attention_weights(false);
+
+  const std::vector<std::string> src = labels(batch.source, vocab), tgt = labels(tokens.target, vocab);
+  struct Kind {
+    const char* name;
+    const char* slug;
+    const mha::Tensor& (tf::Transformer<float>::*weights)(std::int64_t) const;
+    std::int64_t layers;
+    bool decoder_rows, source_cols;
+  };
+  const Kind kinds[] = {
+      {"encoder self-attention", "encoder_self", &tf::Transformer<float>::encoder_self_weights, model.encoder_layers(), false, true},
+      {"decoder masked self-attention", "decoder_self", &tf::Transformer<float>::decoder_self_weights, model.decoder_layers(), true, false},
+      {"encoder-decoder attention", "cross", &tf::Transformer<float>::cross_weights, model.decoder_layers(), true, true},
+  };
+  for (const Kind& kind : kinds) {
+    std::vector<std::vector<MapFigure>> layers;
+    for (std::int64_t layer = 0; layer < kind.layers; ++layer) {
+      const mha::Tensor& weights = (model.*kind.weights)(layer);  // [1, h, L, S]
+      std::vector<MapFigure> heads;
+      for (std::int64_t head = 0; head < weights.size(1); ++head) {
+        const std::string file = fmt::format("example{}_{}_layer{}_head{}.png", index, kind.slug, layer, head);
+        write_attention_map_png(dir / file, head_map(weights, head, fmt::format("layer {} head {}", layer, head),
+                                                     kind.decoder_rows ? tgt : src, kind.source_cols ? src : tgt));
+        heads.push_back({file, fmt::format("{}, layer {}, head {}", kind.name, layer, head)});
+      }
+      layers.push_back(std::move(heads));
+    }
+    out.kinds.emplace_back(kind.name, std::move(layers));
   }
-  return score;
+  return out;
 }
 
-// The symbols read back from block b of the output out [L, E] = [L, h*V] (W^O = I puts head b's
-// d_v = V values there): for each query, the symbol whose one-hot slot holds the most weight.
-std::string decode_block(const mha::Tensor& out, std::int64_t block, const Sequence& seq) {
-  const std::int64_t n_symbols = std::int64_t(seq.symbols.size());
-  std::string decoded;
-  for (std::int64_t i = 0; i < seq.length(); ++i) {
-    const float* slots = out.data_as<float>() + i * out.size(1) + block * demo::kTokenSlots;
-    decoded += seq.symbols[std::size_t(argmax(slots, n_symbols))];
-  }
-  return decoded;
-}
-
-// What block b of the output should decode to when head b follows its rule: the symbol of its key.
-std::string expected_output(Rule rule, const Sequence& seq) {
-  std::string expected;
-  for (std::int64_t i = 0; i < seq.length(); ++i) expected += seq.text[std::size_t(demo::rule_targets(rule, seq, i)[0])];
-  return expected;
-}
-
-std::int64_t count_equal(const std::string& a, const std::string& b) {
-  std::int64_t n = 0;
-  for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) n += a[i] == b[i];
-  return n;
-}
-
-// The [L, S] cells that any of `rules` designates.
-std::vector<std::uint8_t> rule_cells(const std::vector<Rule>& rules, const Sequence& seq) {
-  const std::int64_t L = seq.length();
-  std::vector<std::uint8_t> cells(std::size_t(L * L), 0);
-  for (Rule rule : rules) {
-    for (std::int64_t i = 0; i < L; ++i) {
-      for (std::int64_t j : demo::rule_targets(rule, seq, i)) cells[std::size_t(i * L + j)] = 1;
+// Held-out examples for the maps: one per format, from the formats whose alignment is most telling.
+std::vector<tf::DateExample> map_examples(std::int64_t count, std::uint64_t seed) {
+  const tf::DateFormat preferred[] = {tf::DateFormat::OrdinalWordsOfMonthYear, tf::DateFormat::WeekdayDayMonthYear,
+                                      tf::DateFormat::SlashDMY, tf::DateFormat::MonthOrdinalDayYear,
+                                      tf::DateFormat::ShortWeekdayDayMonYY, tf::DateFormat::DotYMD};
+  std::vector<tf::DateExample> out;
+  tf::DateSampler sampler(tf::Split::HeldOut, seed);
+  for (tf::DateFormat format : preferred) {
+    if (static_cast<std::int64_t>(out.size()) >= count) break;
+    for (;;) {
+      tf::DateExample e = sampler.next();
+      if (e.format == format) {
+        out.push_back(e);
+        break;
+      }
     }
   }
-  return cells;
+  return out;
 }
 
-// Runs `layer` on X [L, E] as self-attention and returns {out [L, E], weights [h, L, S] or [L, S]}.
-mha::MultiHeadAttentionOutput self_attention(mha::MultiHeadAttention& layer, const mha::Tensor& x, bool average) {
-  mha::MultiHeadAttentionInputs inputs;
-  inputs.need_weights = true;
-  inputs.average_attn_weights = average;
-  auto result = layer.forward(x, x, x, inputs);
-  const std::int64_t L = x.size(0), h = layer.config().num_heads;
-  const mha::Shape want_weights = average ? mha::Shape{L, L} : mha::Shape{h, L, L};
-  if (result.out.shape() != x.shape() || result.weights.shape() != want_weights ||
-      result.weights.dtype() != mha::DType::Float32) {
-    throw std::runtime_error(fmt::format("forward returned out {} and weights {}, expected {} and {}",
-                                         mha::shape_str(result.out.shape()), mha::shape_str(result.weights.shape()),
-                                         mha::shape_str(x.shape()), mha::shape_str(want_weights)));
-  }
-  return result;
-}
+// ---- the report ------------------------------------------------------------------------------------
 
-// Everything the demo measures, computed before anything is printed.
-struct Results {
-  Sequence seq;
-  mha::MultiHeadAttentionConfig four_heads, one_head;  // the two layers' configs, defaults resolved
-  mha::Tensor per_head;                    // [h, L, S] four-head weights, average_attn_weights = false
-  Matrix average;                          // [L, S] the same layer's average_attn_weights = true
-  Matrix single;                           // [L, S] the one-head layer's weights
-  std::vector<RuleScore> scores;           // [h] head h against its own rule
-  std::vector<std::string> decoded;        // [h] block h of the four-head output, decoded (L symbols)
-  std::vector<std::string> expected;       // [h] what block h should decode to
-  std::string single_decoded;              // the one-head output, decoded (its four blocks are equal)
-  std::int64_t four_head_answers = 0;      // (query, rule) pairs the four-head output gets right
-  std::int64_t single_answers = 0;         // the same for the one-head output
-  double average_error = 0;                // max |average - mean over heads of per_head|
+struct Evaluation {
+  double accuracy = 0;
+  std::map<std::string, std::pair<int, int>> by_format;  // format name -> (correct, total)
+  std::vector<std::pair<tf::DateExample, std::string>> wrong;  // (example, what the model wrote)
 };
 
-Results compute(const Sequence& seq) {
-  const std::int64_t L = seq.length();
-  const mha::Tensor x = demo::embed(seq);  // X: [L, E]
-  Results r;
-  r.seq = seq;
-
-  mha::MultiHeadAttention layer(demo::multi_head_config());
-  layer.eval();
-  demo::load_projections(layer, demo::multi_head_projections(seq));
-  const auto per_head = self_attention(layer, x, /*average=*/false);  // out [L, E], weights [h, L, S]
-  const auto averaged = self_attention(layer, x, /*average=*/true);   // weights [L, S]
-  r.four_heads = layer.config();
-  r.per_head = per_head.weights.clone();
-  r.average.assign(averaged.weights.data_as<float>(), averaged.weights.data_as<float>() + L * L);
-
-  mha::MultiHeadAttention single(demo::single_head_config());
-  single.eval();
-  demo::load_projections(single, demo::single_head_projections(seq));
-  const auto one = self_attention(single, x, /*average=*/true);  // out [L, E], weights [L, S]
-  r.one_head = single.config();
-  r.single.assign(one.weights.data_as<float>(), one.weights.data_as<float>() + L * L);
-  r.single_decoded = decode_block(one.out, 0, seq);
-
-  for (std::int64_t h = 0; h < kHeads; ++h) {
-    const Rule rule = kHeadRules[std::size_t(h)];
-    r.scores.push_back(score_rule(head_weights(r.per_head, h), rule, seq));
-    r.decoded.push_back(decode_block(per_head.out, h, seq));
-    r.expected.push_back(expected_output(rule, seq));
-    r.four_head_answers += count_equal(r.decoded.back(), r.expected.back());
-    r.single_answers += count_equal(r.single_decoded, r.expected.back());
+Evaluation evaluate(tf::Transformer<float>& model, const tf::Vocabulary& vocab,
+                    const std::vector<tf::DateExample>& examples) {
+  std::vector<std::string> sources;
+  for (const auto& e : examples) sources.push_back(e.source);
+  const std::vector<std::string> predicted = tf::translate(model, vocab, sources);
+  Evaluation ev;
+  int correct = 0;
+  for (std::size_t i = 0; i < examples.size(); ++i) {
+    const bool ok = predicted[i] == examples[i].target;
+    correct += ok;
+    auto& [c, n] = ev.by_format[tf::format_name(examples[i].format)];
+    c += ok;
+    ++n;
+    if (!ok) ev.wrong.emplace_back(examples[i], predicted[i]);
   }
-  for (std::int64_t k = 0; k < L * L; ++k) {
-    double mean = 0;
-    for (std::int64_t h = 0; h < kHeads; ++h) mean += r.per_head.data_as<float>()[h * L * L + k] / double(kHeads);
-    r.average_error = std::max(r.average_error, std::abs(mean - double(r.average[std::size_t(k)])));
-  }
-  return r;
+  ev.accuracy = examples.empty() ? 0.0 : static_cast<double>(correct) / static_cast<double>(examples.size());
+  return ev;
 }
 
-void print_report(const Results& r) {
-  const Sequence& seq = r.seq;
-  const std::int64_t L = seq.length();
-  const auto& cfg = r.four_heads;
-  fmt::print("mha demo: four attention heads built by hand, each attending by one rule (paper section 3.2.2)\n\n");
-  fmt::print("  text    \"{}\"  ({} tokens, one per character; '_' is a space)\n", shown(seq.text), L);
-  fmt::print("  layer   MultiHeadAttention: d_model {} ({} symbol + {} position one-hot), h = {}, d_k = {}, d_v = {},\n",
-             cfg.d_model, demo::kTokenSlots, demo::kPositionSlots, cfg.num_heads, cfg.d_k, cfg.d_v);
-  fmt::print("          float32, eval mode, weights set with load_state_dict (constructed, not trained), "
-             "{} threads\n", mha::num_threads());
-  fmt::print("  call    forward(X, X, X), X [{}, {}], need_weights, average_attn_weights = false -> weights {}\n\n",
-             L, cfg.d_model, mha::shape_str(r.per_head.shape()));
-
-  // Per head: how much weight lands where its rule says, and three example queries "query -> key".
-  const std::vector<std::int64_t> examples = {L / 5, L / 2, (4 * L) / 5};
-  fmt::print("  head  rule            weight on the rule's keys   largest weight   e.g. query -> key\n");
-  fmt::print("                        mean     worst query        on a rule key\n");
-  for (std::int64_t h = 0; h < kHeads; ++h) {
-    const Matrix w = head_weights(r.per_head, h);
-    const RuleScore& s = r.scores[std::size_t(h)];
-    std::string eg;
-    for (std::int64_t i : examples) {
-      if (!eg.empty()) eg += "   ";
-      eg += fmt::format("{:>3} -> {:<3}", token_at(seq, i), token_at(seq, argmax(&w[std::size_t(i * L)], L)));
-    }
-    eg.erase(eg.find_last_not_of(' ') + 1);
-    fmt::print("  {:<4}  {:<14}  {:<7.4f}  {:<17.4f}  {:>2}/{:<12} {}\n", h,
-               demo::rule_name(kHeadRules[std::size_t(h)]), s.mean_weight, s.worst_weight, s.argmax_hits, L, eg);
-  }
-
-  fmt::print("\n  where each query puts its largest weight (key position):\n");
-  std::string symbols_row, positions_row;
-  for (std::int64_t i = 0; i < L; ++i) {
-    symbols_row += fmt::format("{:>3}", shown(seq.text[std::size_t(i)]));
-    positions_row += fmt::format("{:>3}", i);
-  }
-  fmt::print("    {:<21}{}\n    {:<21}{}\n", "", symbols_row, "query", positions_row);
-  for (std::int64_t h = 0; h < kHeads; ++h) {
-    const Matrix w = head_weights(r.per_head, h);
-    std::string row;
-    for (std::int64_t i = 0; i < L; ++i) row += fmt::format("{:>3}", argmax(&w[std::size_t(i * L)], L));
-    fmt::print("    head {} {:<14}{}\n", h, demo::rule_name(kHeadRules[std::size_t(h)]), row);
-  }
-
-  fmt::print("\n  the output out = Concat(head_1, ..., head_4) W^O, W^O = I: each head's {} values decoded to a symbol\n",
-             cfg.d_v);
-  fmt::print("    {:<22}\"{}\"\n", "text", shown(seq.text));
-  for (std::int64_t h = 0; h < kHeads; ++h) {
-    fmt::print("    head {} {:<15}\"{}\"\n", h, demo::rule_name(kHeadRules[std::size_t(h)]),
-               shown(r.decoded[std::size_t(h)]));
-  }
-
-  fmt::print("\n  one head instead of four (h = 1, d_k = {}, d_v = {}): its query map is the sum of the four heads',\n"
-             "  so its logits are the sums of theirs, and its one softmax per query must serve every rule:\n",
-             r.one_head.d_k, r.one_head.d_v);
-  fmt::print("    rule            weight on the rule's keys          largest weight on a rule key\n");
-  fmt::print("                    one head   mean of the 4 maps      one head\n");
-  for (Rule rule : kHeadRules) {
-    const RuleScore s = score_rule(r.single, rule, seq);
-    fmt::print("    {:<14}  {:<9.4f}  {:<22.4f}  {:>2}/{}\n", demo::rule_name(rule), s.mean_weight,
-               score_rule(r.average, rule, seq).mean_weight, s.argmax_hits, L);
-  }
-  fmt::print("    its output (the same blend in all four blocks) decodes to \"{}\"\n", shown(r.single_decoded));
-  fmt::print("    (query, rule) pairs the output answers: one head {}/{}, four heads {}/{}\n", r.single_answers,
-             kHeads * L, r.four_head_answers, kHeads * L);
-  fmt::print("    (average_attn_weights = true matches the mean of the per-head maps to {:.1e})\n", r.average_error);
-
-  fmt::print("\n  What this shows: the four heads read the same tokens through different projections (positions\n"
-             "  for heads 0, 1, 3; symbols for head 2), so one layer attends to four positions at once and its\n"
-             "  output carries four different tokens. A single head has one softmax per query: it follows the\n"
-             "  rules that agree and blends the rest (\"with a single attention head, averaging inhibits this\").\n");
-}
-
-// Writes one PNG and one SVG per map, and index.html, into `dir`; prints the paths.
-void write_figures(const Results& r, const std::filesystem::path& dir) {
-  struct Figure {
-    std::string stem;     // file name without extension
-    std::string caption;  // for index.html
-    AttentionMap map;
+std::string settings_rows(const DemoOptions& o, std::int64_t parameters) {
+  const std::pair<const char*, std::string> rows[] = {
+      {"layers (encoder, decoder)", fmt::format("{}, {}", o.layers, o.layers)},
+      {"d_model, heads, d_k = d_v", fmt::format("{}, {}, {}", o.d_model, o.heads, o.d_model / o.heads)},
+      {"d_ff", std::to_string(o.d_ff)},
+      {"normalisation", o.pre_norm ? "pre-norm" : "post-norm (the paper's)"},
+      {"dropout (residual, attention)", fmt::format("{}, {}", o.dropout, o.attention_dropout)},
+      {"label smoothing", fmt::format("{}", o.label_smoothing)},
+      {"Adam", "beta1 0.9, beta2 0.98, eps 1e-9"},
+      {"learning rate", fmt::format("{} * d_model^-0.5 * min(step^-0.5, step * {}^-1.5)", o.lr_factor, o.warmup)},
+      {"steps x batch", fmt::format("{} x {}", o.steps, o.batch_size)},
+      {"seed", std::to_string(o.seed)},
+      {"parameters", std::to_string(parameters)},
   };
-  const Sequence& seq = r.seq;
-  const std::int64_t L = seq.length();
-  std::vector<std::string> labels;
-  for (char c : seq.text) labels.emplace_back(1, shown(c));
-
-  std::vector<Figure> figures;
-  for (std::int64_t h = 0; h < kHeads; ++h) {
-    const Rule rule = kHeadRules[std::size_t(h)];
-    const RuleScore& s = r.scores[std::size_t(h)];
-    figures.push_back({fmt::format("head{}_{}", h, demo::rule_slug(rule)),
-                       fmt::format("Head {}, {}: mean weight {:.4f} on the rule's keys (outlined), largest weight "
-                                   "on a rule key for {}/{} queries.",
-                                   h, demo::rule_name(rule), s.mean_weight, s.argmax_hits, L),
-                       {fmt::format("head {}: {}", h, demo::rule_name(rule)), labels, labels,
-                        head_weights(r.per_head, h), rule_cells({rule}, seq), "outlined: the keys its rule designates"}});
-  }
-  const std::vector<Rule> all_rules(kHeadRules.begin(), kHeadRules.end());
-  figures.push_back({"heads_average",
-                     "The mean of the four heads' maps (average_attn_weights = true, PyTorch's default): the rules "
-                     "blur together. Outlined: the keys of any rule.",
-                     {"mean of the 4 heads", labels, labels, r.average, rule_cells(all_rules, seq),
-                      "outlined: the keys of any of the four rules"}});
-  figures.push_back({"single_head",
-                     "One head whose logits are the sums of the four heads' logits: per query it follows the rules "
-                     "that agree and blends the rest. Outlined: the keys of any rule.",
-                     {"one head, rules summed", labels, labels, r.single, rule_cells(all_rules, seq),
-                      "outlined: the keys of any of the four rules"}});
-
-  std::vector<IndexEntry> entries;
-  fmt::print("\n  attention maps (rows: queries, columns: keys; outlined: the keys the rule designates):\n");
-  for (const Figure& f : figures) {
-    write_attention_map_png(dir / (f.stem + ".png"), f.map);
-    write_attention_map_svg(dir / (f.stem + ".svg"), f.map);
-    entries.push_back({f.stem + ".png", f.caption});
-    fmt::print("    {}  (and .svg)\n", (dir / (f.stem + ".png")).string());
-  }
-  write_image_index(dir / "index.html", "mha demo: four hand-built attention heads",
-                    {fmt::format("Text \"{}\" ({} tokens, '_' is a space), d_model {}, h = {}, d_k = {}, d_v = {}. "
-                                 "Each head's projections were constructed so that it attends by one rule.",
-                                 shown(seq.text), L, r.four_heads.d_model, r.four_heads.num_heads, r.four_heads.d_k,
-                                 r.four_heads.d_v),
-                     "Rows are queries, columns are keys; white is weight 0, dark blue weight 1. Each image also "
-                     "exists as .svg, where hovering a cell shows its exact weight."},
-                    entries);
-  fmt::print("    {}\n", (dir / "index.html").string());
+  std::string html;
+  for (const auto& [name, value] : rows) html += fmt::format("<tr><th>{}</th><td>{}</td></tr>\n", name, xml_escape(value));
+  return html;
 }
 
-// The demo as a check: what failed, or nothing.
-std::vector<std::string> check(const Results& r) {
-  const std::int64_t L = r.seq.length();
-  std::vector<std::string> failures;
-  for (std::int64_t h = 0; h < kHeads; ++h) {
-    const RuleScore& s = r.scores[std::size_t(h)];
-    const char* name = demo::rule_name(kHeadRules[std::size_t(h)]);
-    if (s.argmax_hits != L || s.worst_weight < kPassWeight) {
-      failures.push_back(fmt::format("head {} ({}): largest weight on a rule key for {}/{} queries, worst weight on "
-                                     "the rule's keys {:.4f} (want {}/{} and >= {})",
-                                     h, name, s.argmax_hits, L, s.worst_weight, L, L, kPassWeight));
-    }
-    if (r.decoded[std::size_t(h)] != r.expected[std::size_t(h)]) {
-      failures.push_back(fmt::format("head {} ({}): output decodes to \"{}\", expected \"{}\"", h, name,
-                                     shown(r.decoded[std::size_t(h)]), shown(r.expected[std::size_t(h)])));
+void write_index(const std::filesystem::path& path, const DemoOptions& o, std::int64_t parameters,
+                 const tf::TrainingResult& training, const Evaluation& ev, std::size_t eval_count,
+                 const std::vector<ExampleMaps>& examples) {
+  std::string html = fmt::format(
+      "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>mha demo: a Transformer that reads dates</title>\n"
+      "<style>body{{font-family:sans-serif;max-width:80em;margin:2em auto;padding:0 1em}}"
+      "table.s th{{text-align:left;padding-right:1em;font-weight:normal;color:#555}}"
+      "td.maps img{{width:100%;image-rendering:pixelated}}td.maps{{vertical-align:top}}"
+      "code{{background:#f3f3f3;padding:0 .3em}}</style></head>\n<body>\n"
+      "<h1>A Transformer that reads dates</h1>\n"
+      "<p>The encoder-decoder Transformer of &ldquo;Attention Is All You Need&rdquo; (section 3), built on "
+      "<code>mha::MultiHeadAttention</code>, trained from scratch to rewrite human-written dates as ISO 8601, one "
+      "character at a time. Held-out dates were never seen in training, in any format.</p>\n"
+      "<h2>Result</h2>\n<p><b>{:.1f}%</b> exact match on {} held-out dates after {} of training on this machine "
+      "(the goal: {:.0f}% within {}).</p>\n",
+      100 * ev.accuracy, eval_count, minutes(training.seconds), 100 * kTargetAccuracy, minutes(kTargetSeconds));
+  html += "<table class=\"s\">\n" + settings_rows(o, parameters) + "</table>\n";
+  html += "<h2>Learning curve</h2>\n<img src=\"learning_curve.svg\" alt=\"learning curve\">\n";
+  html += "<h2>Accuracy by format</h2>\n<table class=\"s\">\n";
+  for (const auto& [name, counts] : ev.by_format)
+    html += fmt::format("<tr><th>{}</th><td>{}/{}</td></tr>\n", xml_escape(name), counts.first, counts.second);
+  html += "</table>\n";
+  if (!ev.wrong.empty()) {
+    html += "<h2>Mistakes (up to 20)</h2>\n<table class=\"s\">\n";
+    for (std::size_t i = 0; i < ev.wrong.size() && i < 20; ++i)
+      html += fmt::format("<tr><th>{}</th><td>wrote {}, expected {}</td></tr>\n", xml_escape(ev.wrong[i].first.source),
+                          xml_escape(ev.wrong[i].second), ev.wrong[i].first.target);
+    html += "</table>\n";
+  }
+  html += "<h2>What the heads attend to</h2>\n<p>Each map shows one head: rows are the queries, columns the keys, "
+          "darker is more weight. Encoder maps relate source characters to each other; decoder rows are the "
+          "decoder's inputs (<code>&lt;bos&gt;</code> and the characters written so far: row t writes character "
+          "t + 1); encoder-decoder maps show where in the source each output character was read from.</p>\n";
+  for (const ExampleMaps& e : examples) {
+    html += fmt::format("<h3>&ldquo;{}&rdquo; &rarr; {} ({})</h3>\n", xml_escape(e.source), xml_escape(e.predicted),
+                        e.predicted == e.target ? "correct" : "expected " + e.target);
+    for (const auto& [kind, layers] : e.kinds) {
+      html += fmt::format("<h4>{}</h4>\n<table>\n", kind);
+      for (const auto& heads : layers) {
+        html += "<tr>";
+        for (const MapFigure& f : heads)
+          html += fmt::format("<td class=\"maps\" style=\"width:{}%\"><img src=\"{}\" alt=\"{}\" title=\"{}\"></td>",
+                              100 / heads.size(), f.file, xml_escape(f.caption), xml_escape(f.caption));
+        html += "</tr>\n";
+      }
+      html += "</table>\n";
     }
   }
-  if (!(r.average_error <= kAverageTolerance)) {
-    failures.push_back(fmt::format("average_attn_weights = true differs from the mean of the per-head weights by {:.3e}",
-                                   r.average_error));
-  }
-  return failures;
+  html += "<p>The checkpoint is <code>checkpoint.safetensors</code>; try <code>mha translate \"Friday, 5 March "
+          "2021\"</code>.</p>\n</body></html>\n";
+  std::ofstream out(path);
+  out << html;
+  if (!out) throw std::runtime_error("cannot write " + path.string());
+}
+
+void write_summary(const std::filesystem::path& path, const DemoOptions& o, const tf::TrainingResult& training,
+                   const Evaluation& ev, std::size_t eval_count) {
+  nlohmann::json j;
+  j["heads"] = o.heads;
+  j["d_model"] = o.d_model;
+  j["layers"] = o.layers;
+  j["steps"] = o.steps;
+  j["batch_size"] = o.batch_size;
+  j["seed"] = o.seed;
+  j["train_seconds"] = training.seconds;
+  j["held_out_examples"] = eval_count;
+  j["held_out_exact_match"] = ev.accuracy;
+  for (const auto& p : training.curve)
+    j["curve"].push_back({{"step", p.step}, {"loss", p.loss}, {"accuracy", p.accuracy}, {"seconds", p.seconds}});
+  std::ofstream out(path);
+  out << j.dump(2) << "\n";
+  if (!out) throw std::runtime_error("cannot write " + path.string());
+}
+
+void check_options(const DemoOptions& o) {
+  if (o.d_model % o.heads != 0)
+    throw std::runtime_error(fmt::format("--d-model {} is not a multiple of --heads {}", o.d_model, o.heads));
 }
 
 }  // namespace
 
-int run_demo(const DemoOptions& options) {
-  const Sequence seq = demo::make_sequence(options.text);
-  const std::filesystem::path dir(options.out_dir);
-  std::filesystem::create_directories(dir);  // first, so that a bad --out fails before the work
-  if (options.threads > 0) mha::set_num_threads(options.threads);
+int run_demo(const DemoOptions& o) {
+  check_options(o);
+  if (o.threads > 0) mha::set_num_threads(o.threads);
+  const std::filesystem::path dir(o.out_dir);
+  std::filesystem::create_directories(dir);
 
-  const Results results = compute(seq);
-  print_report(results);
-  write_figures(results, dir);  // also when the check fails: the maps show what went wrong
+  const tf::Vocabulary vocab;
+  tf::Transformer<float> model(model_config(o, vocab), o.seed);
+  std::int64_t parameters = 0;
+  for (const auto* p : model.parameters()) parameters += p->numel();
+  fmt::print("mha demo: the paper's Transformer learns to read dates ({} layers x 2, d_model {}, {} heads, {} "
+             "parameters)\n",
+             o.layers, o.d_model, o.heads, parameters);
+  fmt::print("  e.g. \"the fifth of March 2021\", \"Fri, 5 Mar 21\", \"05/03/2021\" (day first) -> 2021-03-05\n");
+  fmt::print("  training {} steps of {} examples ...\n", o.steps, o.batch_size);
 
-  const std::vector<std::string> failures = check(results);
-  for (const std::string& f : failures) fmt::print(stderr, "mha: error: demo check failed: {}\n", f);
-  if (!failures.empty()) return 1;
-  fmt::print("\n  check passed: every head puts its largest weight on its rule's key for {0}/{0} queries and at least\n"
-             "  {1} of its weight there, and the output decodes to the tokens the rules designate.\n",
-             seq.length(), kPassWeight);
+  ProgressBar bar(o.progress);
+  const tf::TrainingResult training = tf::train_on_dates(model, vocab, training_config(o), std::ref(bar));
+
+  const std::vector<tf::DateExample> held_out =
+      tf::sample_dates(tf::Split::HeldOut, o.seed + 1000, static_cast<std::size_t>(o.eval_examples));
+  const Evaluation ev = evaluate(model, vocab, held_out);
+  fmt::print("  trained in {} ({:.0f} target tokens/s)\n", minutes(training.seconds),
+             static_cast<double>(training.target_tokens) / training.seconds);
+  fmt::print("  held-out exact match: {:.1f}% of {} ({} wrong)\n", 100 * ev.accuracy, held_out.size(), ev.wrong.size());
+  for (std::size_t i = 0; i < ev.wrong.size() && i < 5; ++i)
+    fmt::print("    \"{}\" -> {} (expected {})\n", ev.wrong[i].first.source, ev.wrong[i].second, ev.wrong[i].first.target);
+
+  std::map<std::string, std::string> meta{{"steps", std::to_string(o.steps)},
+                                          {"seed", std::to_string(o.seed)},
+                                          {"held_out_exact_match", fmt::format("{:.4f}", ev.accuracy)}};
+  tf::save_checkpoint(model, (dir / "checkpoint.safetensors").string(), meta);
+
+  std::vector<ExampleMaps> maps;
+  const std::vector<tf::DateExample> shown = map_examples(o.map_examples, o.seed + 2000);
+  for (std::size_t i = 0; i < shown.size(); ++i) maps.push_back(draw_example(model, vocab, shown[i], i, dir));
+  write_learning_curve_svg(dir / "learning_curve.svg", training.curve,
+                           fmt::format("Training: {} heads, d_model {}", o.heads, o.d_model));
+  write_index(dir / "index.html", o, parameters, training, ev, held_out.size(), maps);
+  write_summary(dir / "summary.json", o, training, ev, held_out.size());
+  fmt::print("  wrote {}: index.html, learning_curve.svg, {} attention maps, checkpoint.safetensors, summary.json\n",
+             dir.string(), maps.size() * static_cast<std::size_t>(o.heads * o.layers * 3));
+  fmt::print("  try: mha translate --checkpoint {} \"Friday, 5 March 2021\"\n",
+             (dir / "checkpoint.safetensors").string());
   return 0;
 }
 

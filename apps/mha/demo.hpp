@@ -1,19 +1,39 @@
-// `mha demo`: multi-head attention with hand-built heads that each attend by a different rule
-// (previous token, next token, same symbol, first token), measured, checked, and drawn.
+// `mha demo`, the main job: trains the paper's encoder-decoder Transformer (examples/transformer, on
+// mha::MultiHeadAttention) to normalise human-written dates to ISO 8601, then evaluates it on held-out
+// dates and writes a report folder: attention maps of every layer and head of the three kinds of
+// attention, the learning curve, an index.html with the settings and the accuracy, and the
+// checkpoint that `mha translate` reads.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace mha_cli {
 
 struct DemoOptions {
-  std::string out_dir = "mha-demo";              // where the attention maps and index.html go
-  int threads = 0;                               // 0: the library's default
-  std::string text = "the cat sat on the mat";  // one token per character
+  std::string out_dir = "mha-demo";  // the report folder; the checkpoint is <out_dir>/checkpoint.safetensors
+  std::int64_t steps = 2400;
+  std::int64_t batch_size = 64;
+  std::int64_t d_model = 64;
+  std::int64_t heads = 4;
+  std::int64_t d_ff = 256;
+  std::int64_t layers = 2;       // encoder and decoder layers each
+  bool pre_norm = false;
+  double dropout = 0.1;
+  double attention_dropout = 0.0;
+  double label_smoothing = 0.1;
+  std::int64_t warmup = 200;
+  double lr_factor = 2.0;
+  std::uint64_t seed = 1;
+  std::int64_t eval_examples = 1000;  // held-out examples of the final accuracy
+  std::int64_t eval_every = 200;      // steps between the learning curve's accuracy points
+  std::int64_t map_examples = 3;      // held-out examples drawn as attention maps
+  int threads = 0;                    // 0: OpenMP's default
+  bool progress = true;
 };
 
-// Runs the demo, printing to stdout. Returns 0 when every head follows its rule, 1 (after saying why
-// on stderr) when one does not. Throws mha::Error or std::runtime_error on other failures.
+// Trains, evaluates and writes the report. Returns 0; throws on a failure (bad settings, a file that
+// cannot be written).
 int run_demo(const DemoOptions& options);
 
 }  // namespace mha_cli

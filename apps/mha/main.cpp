@@ -1,7 +1,7 @@
 // The `mha` command: multi-head attention (Vaswani et al. 2017, section 3.2) from the shell.
 //
 // Exit status: 0 success; 1 an error while running (printed as "mha: error: <message>"), including
-// a demo whose heads fail their check; 2 a command-line misuse (CLI11's message).
+// `mha heads` whose heads fail their check; 2 a command-line misuse (CLI11's message).
 #include <cstdint>
 #include <cstdio>
 #include <exception>
@@ -14,8 +14,10 @@
 #include "bench_one.hpp"
 #include "demo.hpp"
 #include "demo_heads.hpp"
+#include "heads.hpp"
 #include "mha/error.hpp"
 #include "run.hpp"
+#include "translate.hpp"
 
 namespace {
 
@@ -24,15 +26,48 @@ constexpr int kExitUsage = 2;
 constexpr int kMaxThreads = 1024;                  // --threads
 constexpr std::int64_t kMaxBenchN = 1 << 22;       // --sizes, --big, --n: far past what fits in memory here
 
-void add_demo_command(CLI::App& app, mha_cli::DemoOptions& options) {
+void add_demo_command(CLI::App& app, mha_cli::DemoOptions& o) {
   CLI::App* demo = app.add_subcommand(
-      "demo", "Hand-built heads that attend by four rules (previous, next, same symbol, first): scores, check, maps");
-  demo->add_option("--out", options.out_dir, "Directory for the attention-map images and index.html")
+      "demo", "The main job: train the paper's Transformer to normalise dates (~3 min), report accuracy and attention maps");
+  demo->add_option("--out", o.out_dir, "Report folder: index.html, maps, learning curve, checkpoint.safetensors")
       ->capture_default_str();
-  demo->add_option("--threads", options.threads, "Threads for the library's kernels (0: its default)")
+  demo->add_option("--steps", o.steps, "Training steps")->check(CLI::Range(std::int64_t{1}, std::int64_t{10'000'000}))->capture_default_str();
+  demo->add_option("--batch", o.batch_size, "Examples per step")->check(CLI::Range(std::int64_t{1}, std::int64_t{65536}))->capture_default_str();
+  demo->add_option("--heads", o.heads, "Attention heads h (d_k = d_v = d_model / h)")->check(CLI::Range(std::int64_t{1}, std::int64_t{1024}))->capture_default_str();
+  demo->add_option("--d-model", o.d_model, "Model width d_model")->check(CLI::Range(std::int64_t{1}, std::int64_t{8192}))->capture_default_str();
+  demo->add_option("--d-ff", o.d_ff, "Feed-forward inner width d_ff")->check(CLI::Range(std::int64_t{1}, std::int64_t{65536}))->capture_default_str();
+  demo->add_option("--layers", o.layers, "Encoder layers and decoder layers (N each)")->check(CLI::Range(std::int64_t{1}, std::int64_t{64}))->capture_default_str();
+  demo->add_flag("--pre-norm", o.pre_norm, "Layer normalisation before each sub-layer (default: after, as in the paper)");
+  demo->add_option("--dropout", o.dropout, "Residual dropout P_drop")->check(CLI::Range(0.0, 0.99))->capture_default_str();
+  demo->add_option("--attention-dropout", o.attention_dropout, "Dropout on the attention weights")->check(CLI::Range(0.0, 0.99))->capture_default_str();
+  demo->add_option("--label-smoothing", o.label_smoothing, "Label smoothing epsilon")->check(CLI::Range(0.0, 0.99))->capture_default_str();
+  demo->add_option("--warmup", o.warmup, "Warm-up steps of the learning-rate schedule")->check(CLI::Range(std::int64_t{1}, std::int64_t{10'000'000}))->capture_default_str();
+  demo->add_option("--lr-factor", o.lr_factor, "Factor of the schedule d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)")->check(CLI::Range(1e-6, 1e3))->capture_default_str();
+  demo->add_option("--seed", o.seed, "Seed of the initialisation, the data and dropout")->capture_default_str();
+  demo->add_option("--eval", o.eval_examples, "Held-out examples of the final accuracy")->check(CLI::Range(std::int64_t{1}, std::int64_t{1'000'000}))->capture_default_str();
+  demo->add_option("--eval-every", o.eval_every, "Steps between the learning curve's accuracy points")->check(CLI::Range(std::int64_t{1}, std::int64_t{10'000'000}))->capture_default_str();
+  demo->add_option("--maps", o.map_examples, "Held-out examples drawn as attention maps")->check(CLI::Range(std::int64_t{0}, std::int64_t{6}))->capture_default_str();
+  demo->add_option("--threads", o.threads, "Threads (0: OpenMP's default)")->check(CLI::Range(0, 1024))->capture_default_str();
+  demo->add_flag("!--no-progress", o.progress, "No progress bar");
+}
+
+void add_translate_command(CLI::App& app, mha_cli::TranslateOptions& o) {
+  CLI::App* translate = app.add_subcommand(
+      "translate", "Rewrite dates as ISO 8601 with the model `mha demo` trained, e.g. mha translate \"Fri, 5 Mar 21\"");
+  translate->add_option("text", o.texts, "Dates to rewrite (none: one per line from standard input)");
+  translate->add_option("--checkpoint", o.checkpoint, "The checkpoint `mha demo` wrote")->capture_default_str();
+  translate->add_option("--threads", o.threads, "Threads (0: OpenMP's default)")->check(CLI::Range(0, 1024));
+}
+
+void add_heads_command(CLI::App& app, mha_cli::HeadsOptions& options) {
+  CLI::App* heads = app.add_subcommand(
+      "heads", "Hand-built heads that attend by four rules (previous, next, same symbol, first): scores, check, maps");
+  heads->add_option("--out", options.out_dir, "Directory for the attention-map images and index.html")
+      ->capture_default_str();
+  heads->add_option("--threads", options.threads, "Threads for the library's kernels (0: its default)")
       ->check(CLI::Range(0, 1024))
       ->capture_default_str();
-  demo->add_option("--text", options.text, "The token sequence, one token per character")
+  heads->add_option("--text", options.text, "The token sequence, one token per character")
       ->check(CLI::Validator([](std::string& text) { return mha_cli::demo::check_text(text); }, ""))
       ->capture_default_str();
 }
@@ -118,6 +153,10 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   mha_cli::DemoOptions demo_options;
   add_demo_command(app, demo_options);
+  mha_cli::TranslateOptions translate_options;
+  add_translate_command(app, translate_options);
+  mha_cli::HeadsOptions heads_options;
+  add_heads_command(app, heads_options);
   mha_cli::BenchOptions bench_options;
   add_bench_command(app, bench_options);
   mha_cli::RunOptions run_options;
@@ -134,6 +173,8 @@ int main(int argc, char** argv) {
 
   try {
     if (app.got_subcommand("demo")) return mha_cli::run_demo(demo_options);
+    if (app.got_subcommand("translate")) return mha_cli::run_translate(translate_options);
+    if (app.got_subcommand("heads")) return mha_cli::run_heads(heads_options);
     if (app.got_subcommand("run")) return mha_cli::run_layer(run_options);
     if (app.got_subcommand("bench")) {
       std::string command;

@@ -1,0 +1,253 @@
+// The date-normalisation task: calendar arithmetic, the source formats, the split by calendar date,
+// the SplitMix64 example sampler and padded batches (see dates.hpp for the conventions).
+#include "dates.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <stdexcept>
+#include <string_view>
+
+namespace transformer {
+
+namespace {
+
+constexpr std::array<std::string_view, 12> kMonthNames = {
+    "January", "February", "March",     "April",   "May",      "June",
+    "July",    "August",   "September", "October", "November", "December"};
+
+// Monday first, as day_of_week counts.
+constexpr std::array<std::string_view, 7> kWeekdayNames = {"Monday", "Tuesday",  "Wednesday", "Thursday",
+                                                           "Friday", "Saturday", "Sunday"};
+
+// kOrdinalWords[d - 1] is day d in words.
+constexpr std::array<std::string_view, 31> kOrdinalWords = {
+    "first",         "second",        "third",          "fourth",        "fifth",        "sixth",
+    "seventh",       "eighth",        "ninth",          "tenth",         "eleventh",     "twelfth",
+    "thirteenth",    "fourteenth",    "fifteenth",      "sixteenth",     "seventeenth",  "eighteenth",
+    "nineteenth",    "twentieth",     "twenty-first",   "twenty-second", "twenty-third", "twenty-fourth",
+    "twenty-fifth",  "twenty-sixth",  "twenty-seventh", "twenty-eighth", "twenty-ninth", "thirtieth",
+    "thirty-first"};
+
+constexpr std::array<DateFormat, 13> kAllFormats = {
+    DateFormat::DayMonthYear,          DateFormat::MonthOrdinalDayYear,     DateFormat::MonthDayYear,
+    DateFormat::ShortWeekdayDayMonYY,  DateFormat::WeekdayDayMonthYear,     DateFormat::WeekdayOrdinalDayMonthYear,
+    DateFormat::OrdinalWordsOfMonthYear, DateFormat::DayMonDashYear,        DateFormat::SlashDMY,
+    DateFormat::ShortSlashDMY,         DateFormat::DotDMYY,                 DateFormat::DotYMD,
+    DateFormat::UpperDayMonthYear};
+static_assert(static_cast<std::size_t>(DateFormat::UpperDayMonthYear) + 1 == kAllFormats.size(),
+              "kAllFormats lists every DateFormat");
+
+// The target length, T = 10 ISO characters + 1 (<bos> in front of the decoder input, <eos> after the output).
+constexpr std::int64_t kTargetLen = static_cast<std::int64_t>(kIsoLength) + 1;
+
+void check_date(Date d) {
+  if (!is_valid_date(d))
+    throw std::invalid_argument("not a date of " + std::to_string(kFirstYear) + ".." + std::to_string(kLastYear) +
+                                ": year " + std::to_string(d.year) + ", month " + std::to_string(d.month) +
+                                ", day " + std::to_string(d.day));
+}
+
+// Days since 1970-01-01 (negative before), H. Hinnant's days_from_civil: counts from 0000-03-01 so
+// that the leap day ends the year.
+std::int64_t days_from_civil(Date d) {
+  const std::int64_t y = d.year - (d.month <= 2 ? 1 : 0);
+  const std::int64_t era = (y >= 0 ? y : y - 399) / 400;
+  const std::int64_t year_of_era = y - era * 400;                                            // [0, 399]
+  const std::int64_t day_of_year = (153 * ((d.month + 9) % 12) + 2) / 5 + d.day - 1;         // [0, 365]
+  const std::int64_t day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
+  return era * 146097 + day_of_era - 719468;
+}
+
+std::string two_digits(int n) {
+  char buffer[8];
+  std::snprintf(buffer, sizeof buffer, "%02d", n);
+  return buffer;
+}
+
+std::string month_name(Date d) { return std::string(kMonthNames[static_cast<std::size_t>(d.month - 1)]); }
+std::string month_abbreviation(Date d) { return month_name(d).substr(0, 3); }
+std::string weekday_name(Date d) { return std::string(kWeekdayNames[static_cast<std::size_t>(day_of_week(d))]); }
+std::string weekday_abbreviation(Date d) { return weekday_name(d).substr(0, 3); }
+std::string ordinal_words(int day) { return std::string(kOrdinalWords[static_cast<std::size_t>(day - 1)]); }
+
+// "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "23rd", "31st".
+std::string ordinal_number(int n) {
+  const bool teen = n % 100 >= 11 && n % 100 <= 13;
+  const int last = n % 10;
+  const char* suffix = teen ? "th" : last == 1 ? "st" : last == 2 ? "nd" : last == 3 ? "rd" : "th";
+  return std::to_string(n) + suffix;
+}
+
+std::string upper(std::string s) {
+  for (char& c : s)
+    if (c >= 'a' && c <= 'z') c = static_cast<char>(c - 'a' + 'A');
+  return s;
+}
+
+// SplitMix64's output function (Steele, Lea, Flood 2014): a bijective 64-bit mixer.
+std::uint64_t mix64(std::uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+std::vector<Date> dates_of_split(Split split) {
+  std::vector<Date> dates;
+  for (int year = kFirstYear; year <= kLastYear; ++year)
+    for (int month = 1; month <= 12; ++month)
+      for (int day = 1; day <= days_in_month(year, month); ++day)
+        if (date_in_split({year, month, day}, split)) dates.push_back({year, month, day});
+  return dates;
+}
+
+// The ids of `text` with the example's index in the error message.
+std::vector<int> encode_field(const Vocabulary& vocab, std::string_view text, std::size_t example, const char* field) {
+  try {
+    return vocab.encode(text);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument("make_batch: example " + std::to_string(example) + " " + field + ": " + e.what());
+  }
+}
+
+// Row i of the batch: source ids then padding; target_in = <bos> y1 .. y10; target_out = y1 .. y10 <eos>.
+void write_row(Batch& b, std::size_t i, const std::vector<int>& source, const std::vector<int>& target) {
+  const auto S = static_cast<std::size_t>(b.source_len), T = static_cast<std::size_t>(b.target_len);
+  b.source_lengths.push_back(static_cast<std::int64_t>(source.size()));
+  std::copy(source.begin(), source.end(), b.source.begin() + static_cast<std::ptrdiff_t>(i * S));
+  int* in_row = b.target_in.data() + i * T;
+  int* out_row = b.target_out.data() + i * T;
+  in_row[0] = Vocabulary::kBos;
+  std::copy(target.begin(), target.end(), in_row + 1);
+  std::copy(target.begin(), target.end(), out_row);
+  out_row[T - 1] = Vocabulary::kEos;
+}
+
+}  // namespace
+
+int days_in_month(int year, int month) {
+  static constexpr std::array<int, 12> kDays = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+  const bool leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
+  return month == 2 && leap ? 29 : kDays[static_cast<std::size_t>(month - 1)];
+}
+
+bool is_valid_date(Date d) {
+  return d.year >= kFirstYear && d.year <= kLastYear && d.month >= 1 && d.month <= 12 && d.day >= 1 &&
+         d.day <= days_in_month(d.year, d.month);
+}
+
+std::string iso_date(Date d) {
+  check_date(d);
+  return std::to_string(d.year) + "-" + two_digits(d.month) + "-" + two_digits(d.day);
+}
+
+int day_of_week(Date d) {
+  check_date(d);
+  // 1970-01-01 was a Thursday (3 with Monday = 0).
+  const std::int64_t days = days_from_civil(d);
+  return static_cast<int>(((days % 7) + 7 + 3) % 7);
+}
+
+std::span<const DateFormat> all_date_formats() { return kAllFormats; }
+
+std::string format_name(DateFormat f) {
+  switch (f) {
+    case DateFormat::DayMonthYear: return "d Month yyyy";
+    case DateFormat::MonthOrdinalDayYear: return "Month dth, yyyy";
+    case DateFormat::MonthDayYear: return "Month d, yyyy";
+    case DateFormat::ShortWeekdayDayMonYY: return "Wkd, d Mon yy";
+    case DateFormat::WeekdayDayMonthYear: return "Weekday, d Month yyyy";
+    case DateFormat::WeekdayOrdinalDayMonthYear: return "Weekday dth Month yyyy";
+    case DateFormat::OrdinalWordsOfMonthYear: return "the dth-in-words of Month yyyy";
+    case DateFormat::DayMonDashYear: return "d-Mon-yyyy";
+    case DateFormat::SlashDMY: return "dd/mm/yyyy";
+    case DateFormat::ShortSlashDMY: return "d/m/yy";
+    case DateFormat::DotDMYY: return "dd.mm.yy";
+    case DateFormat::DotYMD: return "yyyy.mm.dd";
+    case DateFormat::UpperDayMonthYear: return "d MONTH yyyy";
+  }
+  throw std::invalid_argument("format_name: unknown DateFormat " + std::to_string(static_cast<int>(f)));
+}
+
+std::string format_date(Date d, DateFormat f) {
+  check_date(d);
+  const std::string day = std::to_string(d.day), year = std::to_string(d.year);
+  const std::string yy = two_digits(d.year % 100);
+  switch (f) {
+    case DateFormat::DayMonthYear: return day + " " + month_name(d) + " " + year;
+    case DateFormat::MonthOrdinalDayYear: return month_name(d) + " " + ordinal_number(d.day) + ", " + year;
+    case DateFormat::MonthDayYear: return month_name(d) + " " + day + ", " + year;
+    case DateFormat::ShortWeekdayDayMonYY:
+      return weekday_abbreviation(d) + ", " + day + " " + month_abbreviation(d) + " " + yy;
+    case DateFormat::WeekdayDayMonthYear: return weekday_name(d) + ", " + day + " " + month_name(d) + " " + year;
+    case DateFormat::WeekdayOrdinalDayMonthYear:
+      return weekday_name(d) + " " + ordinal_number(d.day) + " " + month_name(d) + " " + year;
+    case DateFormat::OrdinalWordsOfMonthYear:
+      return "the " + ordinal_words(d.day) + " of " + month_name(d) + " " + year;
+    case DateFormat::DayMonDashYear: return day + "-" + month_abbreviation(d) + "-" + year;
+    case DateFormat::SlashDMY: return two_digits(d.day) + "/" + two_digits(d.month) + "/" + year;
+    case DateFormat::ShortSlashDMY: return day + "/" + std::to_string(d.month) + "/" + yy;
+    case DateFormat::DotDMYY: return two_digits(d.day) + "." + two_digits(d.month) + "." + yy;
+    case DateFormat::DotYMD: return year + "." + two_digits(d.month) + "." + two_digits(d.day);
+    case DateFormat::UpperDayMonthYear: return day + " " + upper(month_name(d)) + " " + year;
+  }
+  throw std::invalid_argument("format_date: unknown DateFormat " + std::to_string(static_cast<int>(f)));
+}
+
+bool date_in_split(Date d, Split s) {
+  check_date(d);
+  // A fixed salt keeps this hash apart from the sampler's stream; 100 of every 1000 hash values are
+  // held out. Changing either changes which dates a trained model has seen.
+  constexpr std::uint64_t kSplitSalt = 0x6461746573706c74ULL;  // "datesplt"
+  const auto key = static_cast<std::uint64_t>(d.year * 10000 + d.month * 100 + d.day);
+  const bool held_out = mix64(key ^ kSplitSalt) % 1000 < 100;
+  return held_out == (s == Split::HeldOut);
+}
+
+DateSampler::DateSampler(Split split, std::uint64_t seed) : dates_(dates_of_split(split)), state_(seed) {}
+
+std::uint64_t DateSampler::uniform_below(std::uint64_t n) {
+  // Reject the lowest 2^64 mod n draws so that every residue is equally likely.
+  const std::uint64_t threshold = (0 - n) % n;
+  for (;;) {
+    state_ += 0x9e3779b97f4a7c15ULL;  // SplitMix64's step
+    const std::uint64_t r = mix64(state_);
+    if (r >= threshold) return r % n;
+  }
+}
+
+DateExample DateSampler::next() {
+  const Date d = dates_[uniform_below(dates_.size())];
+  const DateFormat f = kAllFormats[uniform_below(kAllFormats.size())];
+  return {format_date(d, f), iso_date(d), f};
+}
+
+std::vector<DateExample> sample_dates(Split split, std::uint64_t seed, std::size_t count) {
+  DateSampler sampler(split, seed);
+  std::vector<DateExample> examples;
+  examples.reserve(count);
+  for (std::size_t i = 0; i < count; ++i) examples.push_back(sampler.next());
+  return examples;
+}
+
+Batch make_batch(std::span<const DateExample> examples, const Vocabulary& vocab) {
+  Batch b;
+  b.batch = static_cast<std::int64_t>(examples.size());
+  b.target_len = kTargetLen;
+  for (const DateExample& e : examples)
+    b.source_len = std::max(b.source_len, static_cast<std::int64_t>(e.source.size()));
+  b.source.assign(static_cast<std::size_t>(b.batch * b.source_len), Vocabulary::kPad);
+  b.target_in.assign(static_cast<std::size_t>(b.batch * b.target_len), Vocabulary::kPad);
+  b.target_out.assign(static_cast<std::size_t>(b.batch * b.target_len), Vocabulary::kPad);
+  for (std::size_t i = 0; i < examples.size(); ++i) {
+    const DateExample& e = examples[i];
+    if (e.target.size() != kIsoLength)
+      throw std::invalid_argument("make_batch: example " + std::to_string(i) + " target \"" + e.target + "\" has " +
+                                  std::to_string(e.target.size()) + " characters, not " +
+                                  std::to_string(kIsoLength));
+    write_row(b, i, encode_field(vocab, e.source, i, "source"), encode_field(vocab, e.target, i, "target"));
+  }
+  return b;
+}
+
+}  // namespace transformer

@@ -1,0 +1,93 @@
+// SharedEmbedding<T>: one [V, d_model] table used three times, as section 3.4 says: the source and
+// target embeddings (multiplied by sqrt(d_model)) and the pre-softmax linear map (logits = h E^T).
+// And the sinusoidal positional encoding of section 3.5.
+#pragma once
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "matrix.hpp"
+#include "parameter.hpp"
+
+namespace transformer {
+
+template <class T>
+class SharedEmbedding {
+ public:
+  // Initialised N(0, 1 / d_model), so that sqrt(d_model) * E has entries of unit scale.
+  SharedEmbedding(const std::string& name, std::int64_t vocab, std::int64_t d_model, Rng& rng)
+      : table_(name, {vocab, d_model}), scale_(std::sqrt(static_cast<double>(d_model))) {
+    for (auto& v : table_.value) v = static_cast<T>(rng.normal() / scale_);
+  }
+
+  // ids [R] -> [R, d_model] = sqrt(d_model) * E[ids].
+  Matrix<T> embed(const std::vector<int>& ids) const {
+    Matrix<T> x(static_cast<std::int64_t>(ids.size()), d_model());
+    for (std::int64_t r = 0; r < x.rows; ++r) {
+      const T* e = table_.value.data() + ids[static_cast<std::size_t>(r)] * d_model();
+      for (std::int64_t j = 0; j < x.cols; ++j) x(r, j) = static_cast<T>(scale_ * e[j]);
+    }
+    return x;
+  }
+  // dE[ids[r]] += sqrt(d_model) * dx[r].
+  void embed_backward(const Matrix<T>& dx, const std::vector<int>& ids) {
+    for (std::int64_t r = 0; r < dx.rows; ++r) {
+      T* g = table_.grad.data() + ids[static_cast<std::size_t>(r)] * d_model();
+      for (std::int64_t j = 0; j < dx.cols; ++j) g[j] += static_cast<T>(scale_ * dx(r, j));
+    }
+  }
+
+  // h [R, d_model] -> logits [R, V] = h E^T. Keeps h for backward.
+  Matrix<T> logits(const Matrix<T>& h) {
+    h_ = h;
+    return apply_logits(h);
+  }
+  Matrix<T> apply_logits(const Matrix<T>& h) const {
+    Matrix<T> out(h.rows, vocab());
+    matmul(h, false, table_matrix(), true, out);
+    return out;
+  }
+  // dlogits [R, V] -> dh [R, d_model] = dlogits E;  dE += dlogits^T h.
+  Matrix<T> logits_backward(const Matrix<T>& dlogits) {
+    Matrix<T> de(vocab(), d_model());
+    matmul(dlogits, true, h_, false, de);
+    for (std::size_t i = 0; i < de.data.size(); ++i) table_.grad[i] += de.data[i];
+    Matrix<T> dh(dlogits.rows, d_model());
+    matmul(dlogits, false, table_matrix(), false, dh);
+    return dh;
+  }
+
+  void collect(ParameterRefs<T>& out) { out.push_back(&table_); }
+  std::int64_t vocab() const { return table_.shape[0]; }
+  std::int64_t d_model() const { return table_.shape[1]; }
+
+ private:
+  Matrix<T> table_matrix() const {
+    Matrix<T> e(vocab(), d_model());
+    e.data = table_.value;
+    return e;
+  }
+
+  Parameter<T> table_;
+  double scale_;
+  Matrix<T> h_;
+};
+
+// x [B * T, d] += PE[t] for the row of position t = first_position + (r mod T), where
+//     PE(pos, 2i) = sin(pos / 10000^(2i / d)),   PE(pos, 2i + 1) = cos(pos / 10000^(2i / d)).
+// No parameters, so its backward is the identity.
+template <class T>
+void add_positional_encoding(Matrix<T>& x, std::int64_t positions, std::int64_t first_position = 0) {
+  const std::int64_t d = x.cols;
+  for (std::int64_t r = 0; r < x.rows; ++r) {
+    const double pos = static_cast<double>(first_position + r % positions);
+    for (std::int64_t i = 0; 2 * i < d; ++i) {
+      const double angle = pos / std::pow(10000.0, static_cast<double>(2 * i) / static_cast<double>(d));
+      x(r, 2 * i) += static_cast<T>(std::sin(angle));
+      if (2 * i + 1 < d) x(r, 2 * i + 1) += static_cast<T>(std::cos(angle));
+    }
+  }
+}
+
+}  // namespace transformer

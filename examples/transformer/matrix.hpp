@@ -1,0 +1,46 @@
+// Matrix<T>: the row-major 2-D array every block of the Transformer passes around, and the products
+// and small helpers the blocks share.
+//
+// Activations are [R, d] with R = B * T rows (batch-first: row b * T + t), so a Matrix is also a
+// [B, T, d] tensor whenever the block knows B and T.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace transformer {
+
+template <class T>
+struct Matrix {
+  std::int64_t rows = 0, cols = 0;
+  std::vector<T> data;  // [rows, cols]
+
+  Matrix() = default;
+  Matrix(std::int64_t r, std::int64_t c) : rows(r), cols(c), data(static_cast<std::size_t>(r * c), T(0)) {}
+
+  T* row(std::int64_t i) { return data.data() + i * cols; }
+  const T* row(std::int64_t i) const { return data.data() + i * cols; }
+  T& operator()(std::int64_t i, std::int64_t j) { return data[static_cast<std::size_t>(i * cols + j)]; }
+  T operator()(std::int64_t i, std::int64_t j) const { return data[static_cast<std::size_t>(i * cols + j)]; }
+  std::int64_t size() const { return rows * cols; }
+};
+
+// C = op(A) op(B) + beta * C, where op(X) is X or X^T. A, B, C row-major with their own widths.
+// float32 runs oneDNN's sgemm; float64 (the gradient checks) plain loops.
+template <class T>
+void matmul(const Matrix<T>& a, bool transpose_a, const Matrix<T>& b, bool transpose_b, Matrix<T>& c, T beta = T(0));
+
+// a += b (same shape).
+template <class T>
+void add_to(Matrix<T>& a, const Matrix<T>& b) {
+  for (std::int64_t i = 0; i < a.size(); ++i) a.data[static_cast<std::size_t>(i)] += b.data[static_cast<std::size_t>(i)];
+}
+
+template <class T>
+Matrix<T> sum(const Matrix<T>& a, const Matrix<T>& b) {
+  Matrix<T> c = a;
+  add_to(c, b);
+  return c;
+}
+
+}  // namespace transformer

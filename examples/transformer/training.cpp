@@ -1,0 +1,100 @@
+// The training loop and evaluation of the date task (training.hpp).
+#include "training.hpp"
+
+#include <chrono>
+
+#include "loss.hpp"
+
+namespace transformer {
+
+TokenBatch token_batch(const Batch& batch) {
+  TokenBatch t;
+  t.batch = batch.batch;
+  t.source = batch.source;
+  t.source_lengths = batch.source_lengths;
+  t.target = batch.target_in;
+  return t;
+}
+
+TrainingResult train_on_dates(Transformer<float>& model, const Vocabulary& vocab, const TrainingConfig& config,
+                              const std::function<void(const Progress&)>& progress) {
+  using Clock = std::chrono::steady_clock;
+  AdamConfig adam_config;
+  adam_config.factor = config.lr_factor;
+  adam_config.warmup = config.warmup;
+  adam_config.d_model = model.config().d_model;
+  Adam<float> adam(adam_config, model.parameters());
+  LabelSmoothedCrossEntropy<float> criterion(config.label_smoothing);
+  DateSampler train_data(Split::Train, config.seed);
+  const std::vector<DateExample> held_out = sample_dates(Split::HeldOut, config.seed + 1, config.eval_examples);
+
+  TrainingResult result;
+  const auto start = Clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
+  double loss_since_point = 0.0;
+  std::int64_t steps_since_point = 0;
+  model.train(true);
+  model.zero_grad();
+  for (std::int64_t step = 1; step <= config.steps; ++step) {
+    std::vector<DateExample> examples;
+    for (std::int64_t i = 0; i < config.batch_size; ++i) examples.push_back(train_data.next());
+    const Batch batch = make_batch(examples, vocab);
+    const Matrix<float> logits = model.forward(token_batch(batch));
+    const double loss = criterion.forward(logits, batch.target_out);
+    model.backward(criterion.backward());
+    adam.step();  // also zeroes the gradients
+    result.target_tokens += static_cast<std::int64_t>(batch.target_out.size());
+    loss_since_point += loss;
+    ++steps_since_point;
+
+    const bool point = step % config.eval_every == 0 || step == config.steps;
+    if (point) {
+      CurvePoint p;
+      p.step = step;
+      p.loss = loss_since_point / static_cast<double>(steps_since_point);
+      p.accuracy = exact_match(model, vocab, held_out);
+      model.train(true);
+      p.seconds = elapsed();
+      result.curve.push_back(p);
+      loss_since_point = 0.0;
+      steps_since_point = 0;
+    }
+    if (progress) {
+      const double s = elapsed();
+      progress({step, config.steps, loss, static_cast<double>(result.target_tokens) / s, s,
+                s / static_cast<double>(step) * static_cast<double>(config.steps - step)});
+    }
+  }
+  result.seconds = elapsed();
+  model.train(false);
+  return result;
+}
+
+std::vector<std::string> translate(Transformer<float>& model, const Vocabulary& vocab,
+                                   const std::vector<std::string>& sources, std::int64_t batch_size) {
+  std::vector<std::string> out;
+  const auto steps = static_cast<std::int64_t>(kIsoLength) + 1;  // 10 characters and <eos>
+  for (std::size_t first = 0; first < sources.size(); first += static_cast<std::size_t>(batch_size)) {
+    const std::size_t last = std::min(sources.size(), first + static_cast<std::size_t>(batch_size));
+    std::vector<DateExample> examples;
+    for (std::size_t i = first; i < last; ++i) examples.push_back({sources[i], std::string(kIsoLength, '0'), {}});
+    const TokenBatch batch = token_batch(make_batch(examples, vocab));
+    const std::vector<int> tokens = model.greedy_decode(batch, steps, Vocabulary::kBos, /*use_cache=*/true);
+    for (std::int64_t b = 0; b < batch.batch; ++b)
+      out.push_back(vocab.decode(std::span<const int>(tokens).subspan(static_cast<std::size_t>(b * steps),
+                                                                      static_cast<std::size_t>(steps))));
+  }
+  return out;
+}
+
+double exact_match(Transformer<float>& model, const Vocabulary& vocab, const std::vector<DateExample>& examples) {
+  if (examples.empty()) return 0.0;
+  std::vector<std::string> sources;
+  for (const auto& e : examples) sources.push_back(e.source);
+  const std::vector<std::string> predicted = translate(model, vocab, sources);
+  std::size_t correct = 0;
+  for (std::size_t i = 0; i < examples.size(); ++i) correct += predicted[i] == examples[i].target;
+  return static_cast<double>(correct) / static_cast<double>(examples.size());
+}
+
+}  // namespace transformer

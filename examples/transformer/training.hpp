@@ -1,0 +1,63 @@
+// Training and evaluating the Transformer on the date task (dates.hpp): the loop of section 5 (Adam
+// with warm-up, label smoothing 0.1, residual dropout) on batches drawn fresh from the training split,
+// and exact-match accuracy by greedy decoding through the KV cache.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "adam.hpp"
+#include "dates.hpp"
+#include "transformer.hpp"
+#include "vocabulary.hpp"
+
+namespace transformer {
+
+struct TrainingConfig {
+  std::int64_t steps = 1500;
+  std::int64_t batch_size = 64;
+  double label_smoothing = 0.1;
+  double lr_factor = 1.0;      // the schedule's factor (section 5.3 uses 1)
+  std::int64_t warmup = 4000;  // steps of linear warm-up (section 5.3 uses 4000)
+  std::uint64_t seed = 1;      // model initialisation, data stream and dropout
+  std::int64_t eval_every = 100;    // steps between held-out accuracy points of the learning curve
+  std::int64_t eval_examples = 200; // held-out examples per learning-curve point
+};
+
+struct CurvePoint {
+  std::int64_t step = 0;
+  double loss = 0.0;      // mean training loss over the steps since the previous point
+  double accuracy = -1.0; // held-out exact match in [0, 1]; -1 when not evaluated at this point
+  double seconds = 0.0;   // since training started
+};
+
+struct Progress {
+  std::int64_t step = 0, steps = 0;
+  double loss = 0.0;            // this step's
+  double tokens_per_second = 0.0;
+  double seconds = 0.0, seconds_left = 0.0;
+};
+
+struct TrainingResult {
+  std::vector<CurvePoint> curve;
+  double seconds = 0.0;
+  std::int64_t target_tokens = 0;  // tokens the decoder predicted in training
+};
+
+// The model's input for a batch of date examples.
+TokenBatch token_batch(const Batch& batch);
+
+// Trains `model` in place; `progress` is called after every step.
+TrainingResult train_on_dates(Transformer<float>& model, const Vocabulary& vocab, const TrainingConfig& config,
+                              const std::function<void(const Progress&)>& progress = {});
+
+// Greedy decoding (cached) of each source; returns the ISO strings the model writes.
+std::vector<std::string> translate(Transformer<float>& model, const Vocabulary& vocab,
+                                   const std::vector<std::string>& sources, std::int64_t batch_size = 250);
+
+// Fraction of examples whose translation equals the target exactly.
+double exact_match(Transformer<float>& model, const Vocabulary& vocab, const std::vector<DateExample>& examples);
+
+}  // namespace transformer

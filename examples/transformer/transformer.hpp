@@ -1,0 +1,88 @@
+// Transformer<T>: the encoder-decoder model of section 3 on mha::MultiHeadAttention.
+//
+//   source ids [B, S] -> E * sqrt(d) + PE -> Dropout -> N x EncoderLayer (-> LayerNorm if pre-norm) = memory
+//   target ids [B, T] -> E * sqrt(d) + PE -> Dropout -> N x DecoderLayer(memory) (-> LayerNorm) -> h E^T = logits
+//
+// One embedding table E [V, d] serves the source, the target and the pre-softmax map (section 3.4).
+// Legend: B batch, S source length, T target length, V vocabulary, d = d_model.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "decoder_layer.hpp"
+#include "embedding.hpp"
+#include "encoder_layer.hpp"
+#include "transformer_config.hpp"
+
+namespace transformer {
+
+// A batch of token ids: source [B, S] padded after source_lengths[b]; target [B, T] (no padding).
+struct TokenBatch {
+  std::int64_t batch = 0;
+  std::vector<int> source;                   // [B, S]
+  std::vector<std::int64_t> source_lengths;  // [B]
+  std::vector<int> target;                   // [B, T]: the decoder's input (<bos> y1 ... y_{T-1})
+  std::int64_t source_len() const { return static_cast<std::int64_t>(source.size()) / batch; }
+  std::int64_t target_len() const { return static_cast<std::int64_t>(target.size()) / batch; }
+};
+
+template <class T>
+class Transformer {
+ public:
+  Transformer(const TransformerConfig& config, std::uint64_t seed);
+
+  const TransformerConfig& config() const { return config_; }
+  // Every parameter, in a fixed order, named like "decoder.1.cross_attn.in_proj_weight".
+  ParameterRefs<T> parameters();
+  void zero_grad();
+
+  void train(bool on = true);  // dropout on or off (training is the default)
+  bool training() const { return training_; }
+
+  // logits [B*T, V] for every target position (teacher forcing). Keeps what backward needs.
+  Matrix<T> forward(const TokenBatch& batch);
+  // dlogits [B*T, V] -> adds every parameter's gradient into Parameter::grad.
+  void backward(const Matrix<T>& dlogits);
+
+  // Greedy decoding of `steps` tokens after <bos> for each source: the argmax token at each step.
+  // With use_cache, each step runs the decoder on the new position only, through the library's
+  // KeyValueCache (O(t) attention work at step t); without, each step recomputes the whole prefix.
+  // Returns [B, steps] ids; step_logits, when given, receives each step's logits [B, steps, V].
+  // Runs in evaluation mode (restores the mode afterwards).
+  std::vector<int> greedy_decode(const TokenBatch& source, std::int64_t steps, int bos, bool use_cache,
+                                 std::vector<T>* step_logits = nullptr);
+
+  // Attention maps: after keep_attention_weights(true), forward() keeps every attention block's
+  // per-head weights [B, h, L, S]; read them with the accessors.
+  void keep_attention_weights(bool on);
+  std::int64_t encoder_layers() const { return static_cast<std::int64_t>(encoder_.size()); }
+  std::int64_t decoder_layers() const { return static_cast<std::int64_t>(decoder_.size()); }
+  const mha::Tensor& encoder_self_weights(std::int64_t layer) const;
+  const mha::Tensor& decoder_self_weights(std::int64_t layer) const;
+  const mha::Tensor& cross_weights(std::int64_t layer) const;
+
+  // The encoder alone: source [B, S] -> memory [B*S, d] (keeps what backward needs).
+  Matrix<T> encode(const TokenBatch& batch);
+
+ private:
+  Matrix<T> embed(const std::vector<int>& ids, std::int64_t positions, Dropout<T>& dropout);
+
+  TransformerConfig config_;
+  Rng rng_;
+  SharedEmbedding<T> embedding_;
+  Dropout<T> source_dropout_, target_dropout_;
+  std::vector<std::unique_ptr<EncoderLayer<T>>> encoder_;
+  std::vector<std::unique_ptr<DecoderLayer<T>>> decoder_;
+  std::optional<LayerNorm<T>> encoder_norm_, decoder_norm_;  // pre-norm only
+  bool training_ = true;
+
+  // Kept by forward() for backward().
+  TokenBatch batch_;
+};
+
+extern template class Transformer<float>;
+extern template class Transformer<double>;
+
+}  // namespace transformer

@@ -1,0 +1,105 @@
+"""`mha demo` (train the date Transformer, write the report) and `mha translate` (read its checkpoint),
+run as a user runs them, on a short training run so that the test takes seconds."""
+import json
+import pathlib
+import re
+import subprocess
+
+import pytest
+
+from mha import read_safetensors
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+MHA = ROOT / "build" / "mha"
+
+pytestmark = pytest.mark.skipif(not MHA.exists(), reason="build/mha is not built")
+
+SHORT = ["--steps", "40", "--batch", "32", "--d-model", "32", "--heads", "2", "--d-ff", "64", "--layers", "1",
+         "--eval", "40", "--eval-every", "20", "--maps", "2", "--no-progress", "--threads", "2"]
+
+
+def mha(*args, stdin=None):
+    return subprocess.run([str(MHA), *map(str, args)], capture_output=True, text=True, input=stdin)
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo") / "report"
+    result = mha("demo", "--out", out, *SHORT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return out, result.stdout
+
+
+def test_demo_writes_the_report_folder(report):
+    out, stdout = report
+    # 2 examples x 3 kinds of attention x 1 layer x 2 heads
+    maps = sorted(p.name for p in out.glob("example*_*_layer*_head*.png"))
+    assert len(maps) == 12, maps
+    for kind in ("encoder_self", "decoder_self", "cross"):
+        assert (out / f"example0_{kind}_layer0_head1.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    html = (out / "index.html").read_text()
+    for name in maps + ["learning_curve.svg"]:
+        assert f'src="{name}"' in html, name  # every image is on the page
+    assert "exact match on 40 held-out dates" in html
+    svg = (out / "learning_curve.svg").read_text()
+    assert svg.startswith("<svg") and svg.count("<polyline") == 2
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["heads"] == 2 and summary["steps"] == 40 and summary["held_out_examples"] == 40
+    assert [p["step"] for p in summary["curve"]] == [20, 40]
+    assert 0.0 <= summary["held_out_exact_match"] <= 1.0
+    assert f"{100 * summary['held_out_exact_match']:.1f}%" in stdout
+
+
+def test_demo_checkpoint_holds_every_parameter_and_the_config(report):
+    out, _ = report
+    tensors, metadata = read_safetensors(str(out / "checkpoint.safetensors"))
+    assert metadata["format"] == "mha-transformer-dates"
+    assert (metadata["d_model"], metadata["heads"], metadata["encoder_layers"]) == ("32", "2", "1")
+    assert tensors["embedding.weight"].shape == (int(metadata["vocab"]), 32)
+    assert tensors["encoder.0.self_attn.in_proj_weight"].shape == (96, 32)
+    assert tensors["decoder.0.cross_attn.out_proj.weight"].shape == (32, 32)
+    assert tensors["decoder.0.ffn.linear1.weight"].shape == (64, 32)
+
+
+def test_translate_arguments_and_standard_input_agree(report):
+    out, _ = report
+    checkpoint = out / "checkpoint.safetensors"
+    dates = ["Friday, 5 March 2021", "05/03/2021", "the fifth of March 2021"]
+    by_argument = mha("translate", "--checkpoint", checkpoint, *dates)
+    assert by_argument.returncode == 0, by_argument.stderr
+    lines = by_argument.stdout.splitlines()
+    assert len(lines) == 3
+    by_stdin = mha("translate", "--checkpoint", checkpoint, stdin="\n".join(dates) + "\n")
+    assert by_stdin.returncode == 0, by_stdin.stderr
+    assert by_stdin.stdout.splitlines() == lines
+    for line in lines:  # a short run need not be right; it writes at most 11 tokens (10 and <eos>)
+        assert re.fullmatch(r"[A-Za-z0-9 ,./'-]{0,11}", line), line
+
+
+def test_translate_without_a_checkpoint_says_how_to_make_one(tmp_path):
+    result = mha("translate", "--checkpoint", tmp_path / "none.safetensors", "5 March 2021")
+    assert result.returncode == 1
+    assert "no checkpoint at" in result.stderr and "mha demo" in result.stderr
+
+
+def test_translate_refuses_characters_outside_the_vocabulary(report):
+    out, _ = report
+    result = mha("translate", "--checkpoint", out / "checkpoint.safetensors", "5 March 2021", "5 März 2021")
+    assert result.returncode == 1 and result.stdout == ""
+    assert "input 2" in result.stderr and "not in the vocabulary" in result.stderr
+    result = mha("translate", "--checkpoint", out / "checkpoint.safetensors", stdin="5 March 2021\n\n")
+    assert result.returncode == 1 and "line 2 is empty" in result.stderr
+
+
+def test_translate_refuses_a_file_that_is_not_a_checkpoint(tmp_path):
+    import numpy as np
+    from mha import write_safetensors
+    path = tmp_path / "other.safetensors"
+    write_safetensors(str(path), {"x": np.ones(3, np.float32)})
+    result = mha("translate", "--checkpoint", path, "5 March 2021")
+    assert result.returncode == 1 and "not a date-task Transformer checkpoint" in result.stderr
+
+
+def test_demo_rejects_heads_that_do_not_divide_d_model():
+    result = mha("demo", "--d-model", "30", "--heads", "4", "--steps", "1")
+    assert result.returncode == 1 and "--d-model 30 is not a multiple of --heads 4" in result.stderr

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <cstring>
 #include <limits>
 
 #include "attention/attention_core.hpp"
@@ -232,18 +234,27 @@ void pad_masks_for_extra_keys(KernelMasks& m, std::int64_t B, std::int64_t h, st
   }
 }
 
-// Projects the rows of x ([B*T, width], laid out as `rows` says) with weight w [N, width] and bias into
-// y. extra == 0: y is [B*T, N] in x's row order. extra > 0: y is [B, T + extra, N] (batch-first), the
-// appended positions left for the caller.
+// Projects the rows of x ([B*T, width], contiguous, laid out as `rows` says) with weight w [N, width]
+// and bias into y, batch by batch: position t of batch b goes to row b * y_batch_rows + t of y [*, N].
+template <class T>
+void project_per_batch(const TensorView& x, RowLayout rows, std::int64_t B, std::int64_t positions, const T* w,
+                       std::int64_t N, const T* bias, T* y, std::int64_t y_batch_rows) {
+  const std::int64_t width = x.shape().back();
+  const T* xp = x.data_as<T>();
+  for (std::int64_t b = 0; b < B; ++b)
+    detail::linear_forward(xp + b * rows.batch * width, rows.position * width, positions, width, w, N, bias,
+                           y + b * y_batch_rows * N, N);
+}
+
+// Projects the rows of x ([B*T, width], contiguous, laid out as `rows` says) with weight w [N, width]
+// and bias into y. extra == 0: y is [B*T, N] in x's row order. extra > 0: y is [B, T + extra, N]
+// (batch-first), the appended positions left for the caller.
 template <class T>
 void project(const TensorView& x, RowLayout rows, std::int64_t B, std::int64_t positions, std::int64_t extra,
              const T* w, std::int64_t N, const T* bias, Tensor& y) {
   const std::int64_t width = x.shape().back();
-  const T* xp = x.data_as<T>();
-  if (extra == 0) return detail::linear_forward(xp, width, B * positions, width, w, N, bias, y.data_as<T>(), N);
-  for (std::int64_t b = 0; b < B; ++b)
-    detail::linear_forward(xp + b * rows.batch * width, rows.position * width, positions, width, w, N, bias,
-                           y.data_as<T>() + b * (positions + extra) * N, N);
+  if (extra == 0) return detail::linear_forward(x.data_as<T>(), width, B * positions, width, w, N, bias, y.data_as<T>(), N);
+  project_per_batch(x, rows, B, positions, w, N, bias, y.data_as<T>(), positions + extra);
 }
 
 // The inverse of project(): given dy (shaped as project's y), accumulates nothing and writes
@@ -341,46 +352,76 @@ HeadViews head_views(const detail::SavedForward& f, const MultiHeadAttentionConf
   return v;
 }
 
-}  // namespace
+// ---- shared by forward() and the cached decoding ------------------------------------------------
 
-MultiHeadAttentionOutput MultiHeadAttention::forward(const TensorView& query, const TensorView& key,
-                                                     const TensorView& value, const MultiHeadAttentionInputs& in) {
-  const auto& c = config_;
-  const std::int64_t E = c.d_model, h = c.num_heads, qk = h * c.d_k, vw = h * c.d_v;
-  const char* batched_layout = c.batch_first ? "[B, L, E] (batch_first)" : "[L, B, E] (sequence first)";
+std::int64_t extra_positions(const MultiHeadAttentionConfig& c) {
+  return (c.add_bias_kv ? 1 : 0) + (c.add_zero_attn ? 1 : 0);
+}
 
-  // ---- validate the inputs --------------------------------------------------------------------
-  if (query.rank() != 2 && query.rank() != 3)
-    fail(std::string("query: expected rank 3 ") + batched_layout + " or rank 2 [L, E] (unbatched), got rank " +
-         str(query.rank()) + " " + shape_str(query.shape()));
-  for (auto [t, name] : {std::pair{&query, "query"}, std::pair{&key, "key"}, std::pair{&value, "value"}}) {
-    if (t->dtype() != c.dtype)
-      fail(std::string(name) + ": expected " + dtype_name(c.dtype) + " (the layer's dtype), got " +
-           dtype_name(t->dtype()) + " " + shape_str(t->shape()));
-    if (t->rank() != query.rank())
-      fail(std::string(name) + ": expected rank " + str(query.rank()) + " like query " + shape_str(query.shape()) +
-           ", got rank " + str(t->rank()) + " " + shape_str(t->shape()));
-  }
-  const bool batched = query.rank() == 3;
-  const bool seq_first = batched && !c.batch_first;
-  const int batch_dim = seq_first ? 1 : 0, pos_dim = batched && c.batch_first ? 1 : (seq_first ? 0 : 0);
-  const std::int64_t B = batched ? query.size(batch_dim) : 1;
-  const std::int64_t L = query.size(batched ? pos_dim : 0), S = key.size(batched ? pos_dim : 0);
-  for (auto [t, name, width, width_name] :
-       {std::tuple{&query, "query", E, "d_model"}, std::tuple{&key, "key", c.kdim, "kdim"},
-        std::tuple{&value, "value", c.vdim, "vdim"}}) {
-    if (t->shape().back() != width)
-      fail(std::string(name) + ": expected last dimension " + width_name + " = " + str(width) + ", got shape " +
-           shape_str(t->shape()));
-    if (batched && t->size(batch_dim) != B)
-      fail(std::string(name) + ": expected batch size " + str(B) + " like query " + shape_str(query.shape()) +
-           ", got shape " + shape_str(t->shape()));
-  }
-  if (value.size(batched ? pos_dim : 0) != S)
-    fail("value: expected " + str(S) + " positions like key " + shape_str(key.shape()) + ", got shape " +
-         shape_str(value.shape()));
+// Where the batch and position dimensions of an input lie in the layer's layout: rank 3 is batched
+// ([B, T, *] batch_first, else [T, B, *]), rank 2 unbatched [T, *] with B = 1.
+struct InputDims {
+  bool batched, seq_first;
+  int batch_dim, pos_dim;
 
-  // ---- masks, in kernel terms [B, h, L, S] ----------------------------------------------------
+  InputDims(const MultiHeadAttentionConfig& c, std::int64_t rank)
+      : batched(rank == 3), seq_first(batched && !c.batch_first), batch_dim(seq_first ? 1 : 0),
+        pos_dim(batched && c.batch_first ? 1 : 0) {}
+  std::int64_t batch(const TensorView& t) const { return batched ? t.size(batch_dim) : 1; }
+  std::int64_t positions(const TensorView& t) const { return t.size(pos_dim); }
+  RowLayout rows(std::int64_t B, std::int64_t T) const { return seq_first ? RowLayout{1, B} : RowLayout{T, 1}; }
+};
+
+// Throws unless t has rank 3 (batched) or 2 (unbatched); `positions` and `width` name its dimensions
+// in the message ("L", "E").
+void check_input_rank(const TensorView& t, const char* name, bool batch_first, const std::string& positions,
+                      const std::string& width) {
+  if (t.rank() == 2 || t.rank() == 3) return;
+  const std::string layout = batch_first ? "[B, " + positions + ", " + width + "] (batch_first)"
+                                         : "[" + positions + ", B, " + width + "] (sequence first)";
+  fail(std::string(name) + ": expected rank 3 " + layout + " or rank 2 [" + positions + ", " + width +
+       "] (unbatched), got rank " + str(t.rank()) + " " + shape_str(t.shape()));
+}
+
+void check_dtype(const TensorView& t, const char* name, DType dtype) {
+  if (t.dtype() != dtype)
+    fail(std::string(name) + ": expected " + dtype_name(dtype) + " (the layer's dtype), got " +
+         dtype_name(t.dtype()) + " " + shape_str(t.shape()));
+}
+
+void check_width(const TensorView& t, const char* name, std::int64_t width, const char* width_name) {
+  if (t.shape().back() != width)
+    fail(std::string(name) + ": expected last dimension " + width_name + " = " + str(width) + ", got shape " +
+         shape_str(t.shape()));
+}
+
+// Throws unless t has the rank of `like`.
+void check_same_rank(const TensorView& t, const char* name, const TensorView& like, const char* like_name) {
+  if (t.rank() != like.rank())
+    fail(std::string(name) + ": expected rank " + str(like.rank()) + " like " + like_name + " " +
+         shape_str(like.shape()) + ", got rank " + str(t.rank()) + " " + shape_str(t.shape()));
+}
+
+// Throws unless batched t has batch size B, that of `like`.
+void check_same_batch(const TensorView& t, const char* name, const InputDims& dims, std::int64_t B,
+                      const TensorView& like, const char* like_name) {
+  if (dims.batched && t.size(dims.batch_dim) != B)
+    fail(std::string(name) + ": expected batch size " + str(B) + " like " + like_name + " " +
+         shape_str(like.shape()) + ", got shape " + shape_str(t.shape()));
+}
+
+// x when contiguous, else a contiguous copy held in `storage` (the GEMMs read plain [rows, width]).
+TensorView contiguous_view(const TensorView& x, Tensor& storage) {
+  if (x.is_contiguous()) return x;
+  storage = Tensor::copy_of(x);
+  return storage.view();
+}
+
+// The user's masks over S keys in kernel terms, [B, h, L, S'] with S' = S + the extra positions:
+// validated, a float attn_mask of the other float dtype converted, padded for the extra positions.
+KernelMasks kernel_masks(const MultiHeadAttentionInputs& in, const MultiHeadAttentionConfig& c, bool batched,
+                         std::int64_t B, std::int64_t L, std::int64_t S) {
+  const std::int64_t h = c.num_heads;
   KernelMasks masks;
   AttentionOptions& o = masks.options;
   o.causal = in.causal;
@@ -405,13 +446,100 @@ MultiHeadAttentionOutput MultiHeadAttention::forward(const TensorView& query, co
     }
   }
   detail::validate_attention_masks(o, c.dtype, B, h, L, S);
-
-  const std::int64_t extra = (c.add_bias_kv ? 1 : 0) + (c.add_zero_attn ? 1 : 0);
-  const std::int64_t S2 = S + extra;
-  if (extra) {
+  if (const std::int64_t extra = extra_positions(c)) {
     if (c.dtype == DType::Float64) pad_masks_for_extra_keys<double>(masks, B, h, L, S, extra);
     else pad_masks_for_extra_keys<float>(masks, B, h, L, S, extra);
   }
+  return masks;
+}
+
+// Writes the extra key / value positions after the S keys of each batch: bias_k / bias_v at position S
+// (add_bias_kv), then a zero position (add_zero_attn). k: [B, batch_rows, h*d_k], v: [B, batch_rows,
+// h*d_v], row b * batch_rows + t for position t of batch b; batch_rows >= S + extra.
+template <class T>
+void write_extra_positions(const MultiHeadAttention& layer, T* k, T* v, std::int64_t B, std::int64_t batch_rows,
+                           std::int64_t S) {
+  const auto& c = layer.config();
+  const std::int64_t qk = c.num_heads * c.d_k, vw = c.num_heads * c.d_v;
+  for (std::int64_t b = 0; b < B; ++b) {
+    std::int64_t row = b * batch_rows + S;
+    if (c.add_bias_kv) {
+      std::copy_n(layer.parameter("bias_k").data_as<T>(), qk, k + row * qk);
+      std::copy_n(layer.parameter("bias_v").data_as<T>(), vw, v + row * vw);
+      ++row;
+    }
+    if (c.add_zero_attn) {
+      std::fill_n(k + row * qk, qk, T(0));
+      std::fill_n(v + row * vw, vw, T(0));
+    }
+  }
+}
+
+// The weights as forward returns them, from the kernel's per-head [B, h, L, S']: averaged over the
+// heads to [B, L, S'] when `average`, without the batch dimension (of 1) when the input was unbatched.
+template <class T>
+Tensor output_weights(Tensor per_head, bool average, bool batched) {
+  Tensor weights = std::move(per_head);
+  if (average) {  // mean over heads: [B, h, L, S'] -> [B, L, S']
+    const std::int64_t B = weights.size(0), h = weights.size(1), L = weights.size(2), S2 = weights.size(3);
+    Tensor mean(weights.dtype(), {B, L, S2});
+    const T* p = weights.data_as<T>();
+    T* m = mean.data_as<T>();
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t i = 0; i < L * S2; ++i) {
+        T sum = 0;
+        for (std::int64_t head = 0; head < h; ++head) sum += p[(b * h + head) * L * S2 + i];
+        m[b * L * S2 + i] = sum / static_cast<T>(h);
+      }
+    weights = std::move(mean);
+  }
+  if (!batched) {  // drop the batch dimension of 1
+    Shape s(weights.shape().begin() + 1, weights.shape().end());
+    weights = std::move(weights).reshaped(s);
+  }
+  return weights;
+}
+
+// The second half of forward: attends per head, writing heads.context into `context` [rows of query,
+// h*d_v] (the concatenated heads), then projects back, out [rows of query, E] = context W_o^T + b_o.
+// weights ([B, h, L, S']) and lse ([B, h, L]) are filled when the options ask for them.
+template <class T>
+void attend_and_project_out(const HeadViews& heads, const AttentionOptions& o, const ProjectionWeights<T>& w,
+                            Tensor& context, Tensor& out, Tensor& weights, Tensor& lse) {
+  const std::int64_t rows = context.size(0), vw = context.size(1), E = out.shape().back();
+  detail::run_attention(heads.q, heads.k, heads.v, o, context.data(), heads.context_strides, weights, lse);
+  detail::linear_forward(context.data_as<T>(), vw, rows, vw, w.out, E, w.out_bias, out.data_as<T>(), E);
+}
+
+}  // namespace
+
+MultiHeadAttentionOutput MultiHeadAttention::forward(const TensorView& query, const TensorView& key,
+                                                     const TensorView& value, const MultiHeadAttentionInputs& in) {
+  const auto& c = config_;
+  const std::int64_t E = c.d_model, qk = c.num_heads * c.d_k, vw = c.num_heads * c.d_v;
+
+  // ---- validate the inputs --------------------------------------------------------------------
+  check_input_rank(query, "query", c.batch_first, "L", "E");
+  for (auto [t, name] : {std::pair{&query, "query"}, std::pair{&key, "key"}, std::pair{&value, "value"}}) {
+    check_dtype(*t, name, c.dtype);
+    check_same_rank(*t, name, query, "query");
+  }
+  const InputDims dims(c, query.rank());
+  const std::int64_t B = dims.batch(query), L = dims.positions(query), S = dims.positions(key);
+  for (auto [t, name, width, width_name] :
+       {std::tuple{&query, "query", E, "d_model"}, std::tuple{&key, "key", c.kdim, "kdim"},
+        std::tuple{&value, "value", c.vdim, "vdim"}}) {
+    check_width(*t, name, width, width_name);
+    check_same_batch(*t, name, dims, B, query, "query");
+  }
+  if (dims.positions(value) != S)
+    fail("value: expected " + str(S) + " positions like key " + shape_str(key.shape()) + ", got shape " +
+         shape_str(value.shape()));
+
+  // ---- masks, in kernel terms [B, h, L, S'] ---------------------------------------------------
+  KernelMasks masks = kernel_masks(in, c, dims.batched, B, L, S);
+  AttentionOptions& o = masks.options;
+  const std::int64_t extra = extra_positions(c), S2 = S + extra;
   o.need_weights = in.need_weights;
   o.kernel = kernel_;
   if (training_ && c.dropout > 0) {
@@ -423,17 +551,18 @@ MultiHeadAttentionOutput MultiHeadAttention::forward(const TensorView& query, co
   auto saved = std::make_shared<detail::SavedForward>();
   detail::SavedForward& f = *saved;
   f.B = B, f.L = L, f.S = S, f.extra = extra;
-  f.q_rows = seq_first ? RowLayout{1, B} : RowLayout{L, 1};
-  f.kv_input_rows = seq_first ? RowLayout{1, B} : RowLayout{S, 1};
+  f.q_rows = dims.rows(B, L);
+  f.kv_input_rows = dims.rows(B, S);
   f.kv_rows = extra ? RowLayout{S2, 1} : f.kv_input_rows;
   // Inputs with gaps between rows are copied once so the GEMMs read plain [rows, width] matrices;
   // training mode keeps its own copies for the backward.
   const TensorView* inputs[3] = {&query, &key, &value};
   for (int i = 0; i < 3; ++i) {
-    f.x_view[i] = *inputs[i];
-    if (training_ || !inputs[i]->is_contiguous()) {
+    if (training_) {
       f.x[i] = Tensor::copy_of(*inputs[i]);
       f.x_view[i] = f.x[i].view();
+    } else {
+      f.x_view[i] = contiguous_view(*inputs[i], f.x[i]);
     }
   }
   f.q_proj = Tensor(c.dtype, {B * L, qk});   // [rows of query, h*d_k]
@@ -445,45 +574,20 @@ MultiHeadAttentionOutput MultiHeadAttention::forward(const TensorView& query, co
   out_shape.back() = E;
   MultiHeadAttentionOutput result;
   result.out = Tensor(c.dtype, out_shape);
-  Tensor weights;
 
   auto run = [&]<class T>(T) {
     const ProjectionWeights<T> w = projection_weights<T>(*this);
     project<T>(f.x_view[0], f.q_rows, B, L, 0, w.q, qk, w.q_bias, f.q_proj);
     project<T>(f.x_view[1], f.kv_input_rows, B, S, extra, w.k, qk, w.k_bias, f.k_proj);
     project<T>(f.x_view[2], f.kv_input_rows, B, S, extra, w.v, vw, w.v_bias, f.v_proj);
-    if (c.add_bias_kv) {  // position S of every batch: bias_k, bias_v (a zero position may follow)
-      for (std::int64_t b = 0; b < B; ++b) {
-        std::copy_n(parameter("bias_k").data_as<T>(), qk, f.k_proj.data_as<T>() + (b * S2 + S) * qk);
-        std::copy_n(parameter("bias_v").data_as<T>(), vw, f.v_proj.data_as<T>() + (b * S2 + S) * vw);
-      }
-    }
-    const HeadViews heads = head_views(f, c);
-    detail::run_attention(heads.q, heads.k, heads.v, o, f.context.data(), heads.context_strides, weights, f.lse);
-    detail::linear_forward(f.context.data_as<T>(), vw, B * L, vw, w.out, E, w.out_bias, result.out.data_as<T>(), E);
-    if (in.need_weights && in.average_attn_weights) {  // mean over heads: [B, h, L, S'] -> [B, L, S']
-      Tensor mean(c.dtype, {B, L, S2});
-      const T* per_head = weights.data_as<T>();
-      T* m = mean.data_as<T>();
-      for (std::int64_t b = 0; b < B; ++b)
-        for (std::int64_t i = 0; i < L * S2; ++i) {
-          T sum = 0;
-          for (std::int64_t head = 0; head < h; ++head) sum += per_head[(b * h + head) * L * S2 + i];
-          m[b * L * S2 + i] = sum / static_cast<T>(h);
-        }
-      weights = std::move(mean);
-    }
+    if (extra) write_extra_positions<T>(*this, f.k_proj.data_as<T>(), f.v_proj.data_as<T>(), B, S2, S);
+    Tensor weights;
+    attend_and_project_out<T>(head_views(f, c), o, w, f.context, result.out, weights, f.lse);
+    if (in.need_weights) result.weights = output_weights<T>(std::move(weights), in.average_attn_weights, dims.batched);
   };
   if (c.dtype == DType::Float64) run(double{});
   else run(float{});
 
-  if (in.need_weights) {
-    if (!batched) {  // drop the batch dimension of 1
-      Shape s(weights.shape().begin() + 1, weights.shape().end());
-      weights = std::move(weights).reshaped(s);
-    }
-    result.weights = std::move(weights);
-  }
   if (training_) {
     f.masks = std::move(masks);
     f.masks.own_views();
@@ -556,6 +660,169 @@ MultiHeadAttentionGradients MultiHeadAttention::backward(const TensorView& dout)
   if (c.dtype == DType::Float64) run(double{});
   else run(float{});
   return g;
+}
+
+// ---- incremental decoding -----------------------------------------------------------------------
+
+namespace {
+
+// The first append allocates room for at least this many positions, so that short decodes do not
+// regrow at every step; beyond it the capacity doubles.
+constexpr std::int64_t kMinCacheCapacity = 16;
+
+// "h = 2, d_k = 4, d_v = 4, float64, add_bias_kv": what a cache and its layer must agree on.
+std::string cache_signature(std::int64_t h, std::int64_t d_k, std::int64_t d_v, DType dtype, bool add_bias_kv,
+                            bool add_zero_attn) {
+  return "h = " + str(h) + ", d_k = " + str(d_k) + ", d_v = " + str(d_v) + ", " + dtype_name(dtype) +
+         (add_bias_kv ? ", add_bias_kv" : "") + (add_zero_attn ? ", add_zero_attn" : "");
+}
+
+}  // namespace
+
+void KeyValueCache::reserve(std::int64_t positions) {
+  if (positions <= capacity_) return;
+  const std::int64_t capacity = std::max({positions, 2 * capacity_, kMinCacheCapacity});
+  const std::int64_t qk = num_heads_ * d_k_, vw = num_heads_ * d_v_;
+  Tensor keys(dtype_, {batch_, capacity, qk}), values(dtype_, {batch_, capacity, vw});
+  if (length_ > 0) {  // copy the rows held, batch by batch (the extra positions are rewritten by append)
+    const std::size_t elem = dtype_size(dtype_);
+    for (auto [to, from, width] : {std::tuple{&keys, &keys_, qk}, std::tuple{&values, &values_, vw}}) {
+      const std::size_t old_batch = static_cast<std::size_t>(capacity_ * width) * elem;
+      const std::size_t new_batch = static_cast<std::size_t>(capacity * width) * elem;
+      for (std::int64_t b = 0; b < batch_; ++b)
+        std::memcpy(static_cast<std::byte*>(to->data()) + static_cast<std::size_t>(b) * new_batch,
+                    static_cast<const std::byte*>(from->data()) + static_cast<std::size_t>(b) * old_batch,
+                    static_cast<std::size_t>(length_ * width) * elem);
+    }
+  }
+  keys_ = std::move(keys);
+  values_ = std::move(values);
+  capacity_ = capacity;
+}
+
+void MultiHeadAttention::check_cache_layer(const KeyValueCache& cache) const {
+  const auto& c = config_;
+  if (cache.num_heads_ != c.num_heads || cache.d_k_ != c.d_k || cache.d_v_ != c.d_v || cache.dtype_ != c.dtype ||
+      cache.add_bias_kv_ != c.add_bias_kv || cache.add_zero_attn_ != c.add_zero_attn)
+    fail("cache: filled by a layer with " +
+         cache_signature(cache.num_heads_, cache.d_k_, cache.d_v_, cache.dtype_, cache.add_bias_kv_,
+                         cache.add_zero_attn_) +
+         ", but this layer has " + cache_signature(c.num_heads, c.d_k, c.d_v, c.dtype, c.add_bias_kv, c.add_zero_attn) +
+         "; use one cache per layer");
+  if (c.add_bias_kv && cache.length_ > 0) {  // position `length` of batch 0 holds the appending layer's bias_k / bias_v
+    const std::size_t elem = dtype_size(c.dtype);
+    const std::size_t qk = static_cast<std::size_t>(c.num_heads * c.d_k), vw = static_cast<std::size_t>(c.num_heads * c.d_v);
+    const auto* k_row = static_cast<const std::byte*>(cache.keys_.data()) + static_cast<std::size_t>(cache.length_) * qk * elem;
+    const auto* v_row = static_cast<const std::byte*>(cache.values_.data()) + static_cast<std::size_t>(cache.length_) * vw * elem;
+    if (std::memcmp(k_row, parameter("bias_k").data(), qk * elem) != 0 ||
+        std::memcmp(v_row, parameter("bias_v").data(), vw * elem) != 0)
+      fail("cache: its bias_k / bias_v differ from this layer's: it was filled by another layer, or the "
+           "parameters changed since its last append");
+  }
+}
+
+void MultiHeadAttention::append_to_cache(KeyValueCache& cache, const TensorView& key, const TensorView& value) const {
+  const auto& c = config_;
+  const std::int64_t h = c.num_heads, qk = h * c.d_k, vw = h * c.d_v;
+
+  // ---- validate (nothing changes before this is done) ------------------------------------------
+  check_input_rank(key, "key", c.batch_first, "S_new", "kdim");
+  check_dtype(key, "key", c.dtype);
+  check_dtype(value, "value", c.dtype);
+  check_same_rank(value, "value", key, "key");
+  const InputDims dims(c, key.rank());
+  const std::int64_t B = dims.batch(key), S_new = dims.positions(key);
+  check_width(key, "key", c.kdim, "kdim");
+  check_width(value, "value", c.vdim, "vdim");
+  check_same_batch(value, "value", dims, B, key, "key");
+  if (dims.positions(value) != S_new)
+    fail("value: expected " + str(S_new) + " positions like key " + shape_str(key.shape()) + ", got shape " +
+         shape_str(value.shape()));
+  if (S_new < 1) fail("key: expected at least one position to append, got shape " + shape_str(key.shape()));
+  if (cache.length_ > 0) {
+    check_cache_layer(cache);
+    if (B != cache.batch_)
+      fail("key: expected batch size " + str(cache.batch_) + " like the cache's (cache.batch()), got shape " +
+           shape_str(key.shape()));
+  } else {  // an empty cache (new or cleared) starts over with this layer and batch size
+    const bool storage_fits = cache.batch_ == B && cache.dtype_ == c.dtype && cache.num_heads_ * cache.d_k_ == qk &&
+                              cache.num_heads_ * cache.d_v_ == vw;
+    if (!storage_fits) cache = KeyValueCache{};
+    cache.batch_ = B, cache.num_heads_ = h, cache.d_k_ = c.d_k, cache.d_v_ = c.d_v, cache.dtype_ = c.dtype;
+    cache.add_bias_kv_ = c.add_bias_kv, cache.add_zero_attn_ = c.add_zero_attn;
+  }
+
+  // ---- project into rows [length, length + S_new) of every batch, then the extra positions -------
+  const std::int64_t S0 = cache.length_, S1 = S0 + S_new;
+  cache.reserve(S1 + extra_positions(c));
+  Tensor copies[2];
+  const TensorView k_in = contiguous_view(key, copies[0]), v_in = contiguous_view(value, copies[1]);
+  const RowLayout rows = dims.rows(B, S_new);
+  auto run = [&]<class T>(T) {
+    const ProjectionWeights<T> w = projection_weights<T>(*this);
+    T* keys = cache.keys_.data_as<T>();      // [B, capacity, h*d_k]
+    T* values = cache.values_.data_as<T>();  // [B, capacity, h*d_v]
+    project_per_batch<T>(k_in, rows, B, S_new, w.k, qk, w.k_bias, keys + S0 * qk, cache.capacity_);
+    project_per_batch<T>(v_in, rows, B, S_new, w.v, vw, w.v_bias, values + S0 * vw, cache.capacity_);
+    write_extra_positions<T>(*this, keys, values, B, cache.capacity_, S1);
+  };
+  if (c.dtype == DType::Float64) run(double{});
+  else run(float{});
+  cache.length_ = S1;
+}
+
+MultiHeadAttentionOutput MultiHeadAttention::forward_cached(const TensorView& query, const KeyValueCache& cache,
+                                                            const MultiHeadAttentionInputs& in) const {
+  const auto& c = config_;
+  const std::int64_t E = c.d_model, h = c.num_heads, qk = h * c.d_k, vw = h * c.d_v;
+
+  // ---- validate the inputs --------------------------------------------------------------------
+  if (cache.length_ == 0)
+    fail("cache: empty (length 0); append_to_cache() the keys and values of at least one position first");
+  check_cache_layer(cache);
+  check_input_rank(query, "query", c.batch_first, "L_new", "E");
+  check_dtype(query, "query", c.dtype);
+  check_width(query, "query", E, "d_model");
+  const InputDims dims(c, query.rank());
+  const std::int64_t B = dims.batch(query), L = dims.positions(query), S = cache.length_;
+  const std::int64_t S2 = S + extra_positions(c);
+  if (B != cache.batch_)
+    fail("query: expected batch size " + str(cache.batch_) + " like the cache's (cache.batch()), got shape " +
+         shape_str(query.shape()));
+
+  // ---- masks over the cache's S positions, in kernel terms [B, h, L, S'] ----------------------
+  KernelMasks masks = kernel_masks(in, c, dims.batched, B, L, S);
+  AttentionOptions& o = masks.options;
+  o.need_weights = in.need_weights;
+  o.kernel = kernel_;  // evaluation mode: no dropout, no log-sum-exps
+
+  // ---- project the queries, attend to the cache in place, project back -------------------------
+  Tensor query_copy;
+  const TensorView q_in = contiguous_view(query, query_copy);
+  const RowLayout q_rows = dims.rows(B, L), cache_rows{cache.capacity_, 1};
+  Tensor q_proj(c.dtype, {B * L, qk});    // [rows of query, h*d_k]
+  Tensor context(c.dtype, {B * L, vw});   // [rows of query, h*d_v]: the concatenated heads
+  Shape out_shape = query.shape();
+  out_shape.back() = E;
+  MultiHeadAttentionOutput result;
+  result.out = Tensor(c.dtype, out_shape);
+
+  auto run = [&]<class T>(T) {
+    const ProjectionWeights<T> w = projection_weights<T>(*this);
+    project<T>(q_in, q_rows, B, L, 0, w.q, qk, w.q_bias, q_proj);
+    HeadViews heads;
+    heads.q = heads_view(q_proj, B, h, L, c.d_k, q_rows);                 // [B, h, L, d_k]
+    heads.k = heads_view(cache.keys_, B, h, S2, c.d_k, cache_rows);       // [B, h, S', d_k]
+    heads.v = heads_view(cache.values_, B, h, S2, c.d_v, cache_rows);     // [B, h, S', d_v]
+    heads.context = heads_view(context, B, h, L, c.d_v, q_rows);          // [B, h, L, d_v]
+    heads.context_strides = heads.context.strides();
+    Tensor weights, lse;
+    attend_and_project_out<T>(heads, o, w, context, result.out, weights, lse);
+    if (in.need_weights) result.weights = output_weights<T>(std::move(weights), in.average_attn_weights, dims.batched);
+  };
+  if (c.dtype == DType::Float64) run(double{});
+  else run(float{});
+  return result;
 }
 
 }  // namespace mha

@@ -69,9 +69,55 @@ namespace detail {
 struct SavedForward;  // what a training-mode forward keeps for backward()
 }
 
+class MultiHeadAttention;
+
+// The projected keys and values of the positions seen so far, for incremental (autoregressive)
+// decoding with one MultiHeadAttention layer: append the new positions' keys and values
+// (MultiHeadAttention::append_to_cache), then attend for the new queries only
+// (MultiHeadAttention::forward_cached). O(length) attention work per new query instead of
+// recomputing everything.
+//
+// Storage: projected keys [B, capacity, h*d_k] and values [B, capacity, h*d_v] in the layer's dtype,
+// position t of batch b in row b*capacity + t. Capacity grows geometrically (doubling; old rows are
+// copied), so appending costs amortised O(1) rows per position. With add_bias_kv / add_zero_attn the
+// rows just after the last position hold bias_k/bias_v and the zero position, rewritten by every
+// append, so that the attention reads [B, length + extra] keys in place.
+//
+// A cache belongs to one layer (use one per layer and per decoding stream): it records the layer's h,
+// d_k, d_v, dtype, add_bias_kv and add_zero_attn, and the calls throw mha::Error when another layer's
+// differ (a layer with the same widths cannot be told apart, except by its bias_k / bias_v). Not
+// thread-safe: an append must not overlap another call on the same cache. Move-only, like Tensor.
+class KeyValueCache {
+ public:
+  KeyValueCache() = default;  // empty; the first append fixes the batch size
+
+  std::int64_t batch() const { return batch_; }        // B (0 before the first append)
+  std::int64_t length() const { return length_; }      // positions held (S so far)
+  std::int64_t capacity() const { return capacity_; }  // positions the storage holds before it grows
+  // Length 0, keeps the storage (and batch() until the next append). The next append starts over:
+  // it may bring another batch size or layer, and then allocates anew.
+  void clear() { length_ = 0; }
+
+ private:
+  friend class MultiHeadAttention;
+
+  // Makes room for `positions` rows per batch, copying the rows held; capacity at least doubles.
+  void reserve(std::int64_t positions);
+
+  Tensor keys_;    // [B, capacity, h*d_k]: projected keys, then the layer's extra positions
+  Tensor values_;  // [B, capacity, h*d_v]: projected values, likewise
+  std::int64_t batch_ = 0, length_ = 0, capacity_ = 0;
+  // The layer that appended: per-head widths, dtype and the positions it appends after the keys.
+  std::int64_t num_heads_ = 0, d_k_ = 0, d_v_ = 0;
+  DType dtype_ = DType::Float32;
+  bool add_bias_kv_ = false, add_zero_attn_ = false;
+};
+
 // Thread safety: forward() and backward() change the layer's state (the dropout counter, what a
 // training-mode forward keeps), so calls on one layer must not overlap; separate layers are
-// independent. Each call uses the library's OpenMP threads (set_num_threads) internally.
+// independent. append_to_cache() and forward_cached() are const: calls with different caches may
+// overlap each other on one layer, but not a forward(), backward() or parameter change. Each call uses
+// the library's OpenMP threads (set_num_threads) internally.
 class MultiHeadAttention {
  public:
   // Validates the config and initialises the parameters as PyTorch does, from `seed`:
@@ -115,8 +161,34 @@ class MultiHeadAttention {
   // Throws mha::Error when there is no training-mode forward, or dout has the wrong shape or dtype.
   MultiHeadAttentionGradients backward(const TensorView& dout);
 
+  // ---- incremental decoding (see KeyValueCache) ------------------------------------------------
+  // Projects key [B, S_new, kdim] and value [B, S_new, vdim] (the layer's layout: batch_first, or
+  // [S_new, B, *] when not batch_first, or unbatched [S_new, kdim] with B = 1) with k_proj / v_proj
+  // (+ bias) and appends them to `cache`; S_new >= 1. With add_bias_kv / add_zero_attn it also writes
+  // bias_k / bias_v and the zero position after the new last position. Throws mha::Error on a batch
+  // different from the cache's (unless the cache is empty), wrong ranks, widths or dtype, or a cache
+  // filled by a layer with other h, d_k, d_v, dtype, add_bias_kv or add_zero_attn.
+  void append_to_cache(KeyValueCache& cache, const TensorView& key, const TensorView& value) const;
+
+  // Attends query [B, L_new, E] (layout as forward) to every position in `cache` and applies out_proj:
+  // exactly forward(query, K_all, V_all, inputs) in evaluation mode, where K_all / V_all are all the
+  // keys / values appended so far (S = cache.length()). inputs.causal is bottom-right aligned (query i
+  // of the L_new sees cache positions j <= length - L_new + i), so appending a step's key / value and
+  // then attending with causal = true (or false with L_new = 1) equals causal full recomputation.
+  // inputs.key_padding_mask [B, length] ([length] unbatched) and inputs.key_lengths (B values) refer
+  // to cache positions; attn_mask [L_new, length] or [B*h, L_new, length]; need_weights /
+  // average_attn_weights as in forward (weights [B, L_new, length + extra] or per head). The
+  // add_bias_kv / add_zero_attn positions come after the cached ones and every query sees them, as in
+  // forward; a layer with add_bias_kv must be the one that appended (its bias_k / bias_v are checked).
+  // Uses the layer's kernel; never applies dropout and keeps nothing for backward (whatever train()
+  // says). Throws mha::Error on an empty cache, a batch mismatch, a cache of another layer, bad masks.
+  MultiHeadAttentionOutput forward_cached(const TensorView& query, const KeyValueCache& cache,
+                                          const MultiHeadAttentionInputs& inputs = {}) const;
+
  private:
   Tensor& mutable_parameter(const std::string& name);
+  // Throws mha::Error unless `cache` was filled by a layer like this one (widths, dtype, extra positions).
+  void check_cache_layer(const KeyValueCache& cache) const;
 
   MultiHeadAttentionConfig config_;
   std::map<std::string, Tensor> parameters_;

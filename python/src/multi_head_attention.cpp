@@ -34,6 +34,27 @@ struct LockedModule {
 
 using Lock = std::lock_guard<std::mutex>;
 
+// The masks and flags of forward / forward_cached, with the arrays the masks view kept alive.
+struct HeldInputs {
+  std::optional<ArrayView> key_padding_mask, attn_mask;
+  MultiHeadAttentionInputs inputs;
+};
+
+HeldInputs inputs_of(py::handle key_padding_mask, py::handle attn_mask, std::vector<std::int64_t> key_lengths,
+                     bool is_causal, bool need_weights, bool average_attn_weights) {
+  HeldInputs held;
+  held.key_padding_mask = optional_view_of(key_padding_mask, "key_padding_mask", Accept::Mask);
+  held.attn_mask = optional_view_of(attn_mask, "attn_mask", Accept::Mask);
+  MultiHeadAttentionInputs& inputs = held.inputs;
+  if (held.key_padding_mask) inputs.key_padding_mask = held.key_padding_mask->view;
+  inputs.key_lengths = std::move(key_lengths);
+  if (held.attn_mask) inputs.attn_mask = held.attn_mask->view;
+  inputs.causal = is_causal;
+  inputs.need_weights = need_weights;
+  inputs.average_attn_weights = average_attn_weights;
+  return held;
+}
+
 // query [B, L, E] / [L, B, E] / [L, E], key [.., S, kdim], value [.., S, vdim].
 // Returns (out like query, weights or None).
 py::tuple forward(LockedModule& self, py::handle query, py::handle key, py::handle value,
@@ -42,23 +63,13 @@ py::tuple forward(LockedModule& self, py::handle query, py::handle key, py::hand
   const ArrayView query_view = view_of(query, "query", Accept::Float);
   const ArrayView key_view = view_of(key, "key", Accept::Float);
   const ArrayView value_view = view_of(value, "value", Accept::Float);
-  const std::optional<ArrayView> padding_view =
-      optional_view_of(key_padding_mask, "key_padding_mask", Accept::Mask);
-  const std::optional<ArrayView> mask_view = optional_view_of(attn_mask, "attn_mask", Accept::Mask);
-
-  MultiHeadAttentionInputs inputs;
-  if (padding_view) inputs.key_padding_mask = padding_view->view;
-  inputs.key_lengths = std::move(key_lengths);
-  if (mask_view) inputs.attn_mask = mask_view->view;
-  inputs.causal = is_causal;
-  inputs.need_weights = need_weights;
-  inputs.average_attn_weights = average_attn_weights;
-
+  const HeldInputs held =
+      inputs_of(key_padding_mask, attn_mask, std::move(key_lengths), is_causal, need_weights, average_attn_weights);
   MultiHeadAttentionOutput output;
   {
     py::gil_scoped_release release;
     const Lock lock(self.mutex);
-    output = self.module.forward(query_view.view, key_view.view, value_view.view, inputs);
+    output = self.module.forward(query_view.view, key_view.view, value_view.view, held.inputs);
   }
   return py::make_tuple(to_numpy(std::move(output.out)), to_numpy_or_none(std::move(output.weights)));
 }
@@ -82,6 +93,32 @@ py::tuple backward(LockedModule& self, py::handle dout) {
   }
   return py::make_tuple(to_numpy(std::move(grads.query)), to_numpy(std::move(grads.key)),
                         to_numpy(std::move(grads.value)), parameters);
+}
+
+// Projects key and value (the layout forward takes) and appends them to `cache`.
+void append_to_cache(LockedModule& self, KeyValueCache& cache, py::handle key, py::handle value) {
+  const ArrayView key_view = view_of(key, "key", Accept::Float);
+  const ArrayView value_view = view_of(value, "value", Accept::Float);
+  py::gil_scoped_release release;
+  const Lock lock(self.mutex);
+  self.module.append_to_cache(cache, key_view.view, value_view.view);
+}
+
+// query (the layout forward takes) attended to every position in `cache`, in evaluation mode; masks
+// refer to cache positions. Returns (out like query, weights or None).
+py::tuple forward_cached(LockedModule& self, py::handle query, const KeyValueCache& cache,
+                         py::handle key_padding_mask, py::handle attn_mask, std::vector<std::int64_t> key_lengths,
+                         bool is_causal, bool need_weights, bool average_attn_weights) {
+  const ArrayView query_view = view_of(query, "query", Accept::Float);
+  const HeldInputs held =
+      inputs_of(key_padding_mask, attn_mask, std::move(key_lengths), is_causal, need_weights, average_attn_weights);
+  MultiHeadAttentionOutput output;
+  {
+    py::gil_scoped_release release;
+    const Lock lock(self.mutex);
+    output = self.module.forward_cached(query_view.view, cache, held.inputs);
+  }
+  return py::make_tuple(to_numpy(std::move(output.out)), to_numpy_or_none(std::move(output.weights)));
 }
 
 // Loads a {name: array} dict; every value must be a float32 or float64 array-like.
@@ -135,6 +172,16 @@ void register_multi_head_attention(py::module_& m) {
       .def_readwrite("dropout", &Config::dropout)
       .def_readwrite("batch_first", &Config::batch_first)
       .def_readwrite("dtype", &Config::dtype);
+
+  // Not locked: one cache must not be used from two threads at once (one per decoding stream).
+  py::class_<KeyValueCache>(m, "KeyValueCache",
+                            "Projected keys and values of the positions seen so far, for incremental decoding")
+      .def(py::init<>())
+      .def_property_readonly("batch", &KeyValueCache::batch, "B (0 before the first append)")
+      .def_property_readonly("length", &KeyValueCache::length, "positions held")
+      .def_property_readonly("capacity", &KeyValueCache::capacity)
+      .def("clear", &KeyValueCache::clear, "Length 0, keeps the storage")
+      .def("__len__", &KeyValueCache::length);
 
   py::class_<LockedModule>(m, "MultiHeadAttention", "Multi-head attention with PyTorch's parameter names")
       .def(py::init<const Config&, std::uint64_t>(), py::arg("config"), py::arg("seed") = 0)
@@ -203,6 +250,13 @@ void register_multi_head_attention(py::module_& m) {
             mha::save_safetensors(self.module, path);
           },
           py::arg("path"), "Parameters under state_dict names, the config in __metadata__")
+      .def("append_to_cache", &append_to_cache, py::arg("cache"), py::arg("key"), py::arg("value"),
+           "Projects key and value and appends them to the cache")
+      .def("forward_cached", &forward_cached, py::arg("query"), py::arg("cache"), py::kw_only(),
+           py::arg("key_padding_mask") = py::none(), py::arg("attn_mask") = py::none(),
+           py::arg("key_lengths") = std::vector<std::int64_t>{}, py::arg("is_causal") = false,
+           py::arg("need_weights") = true, py::arg("average_attn_weights") = true,
+           "Attends query to every cached position (evaluation mode); returns (out like query, weights or None)")
       .def("backward", &backward, py::arg("dout"),
            "Gradients of the last training-mode forward: (d query, d key, d value, {name: d parameter})");
 }

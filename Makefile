@@ -5,7 +5,7 @@ BUILD       ?= build
 BUILD_ASAN  ?= build-asan
 JOBS        ?= $(shell nproc)
 PYTHON      ?= /usr/bin/python3
-DEMO_OUT    ?= $(BUILD)/demo
+DEMO_OUT    ?= mha-demo
 
 .PHONY: all deps build demo test test-cpp test-python test-asan test-fuzz test-install test-pip clean
 

@@ -100,10 +100,11 @@ struct ExampleMaps {
   std::vector<std::pair<std::string, std::vector<std::vector<MapFigure>>>> kinds;
 };
 
-// Labels of a token sequence for the axes.
+// Labels of a token sequence for the axes, one character each so they fit their cell: "^" is <bos>,
+// "_" a space.
 std::vector<std::string> labels(const std::vector<int>& ids, const tf::Vocabulary& vocab) {
   std::vector<std::string> out;
-  for (int id : ids) out.push_back(vocab.token_label(id));
+  for (int id : ids) out.push_back(id == tf::Vocabulary::kBos ? "^" : vocab.token_label(id));
   return out;
 }
 
@@ -263,9 +264,9 @@ void write_index(const std::filesystem::path& path, const DemoOptions& o, std::i
     html += "</table>\n";
   }
   html += "<h2>What the heads attend to</h2>\n<p>Each map shows one head: rows are the queries, columns the keys, "
-          "darker is more weight. Encoder maps relate source characters to each other; decoder rows are the "
-          "decoder's inputs (<code>&lt;bos&gt;</code> and the characters written so far: row t writes character "
-          "t + 1); encoder-decoder maps show where in the source each output character was read from.</p>\n";
+          "darker is more weight; <code>_</code> is a space and <code>^</code> the start token &lt;bos&gt;. Encoder "
+          "maps relate source characters to each other; decoder rows are the decoder's inputs (&lt;bos&gt; and the "
+          "characters written so far: the row labelled with character t is where character t + 1 is written); encoder-decoder maps show where in the source each output character was read from.</p>\n";
   for (const ExampleMaps& e : examples) {
     html += fmt::format("<h3>&ldquo;{}&rdquo; &rarr; {} ({})</h3>\n", xml_escape(e.source), xml_escape(e.predicted),
                         e.predicted == e.target ? "correct" : "expected " + e.target);

@@ -23,7 +23,7 @@ struct DemoOptions {
   double attention_dropout = 0.0;
   double label_smoothing = 0.1;
   std::int64_t warmup = 200;
-  double lr_factor = 2.0;
+  double lr_factor = 0.5;
   std::uint64_t seed = 1;
   std::int64_t eval_examples = 1000;  // held-out examples of the final accuracy
   std::int64_t eval_every = 200;      // steps between the learning curve's accuracy points

@@ -80,14 +80,17 @@ class SharedEmbedding {
 template <class T>
 void add_positional_encoding(Matrix<T>& x, std::int64_t positions, std::int64_t first_position = 0) {
   const std::int64_t d = x.cols;
-  for (std::int64_t r = 0; r < x.rows; ++r) {
-    const double pos = static_cast<double>(first_position + r % positions);
+  Matrix<T> pe(positions, d);  // one row per position, added to every sequence of the batch
+  for (std::int64_t t = 0; t < positions; ++t) {
+    const double pos = static_cast<double>(first_position + t);
     for (std::int64_t i = 0; 2 * i < d; ++i) {
       const double angle = pos / std::pow(10000.0, static_cast<double>(2 * i) / static_cast<double>(d));
-      x(r, 2 * i) += static_cast<T>(std::sin(angle));
-      if (2 * i + 1 < d) x(r, 2 * i + 1) += static_cast<T>(std::cos(angle));
+      pe(t, 2 * i) = static_cast<T>(std::sin(angle));
+      if (2 * i + 1 < d) pe(t, 2 * i + 1) = static_cast<T>(std::cos(angle));
     }
   }
+  for (std::int64_t r = 0; r < x.rows; ++r)
+    for (std::int64_t j = 0; j < d; ++j) x(r, j) += pe(r % positions, j);
 }
 
 }  // namespace transformer

@@ -1,6 +1,7 @@
 // The training loop and evaluation of the date task (training.hpp).
 #include "training.hpp"
 
+#include <algorithm>
 #include <chrono>
 
 #include "loss.hpp"
@@ -16,6 +17,45 @@ TokenBatch token_batch(const Batch& batch) {
   return t;
 }
 
+namespace {
+
+// Batches of similar source lengths, as section 5.1 batches sentence pairs "by approximate sequence
+// length": draws kBucketBatches batches' worth of examples, sorts them by source length, cuts them into
+// batches and hands those out in a shuffled order. Less padding, the same examples.
+class BucketedBatches {
+ public:
+  static constexpr std::int64_t kBucketBatches = 4;
+
+  BucketedBatches(std::uint64_t seed, std::int64_t batch_size)
+      : data_(Split::Train, seed), order_rng_(seed ^ 0x6275636b6574ULL), batch_size_(batch_size) {}
+
+  std::vector<DateExample> next() {
+    if (pending_.empty()) refill();
+    std::vector<DateExample> batch = std::move(pending_.back());
+    pending_.pop_back();
+    return batch;
+  }
+
+ private:
+  void refill() {
+    std::vector<DateExample> pool;
+    for (std::int64_t i = 0; i < kBucketBatches * batch_size_; ++i) pool.push_back(data_.next());
+    std::stable_sort(pool.begin(), pool.end(),
+                     [](const DateExample& a, const DateExample& b) { return a.source.size() < b.source.size(); });
+    for (std::int64_t b = 0; b < kBucketBatches; ++b)
+      pending_.emplace_back(pool.begin() + b * batch_size_, pool.begin() + (b + 1) * batch_size_);
+    for (std::size_t i = pending_.size(); i > 1; --i)  // Fisher-Yates
+      std::swap(pending_[i - 1], pending_[order_rng_.next() % i]);
+  }
+
+  DateSampler data_;
+  Rng order_rng_;
+  std::int64_t batch_size_;
+  std::vector<std::vector<DateExample>> pending_;
+};
+
+}  // namespace
+
 TrainingResult train_on_dates(Transformer<float>& model, const Vocabulary& vocab, const TrainingConfig& config,
                               const std::function<void(const Progress&)>& progress) {
   using Clock = std::chrono::steady_clock;
@@ -25,7 +65,7 @@ TrainingResult train_on_dates(Transformer<float>& model, const Vocabulary& vocab
   adam_config.d_model = model.config().d_model;
   Adam<float> adam(adam_config, model.parameters());
   LabelSmoothedCrossEntropy<float> criterion(config.label_smoothing);
-  DateSampler train_data(Split::Train, config.seed);
+  BucketedBatches train_data(config.seed, config.batch_size);
   const std::vector<DateExample> held_out = sample_dates(Split::HeldOut, config.seed + 1, config.eval_examples);
 
   TrainingResult result;
@@ -36,8 +76,7 @@ TrainingResult train_on_dates(Transformer<float>& model, const Vocabulary& vocab
   model.train(true);
   model.zero_grad();
   for (std::int64_t step = 1; step <= config.steps; ++step) {
-    std::vector<DateExample> examples;
-    for (std::int64_t i = 0; i < config.batch_size; ++i) examples.push_back(train_data.next());
+    const std::vector<DateExample> examples = train_data.next();
     const Batch batch = make_batch(examples, vocab);
     const Matrix<float> logits = model.forward(token_batch(batch));
     const double loss = criterion.forward(logits, batch.target_out);

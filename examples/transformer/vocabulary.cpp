@@ -8,12 +8,13 @@ namespace transformer {
 
 namespace {
 
-// "'#'" for a printable ASCII character, "byte 0xc3" for anything else (control bytes, UTF-8 parts).
+// "character '#'" for a printable ASCII character, "byte 0xc3 (not ASCII)" for anything else (UTF-8
+// parts), "control byte 0x09" below the space.
 std::string describe_char(char c) {
   const auto byte = static_cast<unsigned char>(c);
-  if (byte >= 0x20 && byte < 0x7f) return std::string("'") + c + "'";
-  char buffer[16];
-  std::snprintf(buffer, sizeof buffer, "byte 0x%02x", byte);
+  if (byte >= 0x20 && byte < 0x7f) return std::string("character '") + c + "'";
+  char buffer[40];
+  std::snprintf(buffer, sizeof buffer, byte < 0x20 ? "control byte 0x%02x" : "byte 0x%02x (not ASCII)", byte);
   return buffer;
 }
 
@@ -41,7 +42,7 @@ std::vector<int> Vocabulary::encode(std::string_view text) const {
   for (std::size_t pos = 0; pos < text.size(); ++pos) {
     const int id = id_of_byte_[static_cast<unsigned char>(text[pos])];
     if (id < 0)
-      throw std::invalid_argument("character " + describe_char(text[pos]) + " at position " + std::to_string(pos) +
+      throw std::invalid_argument(describe_char(text[pos]) + " at position " + std::to_string(pos) +
                                   " is not in the vocabulary (letters, digits, space and , . / - ')");
     ids.push_back(id);
   }

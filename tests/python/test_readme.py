@@ -37,7 +37,9 @@ def test_readme_shell_example_runs(tmp_path):
     for block in blocks:
         result = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=tmp_path, capture_output=True, text=True)
         assert result.returncode == 0, result.stdout + result.stderr
+    assert (tmp_path / "mha-heads" / "index.html").exists()
     assert (tmp_path / "mha-demo" / "index.html").exists()
+    assert (tmp_path / "mha-demo" / "checkpoint.safetensors").exists()
     import numpy as np
     assert np.load(tmp_path / "out.npy").shape == (2, 5, 16)
     assert np.load(tmp_path / "weights.npy").shape == (2, 5, 5)

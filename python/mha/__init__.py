@@ -36,11 +36,12 @@ import os
 import numpy as np
 
 from . import _core
-from ._core import Error, Kernel, num_threads, set_num_threads
+from ._core import Error, Kernel, KeyValueCache, num_threads, set_num_threads
 
 __all__ = [
     "Error",
     "Kernel",
+    "KeyValueCache",
     "MultiheadAttention",
     "load",
     "num_threads",
@@ -366,6 +367,26 @@ class MultiheadAttention:
             query, key, value, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
             key_lengths=list(key_lengths or []), is_causal=bool(is_causal),
             need_weights=bool(need_weights), average_attn_weights=bool(average_attn_weights))
+
+    # ---- incremental decoding --------------------------------------------------------------------
+    def append_to_cache(self, cache, key, value):
+        """Projects key and value (laid out as forward's key and value) and appends them to
+        `cache`, an mha.KeyValueCache; the first append fixes its batch size. O(new positions)."""
+        self._module.append_to_cache(cache, np.asarray(key), np.asarray(value))
+
+    def forward_cached(self, query, cache, key_padding_mask=None, need_weights=True, attn_mask=None,
+                       average_attn_weights=True, is_causal=False, *, key_lengths=None):
+        """Attends query to every position in `cache`: forward(query, K, V) where K and V are all the
+        keys and values appended so far, in evaluation mode (no dropout, nothing kept for backward).
+        Masks and key_lengths refer to cache positions. is_causal is aligned to the bottom right, so
+        appending a step's key and value and then attending with is_causal=True gives what a causal
+        forward over the whole sequence gives for those queries. Returns (out like query, weights or
+        None). A float key_padding_mask is not accepted here (use a boolean one or key_lengths)."""
+        return self._module.forward_cached(
+            np.asarray(query), cache, key_padding_mask=key_padding_mask,
+            attn_mask=_mask_to_dtype(attn_mask, self._dtype), key_lengths=list(key_lengths or []),
+            is_causal=bool(is_causal), need_weights=bool(need_weights),
+            average_attn_weights=bool(average_attn_weights))
 
     def save(self, path):
         """Writes the layer as safetensors: parameters under state_dict names, the config in the

@@ -1,0 +1,59 @@
+"""Incremental decoding from Python: mha.KeyValueCache with MultiheadAttention.append_to_cache and
+forward_cached, against forward over the whole sequence (ours, float64: equal to rounding) and
+against PyTorch's nn.MultiheadAttention with a causal mask (float32, under the project's rule)."""
+import numpy as np
+import pytest
+import torch
+
+import mha
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_step_by_step_equals_causal_forward_float64(batch_first):
+    rng = np.random.default_rng(3)
+    B, T, E, h = 2, 9, 12, 3
+    layer = mha.MultiheadAttention(E, h, batch_first=batch_first, dtype=np.float64, seed=4).eval()
+    x = rng.standard_normal((B, T, E) if batch_first else (T, B, E))
+    full, _ = layer(x, x, x, is_causal=True, need_weights=False)
+    cache = mha.KeyValueCache()
+    steps = []
+    for t in range(T):
+        xt = x[:, t:t + 1] if batch_first else x[t:t + 1]
+        layer.append_to_cache(cache, xt, xt)
+        out, _ = layer.forward_cached(xt, cache, is_causal=True, need_weights=False)
+        steps.append(out)
+    assert len(cache) == T and cache.batch == B
+    incremental = np.concatenate(steps, axis=1 if batch_first else 0)
+    np.testing.assert_allclose(incremental, full, rtol=0, atol=1e-12)
+
+
+def test_cross_attention_with_padding_matches_torch():
+    torch.manual_seed(5)
+    B, L, S, E, h = 3, 6, 8, 16, 4
+    ref = torch.nn.MultiheadAttention(E, h, batch_first=True).eval()
+    layer = mha.MultiheadAttention(E, h, batch_first=True, seed=0).eval()
+    layer.load_state_dict({k: v.detach().numpy() for k, v in ref.state_dict().items()})
+    memory = torch.randn(B, S, E)
+    query = torch.randn(B, L, E)
+    lengths = [8, 3, 5]
+    padding = torch.arange(S)[None, :] >= torch.tensor(lengths)[:, None]
+    cache = mha.KeyValueCache()
+    layer.append_to_cache(cache, memory.numpy(), memory.numpy())  # projected once
+    outs = [layer.forward_cached(query[:, i:i + 1].numpy(), cache, key_lengths=lengths, need_weights=False)[0]
+            for i in range(L)]
+    ours = np.concatenate(outs, axis=1)
+    with torch.no_grad():
+        t32, _ = ref(query, memory, memory, key_padding_mask=padding)
+        t64, _ = ref.double()(query.double(), memory.double(), memory.double(), key_padding_mask=padding)
+    t32, t64 = t32.numpy(), t64.numpy()
+    assert np.abs(ours - t64).max() <= 2 * np.abs(t32 - t64).max() + 1e-6
+
+
+def test_forward_cached_errors_name_the_problem():
+    layer = mha.MultiheadAttention(8, 2, batch_first=True).eval()
+    with pytest.raises(ValueError, match="cache"):
+        layer.forward_cached(np.ones((1, 1, 8), np.float32), mha.KeyValueCache())
+    cache = mha.KeyValueCache()
+    layer.append_to_cache(cache, np.ones((2, 3, 8), np.float32), np.ones((2, 3, 8), np.float32))
+    with pytest.raises(ValueError):
+        layer.forward_cached(np.ones((1, 1, 8), np.float32), cache)  # batch 1 against a cache of 2

@@ -13,6 +13,7 @@
 #include "linear.hpp"
 #include "loss.hpp"
 #include "residual.hpp"
+#include "tiny_config.hpp"
 
 namespace transformer {
 namespace {
@@ -21,6 +22,7 @@ using testing::add_parameter_slots;
 using testing::expect_matches_finite_differences;
 using testing::random_matrix;
 using testing::Slot;
+using testing::tiny_config;
 using testing::weighted_sum;
 
 // Runs the standard check for a block with one input: loss = sum(w * forward(x)).
@@ -117,20 +119,6 @@ INSTANTIATE_TEST_SUITE_P(Cases, AttentionBlockGradients,
                          ::testing::Values(AttentionCase{true, false, {}}, AttentionCase{true, true, {}},
                                            AttentionCase{true, false, {5, 3}}, AttentionCase{false, false, {7, 2}}));
 
-TransformerConfig small_config(bool pre_norm) {
-  TransformerConfig c;
-  c.vocab = 13;
-  c.d_model = 8;
-  c.heads = 2;
-  c.d_ff = 12;
-  c.encoder_layers = 2;
-  c.decoder_layers = 2;
-  c.dropout = 0.0;
-  c.attention_dropout = 0.0;
-  c.pre_norm = pre_norm;
-  return c;
-}
-
 class LayerGradients : public ::testing::TestWithParam<bool> {};  // pre_norm
 
 TEST_P(LayerGradients, ResidualAroundFeedForward) {
@@ -152,7 +140,7 @@ TEST_P(LayerGradients, ResidualAroundFeedForward) {
 
 TEST_P(LayerGradients, EncoderLayer) {
   Rng rng(8);
-  const TransformerConfig config = small_config(GetParam());
+  const TransformerConfig config = tiny_config(GetParam());
   EncoderLayer<double> layer("encoder.0", config, rng);
   const std::int64_t B = 2, S = 6;
   const std::vector<std::int64_t> lengths{6, 4};
@@ -169,7 +157,7 @@ TEST_P(LayerGradients, EncoderLayer) {
 
 TEST_P(LayerGradients, DecoderLayer) {
   Rng rng(9);
-  const TransformerConfig config = small_config(GetParam());
+  const TransformerConfig config = tiny_config(GetParam());
   DecoderLayer<double> layer("decoder.0", config, rng);
   const std::int64_t B = 2, T = 4, S = 6;
   const std::vector<std::int64_t> lengths{3, 6};

@@ -10,6 +10,7 @@
 
 #include "checkpoint.hpp"
 #include "mha/io.hpp"
+#include "tiny_config.hpp"
 #include "training.hpp"
 
 namespace transformer {
@@ -19,15 +20,9 @@ std::filesystem::path scratch(const std::string& name) {
   return std::filesystem::temp_directory_path() / ("mha_transformer_" + name + "_" + std::to_string(::getpid()));
 }
 
-TransformerConfig small_date_config(bool pre_norm) {
-  TransformerConfig c;
+TransformerConfig small_date_config(bool pre_norm) {  // the tiny model, over the dates' vocabulary
+  TransformerConfig c = testing::tiny_config(pre_norm);
   c.vocab = Vocabulary().size();
-  c.d_model = 16;
-  c.heads = 2;
-  c.d_ff = 24;
-  c.encoder_layers = 1;
-  c.decoder_layers = 2;
-  c.pre_norm = pre_norm;
   return c;
 }
 

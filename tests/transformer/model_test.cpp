@@ -8,6 +8,7 @@
 
 #include "gradient_check.hpp"
 #include "loss.hpp"
+#include "tiny_config.hpp"
 #include "training.hpp"
 #include "transformer.hpp"
 
@@ -17,20 +18,7 @@ namespace {
 using testing::add_parameter_slots;
 using testing::expect_matches_finite_differences;
 using testing::Slot;
-
-TransformerConfig tiny_config(bool pre_norm, double dropout = 0.0) {
-  TransformerConfig c;
-  c.vocab = 11;
-  c.d_model = 8;
-  c.heads = 2;
-  c.d_ff = 12;
-  c.encoder_layers = 2;
-  c.decoder_layers = 2;
-  c.dropout = dropout;
-  c.attention_dropout = dropout;
-  c.pre_norm = pre_norm;
-  return c;
-}
+using testing::tiny_config;
 
 // B = 3 sources of lengths 6, 2, 4 (padded with 0) and targets of length 5.
 TokenBatch tiny_batch(Rng& rng, std::int64_t vocab) {

@@ -35,6 +35,7 @@
 #include "loss.hpp"
 #include "mha/io.hpp"
 #include "residual.hpp"
+#include "tiny_config.hpp"
 #include "transformer.hpp"
 
 namespace transformer {
@@ -108,6 +109,18 @@ class Dump {
   std::map<std::string, std::string> meta_;
 };
 
+// The entries every block with one input x has: x, out, dout, d x and the parameters with their gradients.
+Dump one_input_dump(const std::string& name, const std::string& kind, const M& x, const M& out, const M& dout,
+                    const M& dx, const ParameterRefs<double>& params) {
+  Dump d(name, kind);
+  d.matrix("input.x", x);
+  d.matrix("out", out);
+  d.matrix("dout", dout);
+  d.matrix("grad_input.x", dx);
+  d.parameters(params);
+  return d;
+}
+
 // y = x W^T + b: x [6, 7] -> [6, 5].
 Dump dump_linear() {
   Rng rng(101);
@@ -118,14 +131,9 @@ Dump dump_linear() {
   const M x = random_matrix(6, 7, rng), dout = random_matrix(6, 5, rng);
   const M out = linear.forward(x);
   const M dx = linear.backward(dout);
-  Dump d("linear", "linear");
+  Dump d = one_input_dump("linear", "linear", x, out, dout, dx, params);
   d.meta("in", std::int64_t{7});
   d.meta("out", std::int64_t{5});
-  d.matrix("input.x", x);
-  d.matrix("out", out);
-  d.matrix("dout", dout);
-  d.matrix("grad_input.x", dx);
-  d.parameters(params);
   return d;
 }
 
@@ -139,13 +147,8 @@ Dump dump_layer_norm() {
   const M x = random_matrix(5, 9, rng, 3.0), dout = random_matrix(5, 9, rng);
   const M out = norm.forward(x);
   const M dx = norm.backward(dout);
-  Dump d("layer_norm", "layer_norm");
+  Dump d = one_input_dump("layer_norm", "layer_norm", x, out, dout, dx, params);
   d.meta("d_model", std::int64_t{9});
-  d.matrix("input.x", x);
-  d.matrix("out", out);
-  d.matrix("dout", dout);
-  d.matrix("grad_input.x", dx);
-  d.parameters(params);
   return d;
 }
 
@@ -159,14 +162,9 @@ Dump dump_feed_forward() {
   const M x = random_matrix(7, 6, rng), dout = random_matrix(7, 6, rng);
   const M out = ffn.forward(x);
   const M dx = ffn.backward(dout);
-  Dump d("feed_forward", "feed_forward");
+  Dump d = one_input_dump("feed_forward", "feed_forward", x, out, dout, dx, params);
   d.meta("d_model", std::int64_t{6});
   d.meta("d_ff", std::int64_t{11});
-  d.matrix("input.x", x);
-  d.matrix("out", out);
-  d.matrix("dout", dout);
-  d.matrix("grad_input.x", dx);
-  d.parameters(params);
   return d;
 }
 
@@ -246,30 +244,12 @@ Dump dump_residual(bool pre_norm) {
   const M x = random_matrix(5, 6, rng), dout = random_matrix(5, 6, rng);
   const M out = residual.forward(x, [&](const M& u) { return ffn.forward(u); });
   const M dx = residual.backward(dout, [&](const M& g) { return ffn.backward(g); });
-  Dump d(pre_norm ? "residual_ffn_pre_norm" : "residual_ffn_post_norm", "residual_ffn");
+  Dump d = one_input_dump(pre_norm ? "residual_ffn_pre_norm" : "residual_ffn_post_norm", "residual_ffn", x, out,
+                          dout, dx, params);
   d.meta("d_model", std::int64_t{6});
   d.meta("d_ff", std::int64_t{10});
   d.meta("pre_norm", pre_norm);
-  d.matrix("input.x", x);
-  d.matrix("out", out);
-  d.matrix("dout", dout);
-  d.matrix("grad_input.x", dx);
-  d.parameters(params);
   return d;
-}
-
-TransformerConfig small_config(bool pre_norm) {
-  TransformerConfig c;
-  c.vocab = 11;
-  c.d_model = 8;
-  c.heads = 2;
-  c.d_ff = 12;
-  c.encoder_layers = 2;
-  c.decoder_layers = 2;
-  c.dropout = 0.0;
-  c.attention_dropout = 0.0;
-  c.pre_norm = pre_norm;
-  return c;
 }
 
 void config_metadata(Dump& d, const TransformerConfig& c) {
@@ -282,7 +262,7 @@ void config_metadata(Dump& d, const TransformerConfig& c) {
 // EncoderLayer "encoder.0": B = 2, S = 6, source lengths {6, 4}; x [B*S, d].
 Dump dump_encoder_layer(bool pre_norm) {
   Rng rng(107);
-  const TransformerConfig c = small_config(pre_norm);
+  const TransformerConfig c = testing::tiny_config(pre_norm);
   EncoderLayer<double> layer("encoder.0", c, rng);
   const std::int64_t B = 2, S = 6;
   const std::vector<std::int64_t> lengths{6, 4};
@@ -292,24 +272,20 @@ Dump dump_encoder_layer(bool pre_norm) {
   const M x = random_matrix(B * S, c.d_model, rng), dout = random_matrix(B * S, c.d_model, rng);
   const M out = layer.forward(x, B, lengths);
   const M dx = layer.backward(dout);
-  Dump d(pre_norm ? "encoder_layer_pre_norm" : "encoder_layer_post_norm", "encoder_layer");
+  Dump d = one_input_dump(pre_norm ? "encoder_layer_pre_norm" : "encoder_layer_post_norm", "encoder_layer", x, out,
+                          dout, dx, params);
   config_metadata(d, c);
   d.meta("prefix", std::string("encoder.0"));
   d.meta("B", B);
   d.meta("S", S);
   d.integers("input.key_lengths", lengths, {B});
-  d.matrix("input.x", x);
-  d.matrix("out", out);
-  d.matrix("dout", dout);
-  d.matrix("grad_input.x", dx);
-  d.parameters(params);
   return d;
 }
 
 // DecoderLayer "decoder.0": B = 2, T = 4, S = 6, source lengths {3, 6}; x [B*T, d], memory [B*S, d].
 Dump dump_decoder_layer(bool pre_norm) {
   Rng rng(108);
-  const TransformerConfig c = small_config(pre_norm);
+  const TransformerConfig c = testing::tiny_config(pre_norm);
   DecoderLayer<double> layer("decoder.0", c, rng);
   const std::int64_t B = 2, T = 4, S = 6;
   const std::vector<std::int64_t> lengths{3, 6};
@@ -359,7 +335,7 @@ Dump dump_loss() {
 // {6, 2, 4}, T = 5; loss = label-smoothed cross-entropy (0.1) of the logits against random targets.
 Dump dump_transformer(bool pre_norm) {
   Rng rng(110);
-  const TransformerConfig c = small_config(pre_norm);
+  const TransformerConfig c = testing::tiny_config(pre_norm);
   Transformer<double> model(c, 7);
   randomize_vectors_zero_grads(model.parameters(), rng);
   const std::int64_t B = 3, S = 6, T = 5;

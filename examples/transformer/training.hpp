@@ -53,9 +53,11 @@ TokenBatch token_batch(const Batch& batch);
 TrainingResult train_on_dates(Transformer<float>& model, const Vocabulary& vocab, const TrainingConfig& config,
                               const std::function<void(const Progress&)>& progress = {});
 
-// Greedy decoding (cached) of each source; returns the ISO strings the model writes.
+// Greedy decoding of each source, through the KV cache or (use_cache false) recomputing every prefix;
+// returns the ISO strings the model writes.
 std::vector<std::string> translate(Transformer<float>& model, const Vocabulary& vocab,
-                                   const std::vector<std::string>& sources, std::int64_t batch_size = 250);
+                                   const std::vector<std::string>& sources, std::int64_t batch_size = 250,
+                                   bool use_cache = true);
 
 // Fraction of examples whose translation equals the target exactly.
 double exact_match(Transformer<float>& model, const Vocabulary& vocab, const std::vector<DateExample>& examples);

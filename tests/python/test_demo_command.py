@@ -47,6 +47,7 @@ def test_demo_writes_the_report_folder(report):
     assert summary["heads"] == 2 and summary["steps"] == 40 and summary["held_out_examples"] == 40
     assert [p["step"] for p in summary["curve"]] == [20, 40]
     assert 0.0 <= summary["held_out_exact_match"] <= 1.0
+    assert summary["decode_same_outputs"] is True  # KV cache vs recomputing every prefix, on 40 dates
     assert f"{100 * summary['held_out_exact_match']:.1f}%" in stdout
 
 

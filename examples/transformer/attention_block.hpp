@@ -79,6 +79,7 @@ class AttentionBlock {
   // query [B*L_new, E] attends to every cached position -> [B*L_new, E].
   Matrix<T> attend(const Matrix<T>& query, const mha::KeyValueCache& cache, std::int64_t B,
                    const std::vector<std::int64_t>& key_lengths, bool causal) {
+    push_parameters();
     const std::int64_t E = query.cols, L = query.rows / B;
     mha::MultiHeadAttentionInputs inputs;
     inputs.key_lengths = key_lengths;

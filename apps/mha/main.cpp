@@ -28,7 +28,7 @@ constexpr std::int64_t kMaxBenchN = 1 << 22;       // --sizes, --big, --n: far p
 
 void add_demo_command(CLI::App& app, mha_cli::DemoOptions& o) {
   CLI::App* demo = app.add_subcommand(
-      "demo", "The main job: train the paper's Transformer to normalise dates (~3 min), report accuracy and attention maps");
+      "demo", "The main job: train the paper's Transformer to normalise dates (~2 min), report accuracy and attention maps");
   demo->add_option("--out", o.out_dir, "Report folder: index.html, maps, learning curve, checkpoint.safetensors")
       ->capture_default_str();
   demo->add_option("--steps", o.steps, "Training steps")->check(CLI::Range(std::int64_t{1}, std::int64_t{10'000'000}))->capture_default_str();

@@ -47,7 +47,7 @@ int run_translate(const TranslateOptions& options) {
   if (options.threads > 0) mha::set_num_threads(options.threads);
   if (!std::filesystem::exists(options.checkpoint))
     throw std::runtime_error(fmt::format(
-        "no checkpoint at '{}': train one with `mha demo` (about 3 minutes; it writes mha-demo/checkpoint.safetensors), "
+        "no checkpoint at '{}': train one with `mha demo` (about 2 minutes; it writes mha-demo/checkpoint.safetensors), "
         "or pass --checkpoint FILE",
         options.checkpoint));
   const bool from_stdin = options.texts.empty();

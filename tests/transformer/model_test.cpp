@@ -122,7 +122,8 @@ TEST(Training, ShortRunOnDatesLowersTheLoss) {
   const TrainingResult result = train_on_dates(model, vocab, config);
   ASSERT_EQ(result.curve.size(), 2u);
   // Uniform guessing over V tokens costs log V ~ 4.3 per token; after 60 steps the model has learnt at
-  // least the fixed characters ("19"/"20", the dashes, <eos>): measured 2.24 (mean over steps 31-60) on this seed; 2.8 leaves room for other thread counts.
+  // least the fixed characters ("19"/"20", the dashes, <eos>): measured 2.24 (mean over steps 31-60)
+  // on this seed; 2.8 leaves room for other thread counts.
   EXPECT_LT(result.curve.back().loss, 2.8);
   EXPECT_LT(result.curve.back().loss, result.curve.front().loss);
 }

@@ -126,11 +126,11 @@ AttentionMap head_map(const mha::Tensor& weights, std::int64_t head, std::string
 // attention weights kept, and draws every layer and head of the three kinds of attention.
 ExampleMaps draw_example(tf::Transformer<float>& model, const tf::Vocabulary& vocab, const tf::DateExample& example,
                          std::size_t index, const std::filesystem::path& dir) {
-  ExampleMaps out{example.source, example.target, tf::translate(model, vocab, {example.source}).at(0), {}};
   tf::Batch batch = tf::make_batch(std::vector<tf::DateExample>{example}, vocab);
   tf::TokenBatch tokens = tf::token_batch(batch);
   const std::int64_t T = batch.target_len;
-  tokens.target = model.greedy_decode(tokens, T, tf::Vocabulary::kBos, /*use_cache=*/true);
+  tokens.target = model.greedy_decode(tokens, T, tf::Vocabulary::kBos, /*use_cache=*/true);  // y1 .. y10 <eos>
+  ExampleMaps out{example.source, example.target, vocab.decode(tokens.target), {}};
   tokens.target.insert(tokens.target.begin(), tf::Vocabulary::kBos);
   tokens.target.pop_back();  // <bos> y1 .. y10: the decoder's input when it wrote y1 .. y10 <eos>
   model.train(false);
@@ -146,10 +146,12 @@ ExampleMaps draw_example(tf::Transformer<float>& model, const tf::Vocabulary& vo
     std::int64_t layers;
     bool decoder_rows, source_cols;
   };
+  using Model = tf::Transformer<float>;
   const Kind kinds[] = {
-      {"encoder self-attention", "encoder_self", &tf::Transformer<float>::encoder_self_weights, model.encoder_layers(), false, true},
-      {"decoder masked self-attention", "decoder_self", &tf::Transformer<float>::decoder_self_weights, model.decoder_layers(), true, false},
-      {"encoder-decoder attention", "cross", &tf::Transformer<float>::cross_weights, model.decoder_layers(), true, true},
+      {"encoder self-attention", "encoder_self", &Model::encoder_self_weights, model.encoder_layers(), false, true},
+      {"decoder masked self-attention", "decoder_self", &Model::decoder_self_weights, model.decoder_layers(), true,
+       false},
+      {"encoder-decoder attention", "cross", &Model::cross_weights, model.decoder_layers(), true, true},
   };
   for (const Kind& kind : kinds) {
     std::vector<std::vector<MapFigure>> layers;
@@ -280,7 +282,8 @@ void write_index(const std::filesystem::path& path, const DemoOptions& o, std::i
   html += "<h2>What the heads attend to</h2>\n<p>Each map shows one head: rows are the queries, columns the keys, "
           "darker is more weight; <code>_</code> is a space and <code>^</code> the start token &lt;bos&gt;. Encoder "
           "maps relate source characters to each other; decoder rows are the decoder's inputs (&lt;bos&gt; and the "
-          "characters written so far: the row labelled with character t is where character t + 1 is written); encoder-decoder maps show where in the source each output character was read from.</p>\n";
+          "characters written so far: the row labelled with a character is where the next one is written); "
+          "encoder-decoder maps show where in the source each output character was read from.</p>\n";
   for (const ExampleMaps& e : examples) {
     html += fmt::format("<h3>&ldquo;{}&rdquo; &rarr; {} ({})</h3>\n", xml_escape(e.source), xml_escape(e.predicted),
                         e.predicted == e.target ? "correct" : "expected " + e.target);

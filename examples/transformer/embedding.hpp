@@ -45,7 +45,7 @@ class SharedEmbedding {
   }
   Matrix<T> apply_logits(const Matrix<T>& h) const {
     Matrix<T> out(h.rows, vocab());
-    matmul(h, false, table_matrix(), true, out);
+    matmul(h, false, table_view(), true, out);
     return out;
   }
   // dlogits [R, V] -> dh [R, d_model] = dlogits E;  dE += dlogits^T h.
@@ -54,7 +54,7 @@ class SharedEmbedding {
     matmul(dlogits, true, h_, false, de);
     for (std::size_t i = 0; i < de.data.size(); ++i) table_.grad[i] += de.data[i];
     Matrix<T> dh(dlogits.rows, d_model());
-    matmul(dlogits, false, table_matrix(), false, dh);
+    matmul(dlogits, false, table_view(), false, dh);
     return dh;
   }
 
@@ -63,11 +63,7 @@ class SharedEmbedding {
   std::int64_t d_model() const { return table_.shape[1]; }
 
  private:
-  Matrix<T> table_matrix() const {
-    Matrix<T> e(vocab(), d_model());
-    e.data = table_.value;
-    return e;
-  }
+  MatrixView<T> table_view() const { return {table_.value.data(), vocab(), d_model()}; }  // [V, d]
 
   Parameter<T> table_;
   double scale_;

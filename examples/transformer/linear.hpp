@@ -26,7 +26,7 @@ class Linear {
     Matrix<T> y(x.rows, out_features());
     for (std::int64_t r = 0; r < y.rows; ++r)
       for (std::int64_t j = 0; j < y.cols; ++j) y(r, j) = bias_.value[static_cast<std::size_t>(j)];
-    matmul(x, false, weight_matrix(), true, y, T(1));
+    matmul(x, false, weight_view(), true, y, T(1));
     return y;
   }
 
@@ -38,7 +38,7 @@ class Linear {
     for (std::int64_t r = 0; r < dy.rows; ++r)
       for (std::int64_t j = 0; j < dy.cols; ++j) bias_.grad[static_cast<std::size_t>(j)] += dy(r, j);
     Matrix<T> dx(dy.rows, in_features());
-    matmul(dy, false, weight_matrix(), false, dx);
+    matmul(dy, false, weight_view(), false, dx);
     return dx;
   }
 
@@ -47,11 +47,7 @@ class Linear {
   std::int64_t out_features() const { return weight_.shape[0]; }
 
  private:
-  Matrix<T> weight_matrix() const {  // a [out, in] Matrix over the weight (a copy: small)
-    Matrix<T> w(out_features(), in_features());
-    w.data = weight_.value;
-    return w;
-  }
+  MatrixView<T> weight_view() const { return {weight_.value.data(), out_features(), in_features()}; }  // [out, in]
 
   Parameter<T> weight_, bias_;
   Matrix<T> x_;

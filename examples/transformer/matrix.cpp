@@ -7,19 +7,17 @@
 
 namespace transformer {
 
-template <>
-void matmul(const Matrix<float>& a, bool transpose_a, const Matrix<float>& b, bool transpose_b, Matrix<float>& c,
+void matmul(MatrixView<float> a, bool transpose_a, MatrixView<float> b, bool transpose_b, Matrix<float>& c,
             float beta) {
   const std::int64_t M = transpose_a ? a.cols : a.rows, K = transpose_a ? a.rows : a.cols;
   const std::int64_t N = transpose_b ? b.rows : b.cols;
   assert((transpose_b ? b.cols : b.rows) == K && c.rows == M && c.cols == N);
   if (M == 0 || N == 0) return;
-  dnnl_sgemm(transpose_a ? 'T' : 'N', transpose_b ? 'T' : 'N', M, N, K, 1.0f, a.data.data(), a.cols, b.data.data(),
-             b.cols, beta, c.data.data(), c.cols);
+  dnnl_sgemm(transpose_a ? 'T' : 'N', transpose_b ? 'T' : 'N', M, N, K, 1.0f, a.data, a.cols, b.data, b.cols, beta,
+             c.data.data(), c.cols);
 }
 
-template <>
-void matmul(const Matrix<double>& a, bool transpose_a, const Matrix<double>& b, bool transpose_b, Matrix<double>& c,
+void matmul(MatrixView<double> a, bool transpose_a, MatrixView<double> b, bool transpose_b, Matrix<double>& c,
             double beta) {
   const std::int64_t M = transpose_a ? a.cols : a.rows, K = transpose_a ? a.rows : a.cols;
   const std::int64_t N = transpose_b ? b.rows : b.cols;

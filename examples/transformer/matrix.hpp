@@ -10,6 +10,14 @@
 
 namespace transformer {
 
+// A read-only [rows, cols] window on row-major memory owned elsewhere (a Matrix, a parameter's values).
+template <class T>
+struct MatrixView {
+  const T* data;
+  std::int64_t rows, cols;
+  T operator()(std::int64_t i, std::int64_t j) const { return data[i * cols + j]; }
+};
+
 template <class T>
 struct Matrix {
   std::int64_t rows = 0, cols = 0;
@@ -23,12 +31,15 @@ struct Matrix {
   T& operator()(std::int64_t i, std::int64_t j) { return data[static_cast<std::size_t>(i * cols + j)]; }
   T operator()(std::int64_t i, std::int64_t j) const { return data[static_cast<std::size_t>(i * cols + j)]; }
   std::int64_t size() const { return rows * cols; }
+  operator MatrixView<T>() const { return {data.data(), rows, cols}; }  // NOLINT: a Matrix is a view
 };
 
 // C = op(A) op(B) + beta * C, where op(X) is X or X^T. A, B, C row-major with their own widths.
 // float32 runs oneDNN's sgemm; float64 (the gradient checks) plain loops.
-template <class T>
-void matmul(const Matrix<T>& a, bool transpose_a, const Matrix<T>& b, bool transpose_b, Matrix<T>& c, T beta = T(0));
+void matmul(MatrixView<float> a, bool transpose_a, MatrixView<float> b, bool transpose_b, Matrix<float>& c,
+            float beta = 0.0f);
+void matmul(MatrixView<double> a, bool transpose_a, MatrixView<double> b, bool transpose_b, Matrix<double>& c,
+            double beta = 0.0);
 
 // a += b (same shape).
 template <class T>

@@ -91,8 +91,7 @@ TrainingResult train_on_dates(Transformer<float>& model, const Vocabulary& vocab
       CurvePoint p;
       p.step = step;
       p.loss = loss_since_point / static_cast<double>(steps_since_point);
-      p.accuracy = exact_match(model, vocab, held_out);
-      model.train(true);
+      p.accuracy = exact_match(model, vocab, held_out);  // decodes in evaluation mode, then restores training
       p.seconds = elapsed();
       result.curve.push_back(p);
       loss_since_point = 0.0;
@@ -117,7 +116,8 @@ std::vector<std::string> translate(Transformer<float>& model, const Vocabulary& 
   for (std::size_t first = 0; first < sources.size(); first += static_cast<std::size_t>(batch_size)) {
     const std::size_t last = std::min(sources.size(), first + static_cast<std::size_t>(batch_size));
     std::vector<DateExample> examples;
-    for (std::size_t i = first; i < last; ++i) examples.push_back({sources[i], std::string(kIsoLength, '0'), {}});
+    for (std::size_t i = first; i < last; ++i)  // make_batch wants a target; decoding never reads it
+      examples.push_back({sources[i], std::string(kIsoLength, '0'), {}});
     const TokenBatch batch = token_batch(make_batch(examples, vocab));
     const std::vector<int> tokens = model.greedy_decode(batch, steps, Vocabulary::kBos, use_cache);
     for (std::int64_t b = 0; b < batch.batch; ++b)

@@ -123,15 +123,15 @@ std::vector<int> Transformer<T>::greedy_decode(const TokenBatch& source, std::in
   const bool was_training = training_;
   train(false);
   const std::int64_t B = source.batch, V = config_.vocab;
-  auto argmax_rows = [&](const Matrix<T>& logits, std::int64_t row_of_b, std::int64_t rows_per_b,
-                         std::vector<int>& out, std::int64_t t) {
+  std::vector<int> tokens(static_cast<std::size_t>(B * steps));  // [B, steps]
+  // Step t's token of every sequence: the argmax of row `row_of_b` of each sequence's `rows_per_b` rows.
+  auto argmax_rows = [&](const Matrix<T>& logits, std::int64_t row_of_b, std::int64_t rows_per_b, std::int64_t t) {
     for (std::int64_t b = 0; b < B; ++b) {
       const T* row = logits.row(b * rows_per_b + row_of_b);
       if (step_logits) std::copy(row, row + V, step_logits->begin() + (b * steps + t) * V);
-      out[static_cast<std::size_t>(b * steps + t)] = static_cast<int>(std::max_element(row, row + V) - row);
+      tokens[static_cast<std::size_t>(b * steps + t)] = static_cast<int>(std::max_element(row, row + V) - row);
     }
   };
-  std::vector<int> tokens(static_cast<std::size_t>(B * steps));
   if (step_logits) step_logits->assign(static_cast<std::size_t>(B * steps * V), T(0));
   const Matrix<T> memory = encode(source);
   if (!use_cache) {
@@ -145,7 +145,7 @@ std::vector<int> Transformer<T>::greedy_decode(const TokenBatch& source, std::in
       Matrix<T> y = embed(prefix.target, t + 1, target_dropout_);
       for (auto& layer : decoder_) y = layer->forward(y, memory, B, source.source_lengths);
       if (decoder_norm_) y = decoder_norm_->forward(y);
-      argmax_rows(embedding_.apply_logits(y), t, t + 1, tokens, t);
+      argmax_rows(embedding_.apply_logits(y), t, t + 1, t);
     }
   } else {
     std::vector<DecoderLayerCache> caches(decoder_.size());
@@ -156,8 +156,9 @@ std::vector<int> Transformer<T>::greedy_decode(const TokenBatch& source, std::in
       add_positional_encoding(y, 1, t);
       for (std::size_t i = 0; i < decoder_.size(); ++i) y = decoder_[i]->step(y, caches[i], B, source.source_lengths);
       if (decoder_norm_) y = decoder_norm_->forward(y);
-      argmax_rows(embedding_.apply_logits(y), 0, 1, tokens, t);
-      for (std::int64_t b = 0; b < B; ++b) current[static_cast<std::size_t>(b)] = tokens[static_cast<std::size_t>(b * steps + t)];
+      argmax_rows(embedding_.apply_logits(y), 0, 1, t);
+      for (std::int64_t b = 0; b < B; ++b)
+        current[static_cast<std::size_t>(b)] = tokens[static_cast<std::size_t>(b * steps + t)];
     }
   }
   train(was_training);

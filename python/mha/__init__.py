@@ -353,20 +353,25 @@ class MultiheadAttention:
         value = key if value is key else np.asarray(value)
         attn_mask = _mask_to_dtype(attn_mask, self._dtype)
         if _is_float(key_padding_mask) and query.ndim in (2, 3) and key.ndim == query.ndim:
-            if query.ndim == 2:
-                batch, L, S = 1, query.shape[0], key.shape[0]
-                key_padding_mask = np.asarray(key_padding_mask)[None]
-            elif self.batch_first:
-                batch, L, S = query.shape[0], query.shape[1], key.shape[1]
-            else:
-                batch, L, S = query.shape[1], query.shape[0], key.shape[0]
-            attn_mask = _fold_float_key_padding_mask(key_padding_mask, attn_mask, batch,
-                                                     self.num_heads, L, S, self._dtype)
-            key_padding_mask = None
+            S = key.shape[0] if query.ndim == 2 or not self.batch_first else key.shape[1]
+            key_padding_mask, attn_mask = self._fold_float_padding(query, S, key_padding_mask, attn_mask)
         return self._module.forward(
             query, key, value, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
             key_lengths=list(key_lengths or []), is_causal=bool(is_causal),
             need_weights=bool(need_weights), average_attn_weights=bool(average_attn_weights))
+
+    def _fold_float_padding(self, query, S, key_padding_mask, attn_mask):
+        """(None, attn_mask with the float key_padding_mask [B, S] ([S] unbatched) added), as
+        PyTorch adds a float padding mask to the logits; the library takes boolean ones only."""
+        if query.ndim == 2:
+            batch, L = 1, query.shape[0]
+            key_padding_mask = np.asarray(key_padding_mask)[None]
+        elif self.batch_first:
+            batch, L = query.shape[0], query.shape[1]
+        else:
+            batch, L = query.shape[1], query.shape[0]
+        return None, _fold_float_key_padding_mask(key_padding_mask, attn_mask, batch, self.num_heads,
+                                                  L, S, self._dtype)
 
     # ---- incremental decoding --------------------------------------------------------------------
     def append_to_cache(self, cache, key, value):
@@ -381,10 +386,15 @@ class MultiheadAttention:
         Masks and key_lengths refer to cache positions. is_causal is aligned to the bottom right, so
         appending a step's key and value and then attending with is_causal=True gives what a causal
         forward over the whole sequence gives for those queries. Returns (out like query, weights or
-        None). A float key_padding_mask is not accepted here (use a boolean one or key_lengths)."""
+        None)."""
+        query = np.asarray(query)
+        attn_mask = _mask_to_dtype(attn_mask, self._dtype)
+        if _is_float(key_padding_mask) and query.ndim in (2, 3):
+            key_padding_mask, attn_mask = self._fold_float_padding(query, cache.length, key_padding_mask,
+                                                                   attn_mask)
         return self._module.forward_cached(
-            np.asarray(query), cache, key_padding_mask=key_padding_mask,
-            attn_mask=_mask_to_dtype(attn_mask, self._dtype), key_lengths=list(key_lengths or []),
+            query, cache, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
+            key_lengths=list(key_lengths or []),
             is_causal=bool(is_causal), need_weights=bool(need_weights),
             average_attn_weights=bool(average_attn_weights))
 

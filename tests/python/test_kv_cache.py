@@ -57,3 +57,22 @@ def test_forward_cached_errors_name_the_problem():
     layer.append_to_cache(cache, np.ones((2, 3, 8), np.float32), np.ones((2, 3, 8), np.float32))
     with pytest.raises(ValueError):
         layer.forward_cached(np.ones((1, 1, 8), np.float32), cache)  # batch 1 against a cache of 2
+
+
+def test_float_key_padding_mask_is_added_as_in_forward():
+    """A float key_padding_mask is added to the logits (PyTorch's meaning) in forward_cached too."""
+    rng = np.random.default_rng(6)
+    B, L, S, E, h = 2, 3, 5, 8, 2
+    layer = mha.MultiheadAttention(E, h, batch_first=True, dtype=np.float64, seed=7).eval()
+    query, memory = rng.standard_normal((B, L, E)), rng.standard_normal((B, S, E))
+    padding = rng.uniform(-2.0, 0.0, (B, S))
+    padding[1, 3:] = -np.inf
+    full, full_w = layer(query, memory, memory, key_padding_mask=padding, average_attn_weights=False)
+    cache = mha.KeyValueCache()
+    layer.append_to_cache(cache, memory, memory)
+    out, w = layer.forward_cached(query, cache, key_padding_mask=padding, average_attn_weights=False)
+    np.testing.assert_allclose(out, full, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(w, full_w, rtol=0, atol=1e-12)
+    assert np.all(w[1, :, :, 3:] == 0)
+    without, _ = layer.forward_cached(query, cache)
+    assert np.abs(without - out).max() > 1e-3  # the mask mattered

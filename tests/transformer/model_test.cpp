@@ -28,7 +28,8 @@ TokenBatch tiny_batch(Rng& rng, std::int64_t vocab) {
   for (std::int64_t b = 0; b < 3; ++b)
     for (std::int64_t s = 0; s < 6; ++s)
       batch.source.push_back(s < batch.source_lengths[b] ? 3 + static_cast<int>(rng.next() % (vocab - 3)) : 0);
-  for (std::int64_t i = 0; i < 3 * 5; ++i) batch.target.push_back(i % 5 == 0 ? 1 : 3 + static_cast<int>(rng.next() % (vocab - 3)));
+  for (std::int64_t i = 0; i < 3 * 5; ++i)  // <bos> then 4 tokens per row
+    batch.target.push_back(i % 5 == 0 ? 1 : 3 + static_cast<int>(rng.next() % (vocab - 3)));
   return batch;
 }
 

@@ -8,6 +8,8 @@
 #include <stdexcept>
 #include <string_view>
 
+#include "splitmix64.hpp"
+
 namespace transformer {
 
 namespace {
@@ -83,13 +85,6 @@ std::string upper(std::string s) {
   for (char& c : s)
     if (c >= 'a' && c <= 'z') c = static_cast<char>(c - 'a' + 'A');
   return s;
-}
-
-// SplitMix64's output function (Steele, Lea, Flood 2014): a bijective 64-bit mixer.
-std::uint64_t mix64(std::uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
 }
 
 std::vector<Date> dates_of_split(Split split) {
@@ -200,7 +195,7 @@ bool date_in_split(Date d, Split s) {
   // held out. Changing either changes which dates a trained model has seen.
   constexpr std::uint64_t kSplitSalt = 0x6461746573706c74ULL;  // "datesplt"
   const auto key = static_cast<std::uint64_t>(d.year * 10000 + d.month * 100 + d.day);
-  const bool held_out = mix64(key ^ kSplitSalt) % 1000 < 100;
+  const bool held_out = mha::detail::splitmix64_finalize(key ^ kSplitSalt) % 1000 < 100;
   return held_out == (s == Split::HeldOut);
 }
 
@@ -211,7 +206,7 @@ std::uint64_t DateSampler::uniform_below(std::uint64_t n) {
   const std::uint64_t threshold = (0 - n) % n;
   for (;;) {
     state_ += 0x9e3779b97f4a7c15ULL;  // SplitMix64's step
-    const std::uint64_t r = mix64(state_);
+    const std::uint64_t r = mha::detail::splitmix64_finalize(state_);
     if (r >= threshold) return r % n;
   }
 }

@@ -26,7 +26,7 @@ class Linear {
     Matrix<T> y(x.rows, out_features());
     for (std::int64_t r = 0; r < y.rows; ++r)
       for (std::int64_t j = 0; j < y.cols; ++j) y(r, j) = bias_.value[static_cast<std::size_t>(j)];
-    matmul(x, false, weight_view(), true, y, T(1));
+    matmul(x, false, weight_view(), true, y, /*accumulate=*/true);
     return y;
   }
 

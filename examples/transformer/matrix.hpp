@@ -34,12 +34,13 @@ struct Matrix {
   operator MatrixView<T>() const { return {data.data(), rows, cols}; }  // NOLINT: a Matrix is a view
 };
 
-// C = op(A) op(B) + beta * C, where op(X) is X or X^T. A, B, C row-major with their own widths.
-// float32 runs oneDNN's sgemm; float64 (the gradient checks) plain loops.
+// C = op(A) op(B) (+ C when accumulate), where op(X) is X or X^T. A, B, C row-major with their own
+// widths. Through the library's one product entry (src/gemm.hpp): float32 runs oneDNN's sgemm in
+// fixed row blocks (results independent of the thread count); float64 (the gradient checks) plain loops.
 void matmul(MatrixView<float> a, bool transpose_a, MatrixView<float> b, bool transpose_b, Matrix<float>& c,
-            float beta = 0.0f);
+            bool accumulate = false);
 void matmul(MatrixView<double> a, bool transpose_a, MatrixView<double> b, bool transpose_b, Matrix<double>& c,
-            double beta = 0.0);
+            bool accumulate = false);
 
 // a += b (same shape).
 template <class T>

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "splitmix64.hpp"
+
 namespace transformer {
 
 template <class T>
@@ -28,16 +30,12 @@ struct Parameter {
 template <class T>
 using ParameterRefs = std::vector<Parameter<T>*>;
 
-// SplitMix64 (Steele, Lea, Flood 2014): the same numbers on every platform, unlike std:: distributions.
+// Seeded numbers from the library's SplitMix64 (src/splitmix64.hpp): the same numbers on every
+// platform, unlike std:: distributions.
 class Rng {
  public:
-  explicit Rng(std::uint64_t seed) : state_(seed) {}
-  std::uint64_t next() {
-    std::uint64_t z = (state_ += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-  }
+  explicit Rng(std::uint64_t seed) : generator_(seed) {}
+  std::uint64_t next() { return generator_.next(); }
   double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }  // [0, 1)
   double uniform(double lo, double hi) { return lo + (hi - lo) * uniform(); }
   double normal() {  // Box-Muller
@@ -46,7 +44,7 @@ class Rng {
   }
 
  private:
-  std::uint64_t state_;
+  mha::detail::SplitMix64 generator_;
 };
 
 // Xavier/Glorot uniform for a [fan_out, fan_in] weight: U(-a, a), a = sqrt(6 / (fan_in + fan_out)).

@@ -6,10 +6,12 @@
 #include <cmath>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "attention/flash.hpp"
 #include "attention/params.hpp"
 #include "attention/reference.hpp"
+#include "dtype_dispatch.hpp"
 #include "mha/error.hpp"
 
 namespace mha::detail {
@@ -65,8 +67,7 @@ void validate_attention(const TensorView& q, const TensorView& k, const TensorVi
   expect_rank(q, "q", 4, "[B, h, L, d_k]");
   expect_rank(k, "k", 4, "[B, h, S, d_k]");
   expect_rank(v, "v", 4, "[B, h, S, d_v]");
-  if (q.dtype() != DType::Float32 && q.dtype() != DType::Float64)
-    fail("q: expected float32 or float64, got " + describe(q));
+  if (!is_floating(q.dtype())) fail(std::string("q: expected ") + floating_dtype_names() + ", got " + describe(q));
   if (k.dtype() != q.dtype()) fail(std::string("k: expected ") + dtype_name(q.dtype()) + " like q, got " + describe(k));
   if (v.dtype() != q.dtype()) fail(std::string("v: expected ") + dtype_name(q.dtype()) + " like q, got " + describe(v));
 
@@ -114,7 +115,7 @@ Strided4<const U> mask4(const TensorView& m, std::int64_t h) {
 
 // The parameters shared by forward and backward: sizes, q, k, v, scale, masks, dropout.
 template <class T>
-void fill_common(AttentionParams<T>& p, const TensorView& q, const TensorView& k, const TensorView& v,
+void fill_common(AttentionInputs<T>& p, const TensorView& q, const TensorView& k, const TensorView& v,
                  const AttentionOptions& o) {
   p.B = q.size(0), p.h = q.size(1), p.L = q.size(2), p.d_k = q.size(3), p.S = k.size(2), p.d_v = v.size(3);
   p.q = strided4<T>(q);
@@ -137,12 +138,19 @@ void fill_common(AttentionParams<T>& p, const TensorView& q, const TensorView& k
 }
 
 template <class T>
+Strided4<T> strided_output(const StridedOutput& o) {
+  Strided4<T> s;
+  s.data = static_cast<T*>(o.data);
+  for (int d = 0; d < 4; ++d) s.stride[d] = o.strides[static_cast<std::size_t>(d)];
+  return s;
+}
+
+template <class T>
 void run_typed(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionOptions& o,
-               T* out, const Shape& out_strides, Tensor& weights, Tensor& lse) {
+               const StridedOutput& out, Tensor& weights, Tensor& lse) {
   AttentionParams<T> p;
   fill_common(p, q, k, v, o);
-  p.out.data = out;
-  for (int d = 0; d < 4; ++d) p.out.stride[d] = out_strides[static_cast<std::size_t>(d)];
+  p.out = strided_output<T>(out);
   if (o.need_weights) {
     weights = Tensor(dtype_of<T>(), {p.B, p.h, p.L, p.S});
     p.weights = weights.data_as<T>();
@@ -155,14 +163,6 @@ void run_typed(const TensorView& q, const TensorView& k, const TensorView& v, co
     if (o.kernel == Kernel::Flash && p.d_v > 0) return flash_attention_forward(p);  // d_v = 0: nothing to tile
   }
   reference_attention_forward(p);
-}
-
-template <class T>
-Strided4<T> strided_output(const StridedOutput& o) {
-  Strided4<T> s;
-  s.data = static_cast<T*>(o.data);
-  for (int d = 0; d < 4; ++d) s.stride[d] = o.strides[static_cast<std::size_t>(d)];
-  return s;
 }
 
 template <class T>
@@ -226,20 +226,16 @@ void run_attention_backward(const TensorView& dout_in, const TensorView& q_in, c
   const TensorView k = with_unit_inner_stride(k_in, copies[1]);
   const TensorView v = with_unit_inner_stride(v_in, copies[2]);
   const TensorView dout = with_unit_inner_stride(dout_in, copies[3]);
-  if (q.dtype() == DType::Float64) run_backward_typed<double>(dout, q, k, v, out, lse, o, dq, dk, dv);
-  else run_backward_typed<float>(dout, q, k, v, out, lse, o, dq, dk, dv);
+  dispatch_floating(q.dtype(), [&]<class T>(T) { run_backward_typed<T>(dout, q, k, v, out, lse, o, dq, dk, dv); });
 }
 
 void run_attention(const TensorView& q_in, const TensorView& k_in, const TensorView& v_in, const AttentionOptions& o,
-                   void* out, const Shape& out_strides, Tensor& weights, Tensor& lse) {
+                   const StridedOutput& out, Tensor& weights, Tensor& lse) {
   Tensor copies[3];
   const TensorView q = with_unit_inner_stride(q_in, copies[0]);
   const TensorView k = with_unit_inner_stride(k_in, copies[1]);
   const TensorView v = with_unit_inner_stride(v_in, copies[2]);
-  if (q.dtype() == DType::Float64)
-    run_typed(q, k, v, o, static_cast<double*>(out), out_strides, weights, lse);
-  else
-    run_typed(q, k, v, o, static_cast<float*>(out), out_strides, weights, lse);
+  dispatch_floating(q.dtype(), [&]<class T>(T) { run_typed<T>(q, k, v, o, out, weights, lse); });
 }
 
 }  // namespace mha::detail

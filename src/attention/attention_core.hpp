@@ -1,5 +1,8 @@
-// Between the public boundary and the kernels: validation of attention arguments, and a run that
-// writes the output through given strides (so the layer can write heads straight into [B, L, h*d_v]).
+// Between the public boundary and the kernels: validation of attention arguments, and runs that write
+// their results through given strides (so the layer can write heads straight into [B, L, h*d_v] and
+// read their gradients from there).
+//
+// Legend: B batch, h heads, L queries, S keys, d_k query/key width, d_v value width.
 #pragma once
 
 #include "mha/attention.hpp"
@@ -10,18 +13,11 @@ namespace mha::detail {
 void validate_attention(const TensorView& q, const TensorView& k, const TensorView& v,
                         const AttentionOptions& options);
 
-// Runs the kernel chosen by options.kernel on validated arguments.
-// out: q's dtype, [B, h, L, d_v] addressed through out_strides (elements).
-// weights / lse: allocated and filled when the options ask for them (else left undefined).
-void run_attention(const TensorView& q, const TensorView& k, const TensorView& v,
-                   const AttentionOptions& options, void* out, const Shape& out_strides,
-                   Tensor& weights, Tensor& lse);
-
-}  // namespace mha::detail
-
-namespace mha::detail {
-
 // The mask checks of validate_attention alone, for callers that build q, k, v themselves.
+void validate_attention_masks(const AttentionOptions& options, DType dtype, std::int64_t B, std::int64_t h,
+                              std::int64_t L, std::int64_t S);
+
+// validate_attention, plus the checks of the backward's extra arguments (dout, out, lse).
 void validate_attention_backward(const TensorView& dout, const TensorView& q, const TensorView& k,
                                  const TensorView& v, const TensorView& out, const TensorView& lse,
                                  const AttentionOptions& options);
@@ -32,13 +28,15 @@ struct StridedOutput {
   Shape strides;
 };
 
+// Runs the kernel chosen by options.kernel on validated arguments, writing out [B, h, L, d_v].
+// weights / lse: allocated and filled when the options ask for them (else left undefined).
+void run_attention(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionOptions& options,
+                   const StridedOutput& out, Tensor& weights, Tensor& lse);
+
 // Runs the backward of the kernel chosen by options.kernel on validated arguments, writing
 // dq [B, h, L, d_k], dk [B, h, S, d_k], dv [B, h, S, d_v]; they must be zero on entry.
 void run_attention_backward(const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
                             const TensorView& out, const TensorView& lse, const AttentionOptions& options,
                             const StridedOutput& dq, const StridedOutput& dk, const StridedOutput& dv);
-
-void validate_attention_masks(const AttentionOptions& options, DType dtype, std::int64_t B, std::int64_t h,
-                              std::int64_t L, std::int64_t S);
 
 }  // namespace mha::detail

@@ -5,15 +5,10 @@
 
 #include <cstdint>
 
-namespace mha::detail {
+#include "attention/params.hpp"
+#include "splitmix64.hpp"
 
-// SplitMix64's finaliser (Steele, Lea, Flood 2014): a bijective mix with good avalanche.
-constexpr std::uint64_t mix64(std::uint64_t z) {
-  z += 0x9e3779b97f4a7c15ULL;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
+namespace mha::detail {
 
 // A uniform number in [0, 1) keyed by the position of one attention weight.
 inline double dropout_uniform(std::uint64_t seed, std::int64_t b, std::int64_t head, std::int64_t i,
@@ -21,6 +16,18 @@ inline double dropout_uniform(std::uint64_t seed, std::int64_t b, std::int64_t h
   std::uint64_t x = mix64(seed);
   for (std::int64_t coordinate : {b, head, i, j}) x = mix64(x ^ static_cast<std::uint64_t>(coordinate));
   return static_cast<double>(x >> 11) * 0x1.0p-53;  // the top 53 bits
+}
+
+// A tile of weights s [rows, cols] (row stride ld) for rows i0.. and keys j0.. times its dropout
+// factors: 0 where dropped, 1 / (1 - dropout_p) where kept.
+inline void apply_dropout(const AttentionInputs<float>& p, std::int64_t b, std::int64_t head, std::int64_t i0,
+                          std::int64_t rows, std::int64_t j0, std::int64_t cols, float* s, std::int64_t ld) {
+  const float keep_scale = 1.0f / (1.0f - p.dropout_p);
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c) {
+      float& x = s[r * ld + c];
+      x = dropout_uniform(p.dropout_seed, b, head, i0 + r, j0 + c) < p.dropout_p ? 0.0f : x * keep_scale;
+    }
 }
 
 }  // namespace mha::detail

@@ -68,12 +68,6 @@ HWY_INLINE void SoftmaxBackwardRow(const float* HWY_RESTRICT p, float* HWY_RESTR
     hn::Store(hn::Mul(hn::Load(d, p + j), hn::Sub(hn::Load(d, dp + j), vD)), d, dp + j);
 }
 
-// The scalar exp of this target's vector code, for tests: exp(x) for x in the kernel's range.
-HWY_INLINE float ExpOne(float x) {
-  const hn::CappedTag<float, 16> d;  // rows are padded to 16 floats
-  return hn::GetLane(hn::Exp(d, hn::Set(d, x)));
-}
-
 }  // namespace mha::detail::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 

@@ -1,5 +1,5 @@
-// The one parameter object every attention kernel takes: pointers with explicit strides, sizes,
-// and the masks in a common form. Built and validated by attention_core.cpp; kernels only read it.
+// The parameter objects every attention kernel takes: pointers with explicit strides, sizes, and the
+// masks in a common form. Built and validated by attention_core.cpp; kernels only read them.
 //
 // Legend: B batch, h heads, L queries, S keys, d_k query/key width, d_v value width.
 #pragma once
@@ -20,25 +20,23 @@ struct Strided4 {
   explicit operator bool() const { return data != nullptr; }
 };
 
+// What the forward and the backward both read: sizes, q, k, v, the scale, the masks and dropout.
 template <class T>
-struct AttentionParams {
+struct AttentionInputs {
   std::int64_t B = 0, h = 0, L = 0, S = 0, d_k = 0, d_v = 0;
 
   Strided4<const T> q;  // [B, h, L, d_k]
   Strided4<const T> k;  // [B, h, S, d_k]
   Strided4<const T> v;  // [B, h, S, d_v]
-  Strided4<T> out;      // [B, h, L, d_v]
-  T* weights = nullptr; // [B, h, L, S] contiguous, or null
-  T* lse = nullptr;     // [B, h, L] contiguous, or null
 
   T scale = 1;
   bool causal = false;  // key j allowed for query i iff j <= i + S - L
 
   // Masks, each viewed as [B, h, L, S] through broadcast strides; null when absent.
   Strided4<const std::uint8_t> key_padding;  // nonzero = padded key (strides: b, 0, 0, s)
-  const std::int64_t* key_lengths = nullptr;   // [B]: keys j >= key_lengths[b] are padding
-  Strided4<const std::uint8_t> bool_mask;      // nonzero = may not attend
-  Strided4<const T> additive_mask;             // added to the logits; -inf forbids
+  const std::int64_t* key_lengths = nullptr;  // [B]: keys j >= key_lengths[b] are padding
+  Strided4<const std::uint8_t> bool_mask;     // nonzero = may not attend
+  Strided4<const T> additive_mask;            // added to the logits; -inf forbids
 
   T dropout_p = 0;  // in [0, 1)
   std::uint64_t dropout_seed = 0;
@@ -53,20 +51,23 @@ struct AttentionParams {
   }
 };
 
-}  // namespace mha::detail
-
-namespace mha::detail {
-
-// The backward's parameters: the forward's (q, k, v, masks, scale, dropout) plus what it produced and
-// the gradient buffers. The forward-only members out, weights and lse are unused.
+// The forward: the inputs and where the results go.
 template <class T>
-struct AttentionBackwardParams : AttentionParams<T> {
-  Strided4<const T> dout;   // [B, h, L, d_v]
-  Strided4<const T> o;      // [B, h, L, d_v]: the forward's output
-  Strided4<const T> lse_in; // [B, h, L, (1)]: the forward's log-sum-exp; column stride unused
-  Strided4<T> dq;           // [B, h, L, d_k]
-  Strided4<T> dk;           // [B, h, S, d_k]
-  Strided4<T> dv;           // [B, h, S, d_v]
+struct AttentionParams : AttentionInputs<T> {
+  Strided4<T> out;       // [B, h, L, d_v]
+  T* weights = nullptr;  // [B, h, L, S] contiguous, or null
+  T* lse = nullptr;      // [B, h, L] contiguous, or null
+};
+
+// The backward: the forward's inputs, what the forward produced, and the gradient buffers.
+template <class T>
+struct AttentionBackwardParams : AttentionInputs<T> {
+  Strided4<const T> dout;    // [B, h, L, d_v]
+  Strided4<const T> o;       // [B, h, L, d_v]: the forward's output
+  Strided4<const T> lse_in;  // [B, h, L, (1)]: the forward's log-sum-exp; column stride unused
+  Strided4<T> dq;            // [B, h, L, d_k]
+  Strided4<T> dk;            // [B, h, S, d_k]
+  Strided4<T> dv;            // [B, h, S, d_v]
 };
 
 }  // namespace mha::detail

@@ -2,7 +2,7 @@
 // materialised, any element type (float, double). Never optimised: it is the specification.
 //
 // For each (b, head, i):
-//   s_j = scale * q_i . k_j + additive_mask_ij     for allowed keys j (see AttentionParams::allowed)
+//   s_j = scale * q_i . k_j + additive_mask_ij     for allowed keys j (see AttentionInputs::allowed)
 //   m   = max_j s_j;  l = sum_j exp(s_j - m);  p_j = exp(s_j - m) / l;  lse = m + log(l)
 //   p_j = dropout(p_j)                             (kept: p_j / (1 - dropout_p), dropped: 0)
 //   out_i = sum_j p_j v_j

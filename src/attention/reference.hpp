@@ -8,11 +8,7 @@ namespace mha::detail {
 template <class T>
 void reference_attention_forward(const AttentionParams<T>& p);
 
-}  // namespace mha::detail
-
-namespace mha::detail {
-
-// dq, dk, dv must be zero on entry (the kernel accumulates into them).
+// Accumulates into dq, dk, dv, which must be zero on entry.
 template <class T>
 void reference_attention_backward(const AttentionBackwardParams<T>& p);
 

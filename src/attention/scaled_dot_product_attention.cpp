@@ -9,7 +9,7 @@ AttentionResult scaled_dot_product_attention(const TensorView& q, const TensorVi
   AttentionResult result;
   // out: [B, h, L, d_v]
   result.out = Tensor(q.dtype(), {q.size(0), q.size(1), q.size(2), v.size(3)});
-  detail::run_attention(q, k, v, options, result.out.data(), result.out.strides(), result.weights, result.lse);
+  detail::run_attention(q, k, v, options, {result.out.data(), result.out.strides()}, result.weights, result.lse);
   return result;
 }
 

@@ -24,7 +24,7 @@
 #include <utility>
 #include <vector>
 
-#include "attention/flash.hpp"
+#include "attention/flash_exp.hpp"
 #include "kernel_compare.hpp"
 #include "layer_harness.hpp"
 #include "test_util.hpp"

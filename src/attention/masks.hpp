@@ -1,0 +1,42 @@
+// Masking for tiled kernels: which keys a block of queries can reach at all, whether a logits tile
+// needs per-element masking, and applying the masks to a tile.
+//
+// Legend: B batch, h heads, L queries, S keys; a tile is rows [i0, i0 + rows) x keys [j0, j0 + cols).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+#include "attention/params.hpp"
+
+namespace mha::detail {
+
+// The key range [0, end) that query rows [i0, i0 + rows) of batch b may attend to at all.
+inline std::int64_t key_range_end(const AttentionInputs<float>& p, std::int64_t b, std::int64_t i0,
+                                  std::int64_t rows) {
+  std::int64_t end = p.S;
+  if (p.key_lengths) end = std::min(end, p.key_lengths[b]);
+  if (p.causal) end = std::min(end, std::max<std::int64_t>(0, i0 + rows + p.S - p.L));  // last row sees j <= i + S - L
+  return end;
+}
+
+// Whether a tile needs per-element masking (beyond the key range already cut by key_range_end).
+inline bool tile_needs_masks(const AttentionInputs<float>& p, std::int64_t i0, std::int64_t j0, std::int64_t cols) {
+  if (p.key_padding || p.bool_mask || p.additive_mask) return true;
+  return p.causal && j0 + cols - 1 > i0 + p.S - p.L;  // the first row of the tile does not see every key
+}
+
+// Applies the masks to a logits tile s [rows, cols] (row stride ld): forbidden -> -inf, additive added.
+inline void apply_masks(const AttentionInputs<float>& p, std::int64_t b, std::int64_t head, std::int64_t i0,
+                        std::int64_t rows, std::int64_t j0, std::int64_t cols, float* s, std::int64_t ld) {
+  constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c) {
+      float& x = s[r * ld + c];
+      const float added = p.additive_mask ? p.additive_mask(b, head, i0 + r, j0 + c) : 0.0f;
+      x = (!p.allowed(b, head, i0 + r, j0 + c) || added == kMinusInf) ? kMinusInf : x + added;
+    }
+}
+
+}  // namespace mha::detail

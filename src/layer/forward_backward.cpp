@@ -1,0 +1,211 @@
+// MultiHeadAttention's forward and backward: project, attend per head, project back; and the
+// gradients of all of it, in reverse order, from what a training-mode forward keeps.
+//
+// Legend: B batch, L queries, S keys, E = d_model, h heads, d_k, d_v per-head widths; S' = S plus the
+// appended bias_k / zero-attention positions. "Rows" are the flattened (batch, position) pairs of an
+// input in its own order (see layer/inputs.hpp).
+#include <memory>
+#include <string>
+#include <tuple>
+#include <utility>
+
+#include "dtype_dispatch.hpp"
+#include "layer/attend.hpp"
+#include "layer/inputs.hpp"
+#include "layer/masks.hpp"
+#include "layer/projections.hpp"
+#include "mha/error.hpp"
+#include "mha/multi_head_attention.hpp"
+#include "splitmix64.hpp"
+
+namespace mha {
+
+namespace detail {
+
+// What a training-mode forward keeps for the backward.
+struct SavedForward {
+  std::int64_t B = 0, L = 0, S = 0, extra = 0;
+  RowLayout q_rows{}, kv_input_rows{}, kv_rows{};
+  Tensor x[3];           // copies of query, key, value (training mode, or to close gaps)
+  TensorView x_view[3];  // what the projections read: x[i] or the caller's input
+  Tensor q_proj, k_proj, v_proj, context, lse;
+  KernelMasks masks;  // in kernel terms, owning their storage
+  Shape out_shape;
+};
+
+}  // namespace detail
+
+namespace {
+
+using namespace detail;
+
+[[noreturn]] void fail(const std::string& message) { throw Error(message); }
+
+std::string str(std::int64_t v) { return std::to_string(v); }
+
+HeadViews head_views(const SavedForward& f, const MultiHeadAttentionConfig& c) {
+  const std::int64_t h = c.num_heads, S2 = f.S + f.extra;
+  HeadViews v;
+  v.q = heads_view(f.q_proj, f.B, h, f.L, c.d_k, f.q_rows);
+  v.k = heads_view(f.k_proj, f.B, h, S2, c.d_k, f.kv_rows);
+  v.v = heads_view(f.v_proj, f.B, h, S2, c.d_v, f.kv_rows);
+  v.context = heads_view(f.context, f.B, h, f.L, c.d_v, f.q_rows);
+  return v;
+}
+
+// The sizes of a forward's inputs, once they are checked.
+struct ForwardSizes {
+  InputDims dims;
+  std::int64_t B, L, S;
+};
+
+// Checks query, key and value against the layer (ranks, dtypes, widths, batch sizes, positions).
+ForwardSizes check_forward_inputs(const TensorView& query, const TensorView& key, const TensorView& value,
+                                  const MultiHeadAttentionConfig& c) {
+  check_input_rank(query, "query", c.batch_first, "L", "E");
+  for (auto [t, name] : {std::pair{&query, "query"}, std::pair{&key, "key"}, std::pair{&value, "value"}}) {
+    check_dtype(*t, name, c.dtype);
+    check_same_rank(*t, name, query, "query");
+  }
+  const InputDims dims(c, query.rank());
+  const std::int64_t B = dims.batch(query), L = dims.positions(query), S = dims.positions(key);
+  for (auto [t, name, width, width_name] :
+       {std::tuple{&query, "query", c.d_model, "d_model"}, std::tuple{&key, "key", c.kdim, "kdim"},
+        std::tuple{&value, "value", c.vdim, "vdim"}}) {
+    check_width(*t, name, width, width_name);
+    check_same_batch(*t, name, dims, B, query, "query");
+  }
+  if (dims.positions(value) != S)
+    fail("value: expected " + str(S) + " positions like key " + shape_str(key.shape()) + ", got shape " +
+         shape_str(value.shape()));
+  return {dims, B, L, S};
+}
+
+}  // namespace
+
+MultiHeadAttentionOutput MultiHeadAttention::forward(const TensorView& query, const TensorView& key,
+                                                     const TensorView& value, const MultiHeadAttentionInputs& in) {
+  const auto& c = config_;
+  const std::int64_t qk = c.num_heads * c.d_k, vw = c.num_heads * c.d_v;
+  const auto [dims, B, L, S] = check_forward_inputs(query, key, value, c);
+
+  // ---- masks, in kernel terms [B, h, L, S'] ---------------------------------------------------
+  KernelMasks masks = kernel_masks(in, c, dims.batched, B, L, S);
+  AttentionOptions& o = masks.options;
+  const std::int64_t extra = extra_positions(c), S2 = S + extra;
+  o.need_weights = in.need_weights;
+  o.need_lse = training_;
+  o.kernel = kernel_;
+  if (training_ && c.dropout > 0) {
+    o.dropout_p = c.dropout;
+    o.dropout_seed = mix64(dropout_seed_ + dropout_calls_++);
+  }
+
+  // ---- project, attend, project back --------------------------------------------------------
+  auto saved = std::make_shared<SavedForward>();
+  SavedForward& f = *saved;
+  f.B = B, f.L = L, f.S = S, f.extra = extra;
+  f.q_rows = dims.rows(B, L);
+  f.kv_input_rows = dims.rows(B, S);
+  f.kv_rows = extra ? RowLayout{S2, 1} : f.kv_input_rows;
+  // Inputs with gaps between rows are copied once so the GEMMs read plain [rows, width] matrices;
+  // training mode keeps its own copies for the backward.
+  const TensorView* inputs[3] = {&query, &key, &value};
+  for (int i = 0; i < 3; ++i) {
+    if (training_) f.x[i] = Tensor::copy_of(*inputs[i]);
+    f.x_view[i] = training_ ? f.x[i].view() : contiguous_view(*inputs[i], f.x[i]);
+  }
+  QuerySide query_side = allocate_query_side(query, B * L, c);
+  f.q_proj = std::move(query_side.q_proj);
+  f.context = std::move(query_side.context);
+  f.k_proj = Tensor(c.dtype, {B * S2, qk});  // [rows of key (+ extra per batch), h*d_k]
+  f.v_proj = Tensor(c.dtype, {B * S2, vw});  // [rows of value (+ extra per batch), h*d_v]
+  MultiHeadAttentionOutput result;
+  result.out = std::move(query_side.out);
+
+  dispatch_floating(c.dtype, [&]<class T>(T) {
+    const ProjectionWeights<T> w = projection_weights<T>(*this);
+    project<T>(f.x_view[0], f.q_rows, B, L, 0, w.q, qk, w.q_bias, f.q_proj);
+    project<T>(f.x_view[1], f.kv_input_rows, B, S, extra, w.k, qk, w.k_bias, f.k_proj);
+    project<T>(f.x_view[2], f.kv_input_rows, B, S, extra, w.v, vw, w.v_bias, f.v_proj);
+    if (extra) write_extra_positions<T>(*this, f.k_proj.data_as<T>(), f.v_proj.data_as<T>(), B, S2, S);
+    Tensor weights;
+    attend_and_project_out<T>(head_views(f, c), o, w, f.context, result.out, weights, f.lse);
+    if (in.need_weights) result.weights = output_weights<T>(std::move(weights), in.average_attn_weights, dims.batched);
+  });
+
+  if (training_) {
+    f.masks = std::move(masks);
+    f.masks.own_views();
+    f.out_shape = result.out.shape();
+    saved_ = std::move(saved);
+  } else {
+    saved_.reset();
+  }
+  return result;
+}
+
+MultiHeadAttentionGradients MultiHeadAttention::backward(const TensorView& dout) {
+  if (!saved_)
+    fail("backward: no training-mode forward to differentiate; call train() and forward() first");
+  const SavedForward& f = *saved_;
+  const auto& c = config_;
+  const std::int64_t E = c.d_model, qk = c.num_heads * c.d_k, vw = c.num_heads * c.d_v;
+  const std::int64_t B = f.B, L = f.L, S = f.S, S2 = f.S + f.extra;
+  if (dout.dtype() != c.dtype)
+    fail(std::string("dout: expected ") + dtype_name(c.dtype) + " like the output, got " + dtype_name(dout.dtype()));
+  if (dout.shape() != f.out_shape)
+    fail("dout: expected the output's shape " + shape_str(f.out_shape) + ", got " + shape_str(dout.shape()));
+  Tensor dout_copy;
+  TensorView dy = dout;
+  if (!dy.is_contiguous()) {
+    dout_copy = Tensor::copy_of(dout);
+    dy = dout_copy.view();
+  }
+
+  MultiHeadAttentionGradients g;
+  for (const auto& name : parameter_names()) g.parameters[name] = Tensor(c.dtype, parameter(name).shape());
+  for (int i = 0; i < 3; ++i) (i == 0 ? g.query : i == 1 ? g.key : g.value) = Tensor(c.dtype, f.x_view[i].shape());
+  Tensor dcontext(c.dtype, {B * L, vw});  // [rows of query, h*d_v]
+  Tensor dq_proj(c.dtype, {B * L, qk}), dk_proj(c.dtype, {B * S2, qk}), dv_proj(c.dtype, {B * S2, vw});
+
+  auto run = [&]<class T>(T) {
+    const ProjectionWeights<T> w = projection_weights<T>(*this);
+    auto grad = [&](const char* name) { return g.parameters.at(name).template data_as<T>(); };
+    const T* dy_p = dy.data_as<T>();
+    // Output projection. Forward: out = context W_o^T + b_o.
+    if (c.bias) column_sums(dy_p, E, B * L, E, grad("out_proj.bias"));
+    gemm<T>({.trans_a = true, .M = E, .N = vw, .K = B * L, .A = dy_p, .lda = E, .B = f.context.data_as<T>(), .ldb = vw,
+             .C = grad("out_proj.weight"), .ldc = vw});
+    gemm<T>({.M = B * L, .N = vw, .K = E, .A = dy_p, .lda = E, .B = w.out, .ldb = vw, .C = dcontext.data_as<T>(), .ldc = vw});
+
+    // Attention core. Forward: context = Attention(q_proj, k_proj, v_proj) per head.
+    const HeadViews heads = head_views(f, c);
+    const TensorView dcontext_heads(dcontext.data(), c.dtype, heads.context.shape(), heads.context.strides());
+    run_attention_backward(dcontext_heads, heads.q, heads.k, heads.v, heads.context, f.lse.view(), f.masks.options,
+                                   {dq_proj.data(), heads.q.strides()}, {dk_proj.data(), heads.k.strides()},
+                                   {dv_proj.data(), heads.v.strides()});
+    if (c.add_bias_kv) {  // forward: k_proj[b, S] = bias_k, v_proj[b, S] = bias_v for every b
+      T* dbias_k = grad("bias_k");
+      T* dbias_v = grad("bias_v");
+      for (std::int64_t b = 0; b < B; ++b) {
+        for (std::int64_t n = 0; n < qk; ++n) dbias_k[n] += dk_proj.data_as<T>()[(b * S2 + S) * qk + n];
+        for (std::int64_t n = 0; n < vw; ++n) dbias_v[n] += dv_proj.data_as<T>()[(b * S2 + S) * vw + n];
+      }
+    }
+
+    // Input projections. Forward: q_proj = query W_q^T + b_q (likewise k, v).
+    T* dw = packed_in_proj() ? grad("in_proj_weight") : nullptr;
+    T* db = c.bias ? grad("in_proj_bias") : nullptr;
+    project_backward<T>(dq_proj, f.x_view[0], f.q_rows, B, L, 0, w.q, qk, dw ? dw : grad("q_proj_weight"),
+                        db, g.query);
+    project_backward<T>(dk_proj, f.x_view[1], f.kv_input_rows, B, S, f.extra, w.k, qk,
+                        dw ? dw + qk * E : grad("k_proj_weight"), db ? db + qk : nullptr, g.key);
+    project_backward<T>(dv_proj, f.x_view[2], f.kv_input_rows, B, S, f.extra, w.v, vw,
+                        dw ? dw + 2 * qk * E : grad("v_proj_weight"), db ? db + 2 * qk : nullptr, g.value);
+  };
+  dispatch_floating(c.dtype, run);
+  return g;
+}
+
+}  // namespace mha

@@ -1,0 +1,122 @@
+// The layer's masks in kernel terms (see masks.hpp).
+//
+// Legend: B batch, h heads, L queries, S keys, S' = S + extra appended key positions.
+#include "layer/masks.hpp"
+
+#include <algorithm>
+#include <limits>
+#include <string>
+#include <utility>
+
+#include "attention/attention_core.hpp"
+#include "dtype_dispatch.hpp"
+#include "layer/inputs.hpp"
+#include "mha/error.hpp"
+
+namespace mha::detail {
+
+void KernelMasks::own_views() {
+  for (auto [view, storage] : {std::pair{&options.key_padding_mask, &key_padding_mask},
+                               std::pair{&options.attn_mask, &attn_mask}}) {
+    if (*view && (*view)->data() != storage->data()) {
+      *storage = Tensor::copy_of(**view);
+      *view = storage->view();
+    }
+  }
+}
+
+namespace {
+
+[[noreturn]] void fail(const std::string& message) { throw Error(message); }
+
+std::string str(std::int64_t v) { return std::to_string(v); }
+
+// Pads masks for `extra` appended key positions, which every query may attend to (as PyTorch pads
+// attn_mask and key_padding_mask with zeros). Causal is folded into attn_mask, since it concerns the
+// S input keys only. options: validated, in terms of the S input keys.
+template <class T>
+void pad_masks_for_extra_keys(KernelMasks& m, std::int64_t B, std::int64_t h, std::int64_t L, std::int64_t S,
+                              std::int64_t extra) {
+  AttentionOptions& o = m.options;
+  const std::int64_t S2 = S + extra;
+  if (o.key_padding_mask || !o.key_lengths.empty()) {
+    Tensor padding(DType::Bool, {B, S2});  // [B, S'], extra columns false
+    auto* dst = padding.data_as<std::uint8_t>();
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t j = 0; j < S; ++j) {
+        bool padded = !o.key_lengths.empty() && j >= o.key_lengths[static_cast<std::size_t>(b)];
+        if (o.key_padding_mask) {
+          const auto& kpm = *o.key_padding_mask;
+          padded = padded || kpm.data_as<std::uint8_t>()[b * kpm.stride(0) + j * kpm.stride(1)] != 0;
+        }
+        dst[b * S2 + j] = padded;
+      }
+    m.key_padding_mask = std::move(padding);
+    o.key_padding_mask = m.key_padding_mask.view();
+    o.key_lengths.clear();
+  }
+  if (o.attn_mask || o.causal) {
+    const bool additive = o.attn_mask && o.attn_mask->dtype() != DType::Bool;
+    const std::int64_t N = o.attn_mask && o.attn_mask->rank() == 3 ? B * h : 0;  // 0: a 2-D mask
+    Tensor mask(additive ? dtype_of<T>() : DType::Bool, N ? Shape{N, L, S2} : Shape{L, S2});
+    for (std::int64_t n = 0; n < std::max<std::int64_t>(N, 1); ++n)
+      for (std::int64_t i = 0; i < L; ++i)
+        for (std::int64_t j = 0; j < S; ++j) {
+          const std::int64_t at = (n * L + i) * S2 + j;
+          const bool hidden_by_causal = o.causal && j > i + S - L;
+          if (additive) {
+            const auto& a = *o.attn_mask;
+            const std::int64_t src = (N ? n * a.stride(0) : 0) + i * a.stride(a.rank() - 2) + j * a.stride(a.rank() - 1);
+            mask.data_as<T>()[at] = hidden_by_causal ? -std::numeric_limits<T>::infinity() : a.data_as<T>()[src];
+          } else {
+            bool hidden = hidden_by_causal;
+            if (o.attn_mask) {
+              const auto& a = *o.attn_mask;
+              const std::int64_t src = (N ? n * a.stride(0) : 0) + i * a.stride(a.rank() - 2) + j * a.stride(a.rank() - 1);
+              hidden = hidden || a.data_as<std::uint8_t>()[src] != 0;
+            }
+            mask.data_as<std::uint8_t>()[at] = hidden;
+          }
+        }
+    m.attn_mask = std::move(mask);
+    o.attn_mask = m.attn_mask.view();
+    o.causal = false;
+  }
+}
+
+}  // namespace
+
+KernelMasks kernel_masks(const MultiHeadAttentionInputs& in, const MultiHeadAttentionConfig& c, bool batched,
+                         std::int64_t B, std::int64_t L, std::int64_t S) {
+  const std::int64_t h = c.num_heads;
+  KernelMasks masks;
+  AttentionOptions& o = masks.options;
+  o.causal = in.causal;
+  o.key_lengths = in.key_lengths;
+  if (in.key_padding_mask) {
+    const TensorView& kpm = *in.key_padding_mask;
+    if (!batched) {
+      if (kpm.rank() != 1 || kpm.size(0) != S)
+        fail("key_padding_mask: expected shape [S] = [" + str(S) + "] for unbatched input, got " + shape_str(kpm.shape()));
+      o.key_padding_mask = TensorView(kpm.data(), kpm.dtype(), {1, S}, {0, kpm.stride(0)});
+    } else {
+      o.key_padding_mask = kpm;
+    }
+  }
+  if (in.attn_mask) {
+    const TensorView& am = *in.attn_mask;
+    if (am.dtype() != DType::Bool && am.dtype() != c.dtype) {  // the other float dtype: convert
+      masks.attn_mask = Tensor::copy_of(am, c.dtype);
+      o.attn_mask = masks.attn_mask.view();
+    } else {
+      o.attn_mask = am;
+    }
+  }
+  validate_attention_masks(o, c.dtype, B, h, L, S);
+  if (const std::int64_t extra = extra_positions(c)) {
+    dispatch_floating(c.dtype, [&]<class T>(T) { pad_masks_for_extra_keys<T>(masks, B, h, L, S, extra); });
+  }
+  return masks;
+}
+
+}  // namespace mha::detail

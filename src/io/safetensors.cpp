@@ -241,10 +241,9 @@ std::string offsets_str(std::uint64_t begin, std::uint64_t end) {
   return s + "]";
 }
 
-SafetensorsFile read_from(const io::ByteSource& source, std::optional<DType> dtype) {
+// The header's JSON text, after checking its length against the file, its UTF-8 and the absence of NUL.
+std::string read_header_text(const io::ByteSource& source) {
   const std::string& file = source.name();
-  if (dtype && *dtype == DType::Bool)
-    fail(file, "dtype: floating-point tensors are read as float32 or float64, not bool");
   if (source.size() < kLengthBytes)
     fail(file, "the file is " + std::to_string(source.size()) + " bytes, shorter than the 8-byte header length");
 
@@ -267,14 +266,13 @@ SafetensorsFile read_from(const io::ByteSource& source, std::optional<DType> dty
   // pass; JSON allows no raw NUL anywhere, so refuse it first.
   if (const auto nul = header.find('\0'); nul != std::string::npos)
     fail(file, "header is not valid JSON: a NUL byte at byte " + std::to_string(nul) + " of the header");
+  return header;
+}
 
-  HeaderHandler handler;
-  const bool parsed = nlohmann::json::sax_parse(header.data(), header.data() + header.size(), &handler);
-  if (!parsed || !handler.done())
-    fail(file, handler.error.empty() ? std::string("header is not valid JSON") : handler.error);
-  header = std::string();  // the header's text is no longer needed
-  const auto& entries = handler.entries;
-
+// Each tensor's own description: a unique name, a dtype, a size, offsets inside the data buffer
+// (buffer_size bytes) that match the size. Returns the stored type of each entry.
+std::vector<StoredType> check_entries(const std::vector<Entry>& entries, const std::string& file,
+                                      std::uint64_t buffer_size) {
   // Names must be unique (a JSON object may repeat a key; nlohmann would keep the last silently).
   // Checked on sorted indices rather than with a set, so the names are not stored twice.
   std::vector<std::size_t> order(entries.size());
@@ -284,9 +282,6 @@ SafetensorsFile read_from(const io::ByteSource& source, std::optional<DType> dty
     if (entries[order[i]].name == entries[order[i - 1]].name)
       fail(file, "duplicate tensor name " + printable(entries[order[i]].name));
 
-  // Each tensor's own description: dtype, size, offsets inside the buffer and matching the size.
-  const std::uint64_t data_start = kLengthBytes + header_length;
-  const std::uint64_t buffer_size = source.size() - data_start;
   std::vector<StoredType> types;
   types.reserve(entries.size());
   for (const Entry& e : entries) {
@@ -304,8 +299,13 @@ SafetensorsFile read_from(const io::ByteSource& source, std::optional<DType> dty
       fail(file, prefix + "data_offsets " + offsets_str(begin, end) + " hold " + std::to_string(end - begin) +
                      " bytes, but " + e.dtype + " " + shape_str(e.shape) + " needs " + std::to_string(*bytes));
   }
+  return types;
+}
 
-  // Together the tensors must tile the buffer: sorted by offset, each begins where the last ended.
+// Together the tensors must tile the data buffer: sorted by offset, each begins where the last ended.
+void check_buffer_tiling(const std::vector<Entry>& entries, const std::string& file, std::uint64_t buffer_size) {
+  std::vector<std::size_t> order(entries.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
   std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return entries[a].offsets < entries[b].offsets; });
   std::uint64_t covered = 0;
   const Entry* previous = nullptr;
@@ -324,6 +324,25 @@ SafetensorsFile read_from(const io::ByteSource& source, std::optional<DType> dty
   if (covered != buffer_size)
     fail(file, "the last " + std::to_string(buffer_size - covered) + " bytes of the data buffer (" +
                    std::to_string(buffer_size) + " bytes) belong to no tensor");
+}
+
+SafetensorsFile read_from(const io::ByteSource& source, std::optional<DType> dtype) {
+  const std::string& file = source.name();
+  if (dtype && *dtype == DType::Bool)
+    fail(file, "dtype: floating-point tensors are read as float32 or float64, not bool");
+  std::string header = read_header_text(source);
+  const std::uint64_t data_start = kLengthBytes + header.size();
+
+  HeaderHandler handler;
+  const bool parsed = nlohmann::json::sax_parse(header.data(), header.data() + header.size(), &handler);
+  if (!parsed || !handler.done())
+    fail(file, handler.error.empty() ? std::string("header is not valid JSON") : handler.error);
+  header = std::string();  // the header's text is no longer needed
+  const auto& entries = handler.entries;
+
+  const std::uint64_t buffer_size = source.size() - data_start;
+  const std::vector<StoredType> types = check_entries(entries, file, buffer_size);
+  check_buffer_tiling(entries, file, buffer_size);
 
   // Only now, with every size checked against the file, is anything allocated for the data.
   SafetensorsFile result;

@@ -1,13 +1,15 @@
 # The two commands of README.md:
 #   make demo   install what is missing, build (Release), run the main job
-#   make test   install what is missing, build, run every test (C++, Python, ASan + UBSan)
+#   make test   install what is missing, check the formatting, build, run every test (C++, Python, ASan + UBSan)
+# And for contributors:
+#   make format        apply .clang-format to every tracked C/C++ file (make format-check: only check)
 BUILD       ?= build
 BUILD_ASAN  ?= build-asan
 JOBS        ?= $(shell nproc)
 PYTHON      ?= /usr/bin/python3
 DEMO_OUT    ?= mha-demo
 
-.PHONY: all deps build demo test test-cpp test-python test-asan test-fuzz test-install test-pip clean
+.PHONY: all deps build demo test test-cpp test-python test-asan test-fuzz test-install test-pip clean format format-check
 
 all: build
 
@@ -21,7 +23,7 @@ build: deps
 demo: build
 	./$(BUILD)/mha demo --out $(DEMO_OUT)
 
-test: build
+test: format-check build
 	$(MAKE) --no-print-directory test-cpp test-python test-install test-pip test-asan test-fuzz
 
 test-cpp:
@@ -45,6 +47,17 @@ test-fuzz: deps
 
 clean:
 	rm -rf $(BUILD) $(BUILD_ASAN)
+
+# clang-format (Debian's, 14) with .clang-format on every tracked .cpp/.hpp/.h/.cc: scripts/format.sh
+# rewrites the files; scripts/check-format.sh lists those that differ and fails (make test runs it first:
+# it takes a second or two).
+format:
+	@bash scripts/install-deps.sh clang-format
+	@bash scripts/format.sh
+
+format-check:
+	@bash scripts/install-deps.sh clang-format
+	@bash scripts/check-format.sh
 
 # Install into a scratch prefix, then build and run examples/consumer against it, through the CMake
 # package (shared and static) and through pkg-config.

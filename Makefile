@@ -3,13 +3,15 @@
 #   make test   install what is missing, check the formatting, build, run every test (C++, Python, ASan + UBSan)
 # And for contributors:
 #   make format        apply .clang-format to every tracked C/C++ file (make format-check: only check)
+#   make api-docs      the C++ API reference (Doxygen) from include/mha's /// comments; not part of make test
 BUILD       ?= build
 BUILD_ASAN  ?= build-asan
 JOBS        ?= $(shell nproc)
 PYTHON      ?= /usr/bin/python3
 DEMO_OUT    ?= mha-demo
 
-.PHONY: all deps build demo test test-cpp test-python test-asan test-fuzz test-install test-pip clean format format-check
+.PHONY: all deps build demo test test-cpp test-python test-asan test-fuzz test-install test-pip clean format format-check \
+  api-docs
 
 all: build
 
@@ -58,6 +60,15 @@ format:
 format-check:
 	@bash scripts/install-deps.sh clang-format
 	@bash scripts/check-format.sh
+
+# The C++ API reference: Doxygen (installed when missing) on the public headers (docs/Doxyfile) into
+# $(API_DOCS)/html; fails on any Doxygen warning.
+API_DOCS ?= $(BUILD)/api-docs
+api-docs:
+	@bash scripts/install-deps.sh doxygen
+	rm -rf $(API_DOCS) && mkdir -p $(API_DOCS)
+	{ cat docs/Doxyfile; echo "OUTPUT_DIRECTORY = $(API_DOCS)"; } | doxygen -
+	@echo "api-docs: $(API_DOCS)/html/index.html"
 
 # Install into a scratch prefix, then build and run examples/consumer against it, through the CMake
 # package (shared and static) and through pkg-config.

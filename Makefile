@@ -1,13 +1,17 @@
 # The two commands of README.md:
 #   make demo   install what is missing, build (Release), run the main job
-#   make test   install what is missing, build, run every test (C++, Python, ASan + UBSan)
+#   make test   install what is missing, check the formatting, build, run every test (C++, Python, ASan + UBSan)
+# And for contributors:
+#   make format        apply .clang-format to every tracked C/C++ file (make format-check: only check)
+#   make api-docs      the C++ API reference (Doxygen) from include/mha's /// comments; not part of make test
 BUILD       ?= build
 BUILD_ASAN  ?= build-asan
 JOBS        ?= $(shell nproc)
 PYTHON      ?= /usr/bin/python3
 DEMO_OUT    ?= mha-demo
 
-.PHONY: all deps build demo test test-cpp test-python test-asan test-fuzz test-install test-pip clean
+.PHONY: all deps build demo test test-cpp test-python test-asan test-fuzz test-install test-pip clean format format-check \
+  api-docs
 
 all: build
 
@@ -21,7 +25,7 @@ build: deps
 demo: build
 	./$(BUILD)/mha demo --out $(DEMO_OUT)
 
-test: build
+test: format-check build
 	$(MAKE) --no-print-directory test-cpp test-python test-install test-pip test-asan test-fuzz
 
 test-cpp:
@@ -45,6 +49,26 @@ test-fuzz: deps
 
 clean:
 	rm -rf $(BUILD) $(BUILD_ASAN)
+
+# clang-format (Debian's, 14) with .clang-format on every tracked .cpp/.hpp/.h/.cc: scripts/format.sh
+# rewrites the files; scripts/check-format.sh lists those that differ and fails (make test runs it first:
+# it takes a second or two).
+format:
+	@bash scripts/install-deps.sh clang-format
+	@bash scripts/format.sh
+
+format-check:
+	@bash scripts/install-deps.sh clang-format
+	@bash scripts/check-format.sh
+
+# The C++ API reference: Doxygen (installed when missing) on the public headers (docs/Doxyfile) into
+# $(API_DOCS)/html; fails on any Doxygen warning.
+API_DOCS ?= $(BUILD)/api-docs
+api-docs:
+	@bash scripts/install-deps.sh doxygen
+	rm -rf $(API_DOCS) && mkdir -p $(API_DOCS)
+	{ cat docs/Doxyfile; echo "OUTPUT_DIRECTORY = $(API_DOCS)"; } | doxygen -
+	@echo "api-docs: $(API_DOCS)/html/index.html"
 
 # Install into a scratch prefix, then build and run examples/consumer against it, through the CMake
 # package (shared and static) and through pkg-config.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages mha needs to build, test and run (see ../shared/DESIGN.md, section 3).
 # Idempotent: installs only what is missing, and runs apt-get update only when something is.
+# With arguments, installs just those packages instead (make format, format-check and api-docs do).
 set -euo pipefail
 
 packages=(
@@ -13,7 +14,9 @@ packages=(
   python3-venv python3-pip python3-setuptools python3-wheel   # pip install of the package (test-pip)
   libclang-rt-14-dev   # sanitizer runtimes for the ASan + UBSan build
   clang-14             # libFuzzer targets of the file readers (make test-fuzz)
+  clang-format         # make format, make format-check (.clang-format)
 )
+[ $# -eq 0 ] || packages=("$@")
 
 missing=()
 for p in "${packages[@]}"; do
@@ -21,7 +24,7 @@ for p in "${packages[@]}"; do
 done
 
 if [ ${#missing[@]} -eq 0 ]; then
-  echo "install-deps: all ${#packages[@]} packages present"
+  echo "install-deps: nothing missing (${#packages[@]} packages checked)"
   exit 0
 fi
 

@@ -1,24 +1,26 @@
-// Scaled dot-product attention (Vaswani et al. 2017, section 3.2.1):
-//
-//     Attention(Q, K, V) = softmax(Q K^T * scale + mask) V,   scale = 1 / sqrt(d_k) by default
-//
-// Legend: B batch, h heads, L queries, S keys, d_k query/key width, d_v value width.
-//
-// Masking rules (PyTorch's nn.MultiheadAttention conventions):
-//   - a boolean mask element `true` means "may not attend" (the logit becomes -inf);
-//   - a float attn_mask is added to the logits (use -inf to forbid a position);
-//   - key padding (boolean [B, S], true = padding, or per-batch lengths) forbids whole key columns;
-//   - causal is bottom-right aligned: query i may attend to key j only when j <= i + S - L, so with
-//     L == S it is the usual lower triangle and with L < S (decoding after a prefix) the last query
-//     sees every key; with L > S the first L - S queries see nothing;
-//   - all masks combine: a position is allowed only if every mask allows it; additive values add.
-// A query row whose keys are all forbidden attends to nothing: its output row and its weights are 0
-// and its log-sum-exp is -inf. (PyTorch 1.13 returns NaN there; we return a defined result.)
-// Masked keys are never read, so NaN or Inf stored at a masked position cannot reach any output.
-//
-// Sizes: B, h, L, S and d_v may be 0 (the results are then empty or, for S = 0, zero); d_k >= 1.
-// scale may be any finite number. key_padding_mask and key_lengths may be given together (both apply).
-// A float attn_mask must have q's dtype (MultiHeadAttention converts the other float dtype for you).
+/// \file
+/// Scaled dot-product attention (Vaswani et al., 2017, section 3.2.1):
+///
+///     Attention(Q, K, V) = softmax(Q K^T * scale + mask) V,   scale = 1 / sqrt(d_k) by default
+///
+/// Legend: B batch, h heads, L queries, S keys, d_k query/key width, d_v value width.
+///
+/// Masking rules (PyTorch's nn.MultiheadAttention conventions):
+///   - a boolean mask element `true` means "may not attend" (the logit becomes -inf);
+///   - a float attn_mask is added to the logits (use -inf to forbid a position);
+///   - key padding (boolean [B, S], true = padding, or per-batch lengths) forbids whole key columns;
+///   - causal is bottom-right aligned: query i may attend to key j only when j <= i + S - L, so with
+///     L == S it is the usual lower triangle and with L < S (decoding after a prefix) the last query
+///     sees every key; with L > S the first L - S queries see nothing;
+///   - all masks combine: a position is allowed only if every mask allows it; additive values add.
+///
+/// A query row whose keys are all forbidden attends to nothing: its output row and its weights are 0
+/// and its log-sum-exp is -inf. (PyTorch 1.13 returns NaN there; we return a defined result.)
+/// Masked keys are never read, so NaN or Inf stored at a masked position cannot reach any output.
+///
+/// Sizes: B, h, L, S and d_v may be 0 (the results are then empty or, for S = 0, zero); d_k >= 1.
+/// scale may be any finite number. key_padding_mask and key_lengths may be given together (both apply).
+/// A float attn_mask must have q's dtype (MultiHeadAttention converts the other float dtype for you).
 #pragma once
 
 #include <cstdint>
@@ -29,57 +31,59 @@
 
 namespace mha {
 
-// Which implementation computes the attention core.
+/// Which implementation computes the attention core.
 enum class Kernel {
-  Flash,      // src/attention/flash.cpp: FlashAttention-2, tiled, O(L + S) extra memory; float32
-              // (float64 inputs run the reference: float64 is the verification dtype)
-  Reference,  // src/attention/reference.cpp: plain loops, the specification
+  Flash,      ///< src/attention/flash.cpp: FlashAttention-2, tiled, O(L + S) extra memory; float32
+              ///< (float64 inputs run the reference: float64 is the verification dtype)
+  Reference,  ///< src/attention/reference.cpp: plain loops, the specification
 };
 
 struct AttentionOptions {
-  std::optional<double> scale;               // default 1 / sqrt(d_k)
-  bool causal = false;                       // bottom-right aligned, see above
-  std::optional<TensorView> key_padding_mask;  // bool [B, S], true = padding
-  std::vector<std::int64_t> key_lengths;     // alternative to key_padding_mask: B lengths in [0, S]
-  std::optional<TensorView> attn_mask;       // bool or float, [L, S] or [B*h, L, S]
-  double dropout_p = 0.0;                    // probability of zeroing a weight, in [0, 1)
-  std::uint64_t dropout_seed = 0;            // keys the counter-based dropout mask
-  bool need_weights = false;                 // return the probabilities [B, h, L, S]
-  bool need_lse = false;                     // return the log-sum-exp of each row [B, h, L]
+  std::optional<double> scale;               ///< default 1 / sqrt(d_k)
+  bool causal = false;                       ///< bottom-right aligned, see above
+  std::optional<TensorView> key_padding_mask;  ///< bool [B, S], true = padding
+  std::vector<std::int64_t> key_lengths;     ///< alternative to key_padding_mask: B lengths in [0, S]
+  std::optional<TensorView> attn_mask;       ///< bool or float, [L, S] or [B*h, L, S]
+  double dropout_p = 0.0;                    ///< probability of zeroing a weight, in [0, 1)
+  std::uint64_t dropout_seed = 0;            ///< keys the counter-based dropout mask
+  bool need_weights = false;                 ///< return the probabilities [B, h, L, S]
+  bool need_lse = false;                     ///< return the log-sum-exp of each row [B, h, L]
   Kernel kernel = Kernel::Flash;
 };
 
 struct AttentionResult {
-  Tensor out;      // [B, h, L, d_v]
-  Tensor weights;  // [B, h, L, S] when need_weights (after dropout, as PyTorch returns them), else undefined
-  Tensor lse;      // [B, h, L] when need_lse: log(sum_j exp(logit_j)) over allowed keys, before dropout
+  Tensor out;      ///< [B, h, L, d_v]
+  Tensor weights;  ///< [B, h, L, S] when need_weights (after dropout, as PyTorch returns them), else undefined
+  Tensor lse;      ///< [B, h, L] when need_lse: log(sum_j exp(logit_j)) over allowed keys, before dropout
 };
 
-// q: [B, h, L, d_k], k: [B, h, S, d_k], v: [B, h, S, d_v], all float32 or all float64, any strides.
-// Dropout (dropout_p > 0) zeroes weight (b, h, i, j) when a hash of (dropout_seed, b, h, i, j) falls
-// below dropout_p and scales the kept ones by 1 / (1 - dropout_p); the result does not depend on the
-// number of threads. Throws mha::Error on any invalid argument.
+/// q: [B, h, L, d_k], k: [B, h, S, d_k], v: [B, h, S, d_v], all float32 or all float64, any strides.
+/// Dropout (dropout_p > 0) zeroes weight (b, h, i, j) when a hash of (dropout_seed, b, h, i, j) falls
+/// below dropout_p and scales the kept ones by 1 / (1 - dropout_p); the result does not depend on the
+/// number of threads. Throws mha::Error on any invalid argument.
 AttentionResult scaled_dot_product_attention(const TensorView& q, const TensorView& k,
                                              const TensorView& v, const AttentionOptions& options = {});
 
 struct AttentionGradients {
-  Tensor dq;  // [B, h, L, d_k]
-  Tensor dk;  // [B, h, S, d_k]
-  Tensor dv;  // [B, h, S, d_v]
+  Tensor dq;  ///< [B, h, L, d_k]
+  Tensor dk;  ///< [B, h, S, d_k]
+  Tensor dv;  ///< [B, h, S, d_v]
 };
 
-// The backward of scaled_dot_product_attention (Vaswani et al.; FlashAttention-2's formulation):
-//     D = rowsum(dO * O);  P recomputed from q, k and lse;  dV = P^T dO;  dP = dO V^T;
-//     dS = P * (dP - D);   dQ = dS K * scale;  dK = dS^T Q * scale
-// with dropout's mask regenerated from options.dropout_seed. dout and out: [B, h, L, d_v], lse:
-// [B, h, L], from a forward with the same q, k, v and options (need_lse = true). The gradients are
-// returned in new tensors (they overwrite nothing and accumulate into nothing). Masks get no gradient.
+/// The backward of scaled_dot_product_attention (Vaswani et al., in FlashAttention-2's formulation):
+///
+///     D = rowsum(dO * O);  P recomputed from q, k and lse;  dV = P^T dO;  dP = dO V^T;
+///     dS = P * (dP - D);   dQ = dS K * scale;  dK = dS^T Q * scale
+///
+/// with dropout's mask regenerated from options.dropout_seed. dout and out: [B, h, L, d_v], lse:
+/// [B, h, L], from a forward with the same q, k, v and options (need_lse = true). The gradients are
+/// returned in new tensors (they overwrite nothing and accumulate into nothing). Masks get no gradient.
 AttentionGradients scaled_dot_product_attention_backward(const TensorView& dout, const TensorView& q,
                                                          const TensorView& k, const TensorView& v,
                                                          const TensorView& out, const TensorView& lse,
                                                          const AttentionOptions& options = {});
 
-// The number of OpenMP threads the library's kernels use (default: OpenMP's default).
+/// The number of OpenMP threads the library's kernels use (default: OpenMP's default).
 void set_num_threads(int threads);
 int num_threads();
 

@@ -1,4 +1,5 @@
-// The whole public API of mha.
+/// \file
+/// The whole public API of mha.
 #pragma once
 
 #include "mha/attention.hpp"

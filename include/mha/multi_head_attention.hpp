@@ -1,18 +1,21 @@
-// Multi-head attention (Vaswani et al. 2017, section 3.2.2):
-//
-//     MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O
-//     head_i             = Attention(Q W_i^Q, K W_i^K, V W_i^V)
-//
-// Legend: B batch, L queries, S keys, E = d_model, h heads, d_k, d_v per-head widths,
-// kdim / vdim the widths of the key and value inputs (E unless set).
-//
-// Parameters carry PyTorch's nn.MultiheadAttention names and layouts (y = x W^T + b):
-//   in_proj_weight [2*h*d_k + h*d_v, E]   when kdim == vdim == E and d_k == d_v (rows: q, k, v)
-//   q_proj_weight [h*d_k, E], k_proj_weight [h*d_k, kdim], v_proj_weight [h*d_v, vdim]   otherwise
-//   in_proj_bias [2*h*d_k + h*d_v]        when bias
-//   bias_k [1, 1, h*d_k], bias_v [1, 1, h*d_v]   when add_bias_kv
-//   out_proj.weight [E, h*d_v], out_proj.bias [E]  (bias when bias)
-// Unlike PyTorch, d_k and d_v are free: h*d_k need not equal E and d_k need not equal d_v.
+/// \file
+/// Multi-head attention (Vaswani et al., 2017, section 3.2.2):
+///
+///     MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O
+///     head_i             = Attention(Q W_i^Q, K W_i^K, V W_i^V)
+///
+/// Legend: B batch, L queries, S keys, E = d_model, h heads, d_k, d_v per-head widths,
+/// kdim / vdim the widths of the key and value inputs (E unless set).
+///
+/// Parameters carry PyTorch's nn.MultiheadAttention names and layouts (y = x W^T + b):
+///
+///     in_proj_weight [2*h*d_k + h*d_v, E]   when kdim == vdim == E and d_k == d_v (rows: q, k, v)
+///     q_proj_weight [h*d_k, E], k_proj_weight [h*d_k, kdim], v_proj_weight [h*d_v, vdim]   otherwise
+///     in_proj_bias [2*h*d_k + h*d_v]        when bias
+///     bias_k [1, 1, h*d_k], bias_v [1, 1, h*d_v]   when add_bias_kv
+///     out_proj.weight [E, h*d_v], out_proj.bias [E]  (bias when bias)
+///
+/// Unlike PyTorch, d_k and d_v are free: h*d_k need not equal E and d_k need not equal d_v.
 #pragma once
 
 #include <cstdint>
@@ -28,41 +31,41 @@
 namespace mha {
 
 struct MultiHeadAttentionConfig {
-  std::int64_t d_model = 0;     // E
-  std::int64_t num_heads = 0;   // h
-  std::int64_t d_k = 0;         // 0: d_model / num_heads
-  std::int64_t d_v = 0;         // 0: d_model / num_heads
-  std::int64_t kdim = 0;        // 0: d_model
-  std::int64_t vdim = 0;        // 0: d_model
-  bool bias = true;             // in_proj_bias and out_proj.bias
-  bool add_bias_kv = false;     // learned bias_k, bias_v appended as one more key/value position
-  bool add_zero_attn = false;   // a zero key/value position appended (after bias_k/bias_v)
-  double dropout = 0.0;         // dropout on the attention weights in training mode, in [0, 1)
-  bool batch_first = true;      // inputs [B, L, E]; false: [L, B, E] (PyTorch's default)
-  DType dtype = DType::Float32; // Float32 or Float64
+  std::int64_t d_model = 0;     ///< E
+  std::int64_t num_heads = 0;   ///< h
+  std::int64_t d_k = 0;         ///< 0: d_model / num_heads
+  std::int64_t d_v = 0;         ///< 0: d_model / num_heads
+  std::int64_t kdim = 0;        ///< 0: d_model
+  std::int64_t vdim = 0;        ///< 0: d_model
+  bool bias = true;             ///< in_proj_bias and out_proj.bias
+  bool add_bias_kv = false;     ///< learned bias_k, bias_v appended as one more key/value position
+  bool add_zero_attn = false;   ///< a zero key/value position appended (after bias_k/bias_v)
+  double dropout = 0.0;         ///< dropout on the attention weights in training mode, in [0, 1)
+  bool batch_first = true;      ///< inputs [B, L, E]; false: [L, B, E] (PyTorch's default)
+  DType dtype = DType::Float32; ///< Float32 or Float64
 };
 
-// Masks and causal concern the S input keys; the positions appended by add_bias_kv / add_zero_attn
-// are visible to every query (PyTorch pads its masks with "allowed" there). Inputs may have any
-// non-negative strides.
+/// Masks and causal concern the S input keys; the positions appended by add_bias_kv / add_zero_attn
+/// are visible to every query (PyTorch pads its masks with "allowed" there). Inputs may have any
+/// non-negative strides.
 struct MultiHeadAttentionInputs {
-  std::optional<TensorView> key_padding_mask;  // bool [B, S] ([S] for unbatched input), true = padding
-  std::vector<std::int64_t> key_lengths;       // alternative: B lengths in [0, S]
-  std::optional<TensorView> attn_mask;         // bool or float, [L, S] or [B*h, L, S]
-  bool causal = false;                         // bottom-right aligned over the S input keys
+  std::optional<TensorView> key_padding_mask;  ///< bool [B, S] ([S] for unbatched input), true = padding
+  std::vector<std::int64_t> key_lengths;       ///< alternative: B lengths in [0, S]
+  std::optional<TensorView> attn_mask;         ///< bool or float, [L, S] or [B*h, L, S]
+  bool causal = false;                         ///< bottom-right aligned over the S input keys
   bool need_weights = true;
   bool average_attn_weights = true;
 };
 
 struct MultiHeadAttentionOutput {
-  Tensor out;      // like query: [B, L, E], [L, B, E] or [L, E]
-  Tensor weights;  // when need_weights: [B, L, S'] averaged or [B, h, L, S'] per head ([L, S'] /
-                   // [h, L, S'] unbatched); S' = S + add_bias_kv + add_zero_attn
+  Tensor out;      ///< like query: [B, L, E], [L, B, E] or [L, E]
+  Tensor weights;  ///< when need_weights: [B, L, S'] averaged or [B, h, L, S'] per head ([L, S'] /
+                   ///< [h, L, S'] unbatched); S' = S + add_bias_kv + add_zero_attn
 };
 
 struct MultiHeadAttentionGradients {
-  Tensor query, key, value;                  // shaped like the forward's inputs
-  std::map<std::string, Tensor> parameters;  // by parameter name, shaped like the parameters
+  Tensor query, key, value;                  ///< shaped like the forward's inputs
+  std::map<std::string, Tensor> parameters;  ///< by parameter name, shaped like the parameters
 };
 
 namespace detail {
@@ -71,31 +74,31 @@ struct SavedForward;  // what a training-mode forward keeps for backward()
 
 class MultiHeadAttention;
 
-// The projected keys and values of the positions seen so far, for incremental (autoregressive)
-// decoding with one MultiHeadAttention layer: append the new positions' keys and values
-// (MultiHeadAttention::append_to_cache), then attend for the new queries only
-// (MultiHeadAttention::forward_cached). O(length) attention work per new query instead of
-// recomputing everything.
-//
-// Storage: projected keys [B, capacity, h*d_k] and values [B, capacity, h*d_v] in the layer's dtype,
-// position t of batch b in row b*capacity + t. Capacity grows geometrically (doubling; old rows are
-// copied), so appending costs amortised O(1) rows per position. With add_bias_kv / add_zero_attn the
-// rows just after the last position hold bias_k/bias_v and the zero position, rewritten by every
-// append, so that the attention reads [B, length + extra] keys in place.
-//
-// A cache belongs to one layer (use one per layer and per decoding stream): it records the layer's h,
-// d_k, d_v, dtype, add_bias_kv and add_zero_attn, and the calls throw mha::Error when another layer's
-// differ (a layer with the same widths cannot be told apart, except by its bias_k / bias_v). Not
-// thread-safe: an append must not overlap another call on the same cache. Move-only, like Tensor.
+/// The projected keys and values of the positions seen so far, for incremental (autoregressive)
+/// decoding with one MultiHeadAttention layer: append the new positions' keys and values
+/// (MultiHeadAttention::append_to_cache), then attend for the new queries only
+/// (MultiHeadAttention::forward_cached). O(length) attention work per new query instead of
+/// recomputing everything.
+///
+/// Storage: projected keys [B, capacity, h*d_k] and values [B, capacity, h*d_v] in the layer's dtype,
+/// position t of batch b in row b*capacity + t. Capacity grows geometrically (doubling; old rows are
+/// copied), so appending costs amortised O(1) rows per position. With add_bias_kv / add_zero_attn the
+/// rows just after the last position hold bias_k/bias_v and the zero position, rewritten by every
+/// append, so that the attention reads [B, length + extra] keys in place.
+///
+/// A cache belongs to one layer (use one per layer and per decoding stream): it records the layer's h,
+/// d_k, d_v, dtype, add_bias_kv and add_zero_attn, and the calls throw mha::Error when another layer's
+/// differ (a layer with the same widths cannot be told apart, except by its bias_k / bias_v). Not
+/// thread-safe: an append must not overlap another call on the same cache. Move-only, like Tensor.
 class KeyValueCache {
  public:
-  KeyValueCache() = default;  // empty; the first append fixes the batch size
+  KeyValueCache() = default;  ///< empty; the first append fixes the batch size
 
-  std::int64_t batch() const { return batch_; }        // B (0 before the first append)
-  std::int64_t length() const { return length_; }      // positions held (S so far)
-  std::int64_t capacity() const { return capacity_; }  // positions the storage holds before it grows
-  // Length 0, keeps the storage (and batch() until the next append). The next append starts over:
-  // it may bring another batch size or layer, and then allocates anew.
+  std::int64_t batch() const { return batch_; }        ///< B (0 before the first append)
+  std::int64_t length() const { return length_; }      ///< positions held (S so far)
+  std::int64_t capacity() const { return capacity_; }  ///< positions the storage holds before it grows
+  /// Length 0, keeps the storage (and batch() until the next append). The next append starts over:
+  /// it may bring another batch size or layer, and then allocates anew.
   void clear() { length_ = 0; }
 
  private:
@@ -113,33 +116,33 @@ class KeyValueCache {
   bool add_bias_kv_ = false, add_zero_attn_ = false;
 };
 
-// Thread safety: forward() and backward() change the layer's state (the dropout counter, what a
-// training-mode forward keeps), so calls on one layer must not overlap; separate layers are
-// independent. append_to_cache() and forward_cached() are const: calls with different caches may
-// overlap each other on one layer, but not a forward(), backward() or parameter change. Each call uses
-// the library's OpenMP threads (set_num_threads) internally.
+/// Thread safety: forward() and backward() change the layer's state (the dropout counter, what a
+/// training-mode forward keeps), so calls on one layer must not overlap; separate layers are
+/// independent. append_to_cache() and forward_cached() are const: calls with different caches may
+/// overlap each other on one layer, but not a forward(), backward() or parameter change. Each call uses
+/// the library's OpenMP threads (set_num_threads) internally.
 class MultiHeadAttention {
  public:
-  // Validates the config and initialises the parameters as PyTorch does, from `seed`:
-  // projection weights xavier_uniform, out_proj.weight uniform(+-1/sqrt(h*d_v)), biases 0,
-  // bias_k / bias_v xavier_normal. (Same distributions as PyTorch, not the same numbers.)
+  /// Validates the config and initialises the parameters as PyTorch does, from `seed`:
+  /// projection weights xavier_uniform, out_proj.weight uniform(+-1/sqrt(h*d_v)), biases 0,
+  /// bias_k / bias_v xavier_normal. (Same distributions as PyTorch, not the same numbers.)
   explicit MultiHeadAttention(const MultiHeadAttentionConfig& config, std::uint64_t seed = 0);
 
-  // The config with every default resolved (d_k, d_v, kdim, vdim never 0).
+  /// The config with every default resolved (d_k, d_v, kdim, vdim never 0).
   const MultiHeadAttentionConfig& config() const { return config_; }
-  bool packed_in_proj() const;  // true when the q, k, v weights live in one in_proj_weight
+  bool packed_in_proj() const;  ///< true when the q, k, v weights live in one in_proj_weight
 
-  // The parameter names in PyTorch's state_dict order, and access by name.
+  /// The parameter names in PyTorch's state_dict order, and access by name.
   std::vector<std::string> parameter_names() const;
   const Tensor& parameter(const std::string& name) const;
-  // Copies `value` into the parameter `name`, converting float32 <-> float64. Throws mha::Error on an
-  // unknown name or a wrong shape.
+  /// Copies `value` into the parameter `name`, converting float32 <-> float64. Throws mha::Error on an
+  /// unknown name or a wrong shape.
   void set_parameter(const std::string& name, const TensorView& value);
-  // Sets every parameter; throws (changing nothing) on an unknown, missing or mis-shaped entry.
+  /// Sets every parameter; throws (changing nothing) on an unknown, missing or mis-shaped entry.
   void load_state_dict(const std::map<std::string, TensorView>& state);
-  std::map<std::string, TensorView> state_dict() const;  // views into this module's parameters
+  std::map<std::string, TensorView> state_dict() const;  ///< views into this module's parameters
 
-  // Training mode (the default, as in PyTorch) applies dropout; evaluation mode does not.
+  /// Training mode (the default, as in PyTorch) applies dropout; evaluation mode does not.
   void train(bool on = true) { training_ = on; }
   void eval() { training_ = false; }
   bool training() const { return training_; }
@@ -147,41 +150,41 @@ class MultiHeadAttention {
   void set_kernel(Kernel kernel) { kernel_ = kernel; }
   Kernel kernel() const { return kernel_; }
 
-  // query [B, L, E], key [B, S, kdim], value [B, S, vdim] (batch_first), or [L, B, *] (not
-  // batch_first), or unbatched [L, E], [S, kdim], [S, vdim]. Inputs must have the module's dtype.
-  // Non-const: each training-mode call with dropout draws a new dropout seed, and a training-mode call
-  // keeps what backward() needs (copies of the inputs and masks, the projections, the log-sum-exps).
+  /// query [B, L, E], key [B, S, kdim], value [B, S, vdim] (batch_first), or [L, B, *] (not
+  /// batch_first), or unbatched [L, E], [S, kdim], [S, vdim]. Inputs must have the module's dtype.
+  /// Non-const: each training-mode call with dropout draws a new dropout seed, and a training-mode call
+  /// keeps what backward() needs (copies of the inputs and masks, the projections, the log-sum-exps).
   MultiHeadAttentionOutput forward(const TensorView& query, const TensorView& key, const TensorView& value,
                                    const MultiHeadAttentionInputs& inputs = {});
 
-  // The gradients of the last training-mode forward: given dout = dLoss/dout (shaped like that
-  // forward's out), returns dLoss/d(query, key, value) and dLoss/d(every parameter). Gradients are
-  // returned in new tensors: they overwrite nothing and accumulate nothing (sum them yourself when
-  // query, key and value are one tensor). No gradient flows through the returned attention weights.
-  // Throws mha::Error when there is no training-mode forward, or dout has the wrong shape or dtype.
+  /// The gradients of the last training-mode forward: given dout = dLoss/dout (shaped like that
+  /// forward's out), returns dLoss/d(query, key, value) and dLoss/d(every parameter). Gradients are
+  /// returned in new tensors: they overwrite nothing and accumulate nothing (sum them yourself when
+  /// query, key and value are one tensor). No gradient flows through the returned attention weights.
+  /// Throws mha::Error when there is no training-mode forward, or dout has the wrong shape or dtype.
   MultiHeadAttentionGradients backward(const TensorView& dout);
 
   // ---- incremental decoding (see KeyValueCache) ------------------------------------------------
-  // Projects key [B, S_new, kdim] and value [B, S_new, vdim] (the layer's layout: batch_first, or
-  // [S_new, B, *] when not batch_first, or unbatched [S_new, kdim] with B = 1) with k_proj / v_proj
-  // (+ bias) and appends them to `cache`; S_new >= 1. With add_bias_kv / add_zero_attn it also writes
-  // bias_k / bias_v and the zero position after the new last position. Throws mha::Error on a batch
-  // different from the cache's (unless the cache is empty), wrong ranks, widths or dtype, or a cache
-  // filled by a layer with other h, d_k, d_v, dtype, add_bias_kv or add_zero_attn.
+  /// Projects key [B, S_new, kdim] and value [B, S_new, vdim] (the layer's layout: batch_first, or
+  /// [S_new, B, *] when not batch_first, or unbatched [S_new, kdim] with B = 1) with k_proj / v_proj
+  /// (+ bias) and appends them to `cache`; S_new >= 1. With add_bias_kv / add_zero_attn it also writes
+  /// bias_k / bias_v and the zero position after the new last position. Throws mha::Error on a batch
+  /// different from the cache's (unless the cache is empty), wrong ranks, widths or dtype, or a cache
+  /// filled by a layer with other h, d_k, d_v, dtype, add_bias_kv or add_zero_attn.
   void append_to_cache(KeyValueCache& cache, const TensorView& key, const TensorView& value) const;
 
-  // Attends query [B, L_new, E] (layout as forward) to every position in `cache` and applies out_proj:
-  // exactly forward(query, K_all, V_all, inputs) in evaluation mode, where K_all / V_all are all the
-  // keys / values appended so far (S = cache.length()). inputs.causal is bottom-right aligned (query i
-  // of the L_new sees cache positions j <= length - L_new + i), so appending a step's key / value and
-  // then attending with causal = true (or false with L_new = 1) equals causal full recomputation.
-  // inputs.key_padding_mask [B, length] ([length] unbatched) and inputs.key_lengths (B values) refer
-  // to cache positions; attn_mask [L_new, length] or [B*h, L_new, length]; need_weights /
-  // average_attn_weights as in forward (weights [B, L_new, length + extra] or per head). The
-  // add_bias_kv / add_zero_attn positions come after the cached ones and every query sees them, as in
-  // forward; a layer with add_bias_kv must be the one that appended (its bias_k / bias_v are checked).
-  // Uses the layer's kernel; never applies dropout and keeps nothing for backward (whatever train()
-  // says). Throws mha::Error on an empty cache, a batch mismatch, a cache of another layer, bad masks.
+  /// Attends query [B, L_new, E] (layout as forward) to every position in `cache` and applies out_proj:
+  /// exactly forward(query, K_all, V_all, inputs) in evaluation mode, where K_all / V_all are all the
+  /// keys / values appended so far (S = cache.length()). inputs.causal is bottom-right aligned (query i
+  /// of the L_new sees cache positions j <= length - L_new + i), so appending a step's key / value and
+  /// then attending with causal = true (or false with L_new = 1) equals causal full recomputation.
+  /// inputs.key_padding_mask [B, length] ([length] unbatched) and inputs.key_lengths (B values) refer
+  /// to cache positions; attn_mask [L_new, length] or [B*h, L_new, length]; need_weights /
+  /// average_attn_weights as in forward (weights [B, L_new, length + extra] or per head). The
+  /// add_bias_kv / add_zero_attn positions come after the cached ones and every query sees them, as in
+  /// forward; a layer with add_bias_kv must be the one that appended (its bias_k / bias_v are checked).
+  /// Uses the layer's kernel; never applies dropout and keeps nothing for backward (whatever train()
+  /// says). Throws mha::Error on an empty cache, a batch mismatch, a cache of another layer, bad masks.
   MultiHeadAttentionOutput forward_cached(const TensorView& query, const KeyValueCache& cache,
                                           const MultiHeadAttentionInputs& inputs = {}) const;
 

@@ -1,7 +1,8 @@
-// Tensor (owning, 64-byte aligned, contiguous) and TensorView (non-owning, strided, read-only).
-//
-// Shapes are std::int64_t, outermost dimension first; strides are counted in elements, not bytes.
-// A TensorView is how caller memory (a NumPy array, a std::vector) reaches the library without a copy.
+/// \file
+/// Tensor (owning, 64-byte aligned, contiguous) and TensorView (non-owning, strided, read-only).
+///
+/// Shapes are std::int64_t, outermost dimension first; strides are counted in elements, not bytes.
+/// A TensorView is how caller memory (a NumPy array, a std::vector) reaches the library without a copy.
 #pragma once
 
 #include <cstddef>
@@ -17,26 +18,26 @@ enum class DType : std::uint8_t { Float32, Float64, Bool };
 
 using Shape = std::vector<std::int64_t>;
 
-std::size_t dtype_size(DType dtype);          // bytes per element: 4, 8, 1
-const char* dtype_name(DType dtype);          // "float32", "float64", "bool"
-std::string shape_str(const Shape& shape);    // "[2, 3, 4]"
-std::int64_t shape_numel(const Shape& shape); // product; 1 for rank 0
+std::size_t dtype_size(DType dtype);          ///< bytes per element: 4, 8, 1
+const char* dtype_name(DType dtype);          ///< "float32", "float64", "bool"
+std::string shape_str(const Shape& shape);    ///< "[2, 3, 4]"
+std::int64_t shape_numel(const Shape& shape); ///< product; 1 for rank 0
 
 template <class T> constexpr DType dtype_of();
 template <> constexpr DType dtype_of<float>() { return DType::Float32; }
 template <> constexpr DType dtype_of<double>() { return DType::Float64; }
 template <> constexpr DType dtype_of<bool>() { return DType::Bool; }
 
-// Row-major (C order) strides of a shape, in elements.
+/// Row-major (C order) strides of a shape, in elements.
 Shape contiguous_strides(const Shape& shape);
 
-// A read-only window on memory the caller owns. Bool elements are one byte, nonzero = true.
+/// A read-only window on memory the caller owns. Bool elements are one byte, nonzero = true.
 class TensorView {
  public:
   TensorView() = default;
-  // Strides in elements; may be zero (broadcast) or any non-negative value.
+  /// Strides in elements; may be zero (broadcast) or any non-negative value.
   TensorView(const void* data, DType dtype, Shape shape, Shape strides);
-  // C-order view of `data`.
+  /// C-order view of `data`.
   TensorView(const void* data, DType dtype, Shape shape);
 
   const void* data() const { return data_; }
@@ -57,13 +58,13 @@ class TensorView {
   Shape strides_;
 };
 
-// Owning, contiguous (C order), 64-byte aligned, zero-initialised storage. Move-only; copy with clone().
+/// Owning, contiguous (C order), 64-byte aligned, zero-initialised storage. Move-only; copy with clone().
 class Tensor {
  public:
-  Tensor() = default;  // an undefined tensor: defined() is false
+  Tensor() = default;  ///< an undefined tensor: defined() is false
   Tensor(DType dtype, Shape shape);
 
-  // A contiguous copy of any view, converted to `dtype` (float32 <-> float64; bool stays bool).
+  /// A contiguous copy of any view, converted to `dtype` (float32 <-> float64; bool stays bool).
   static Tensor copy_of(const TensorView& view, DType dtype);
   static Tensor copy_of(const TensorView& view) { return copy_of(view, view.dtype()); }
   Tensor clone() const { return copy_of(view()); }
@@ -85,7 +86,7 @@ class Tensor {
   TensorView view() const { return TensorView(data(), dtype_, shape_); }
   operator TensorView() const { return view(); }  // NOLINT: a tensor is usable wherever a view is
 
-  // Same elements, new shape with the same element count (contiguous storage makes this free).
+  /// Same elements, new shape with the same element count (contiguous storage makes this free).
   Tensor reshaped(Shape shape) &&;
 
  private:

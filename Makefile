@@ -11,7 +11,7 @@ PYTHON      ?= /usr/bin/python3
 DEMO_OUT    ?= mha-demo
 
 .PHONY: all deps build demo test test-cpp test-python test-asan test-fuzz test-install test-pip clean format format-check \
-  api-docs
+  check-structure api-docs
 
 all: build
 
@@ -25,7 +25,7 @@ build: deps
 demo: build
 	./$(BUILD)/mha demo --out $(DEMO_OUT)
 
-test: format-check build
+test: format-check check-structure build
 	$(MAKE) --no-print-directory test-cpp test-python test-install test-pip test-asan test-fuzz
 
 test-cpp:
@@ -60,6 +60,11 @@ format:
 format-check:
 	@bash scripts/install-deps.sh clang-format
 	@bash scripts/check-format.sh
+
+# The limits on the library's code that docs/DESIGN.md sets (files <= 450 lines and functions <= 80
+# lines in src/, one call of oneDNN's sgemm): scripts/check-structure.py, a second; make test runs it.
+check-structure:
+	@$(PYTHON) scripts/check-structure.py
 
 # The C++ API reference: Doxygen (installed when missing) on the public headers (docs/Doxyfile) into
 # $(API_DOCS)/html; fails on any Doxygen warning.

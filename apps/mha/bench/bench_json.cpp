@@ -2,7 +2,7 @@
 // rates in GFLOP/s (from the best call, min_s), fractions of the roof in [0, 1].
 #include <nlohmann/json.hpp>
 
-#include "bench_results.hpp"
+#include "bench/bench_results.hpp"
 
 namespace mha_cli::bench {
 namespace {

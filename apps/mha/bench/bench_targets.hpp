@@ -3,7 +3,7 @@
 
 #include <vector>
 
-#include "bench_results.hpp"
+#include "bench/bench_results.hpp"
 
 namespace mha_cli::bench {
 

@@ -1,6 +1,6 @@
-// The benchmark plot, drawn on a png_canvas.hpp Canvas: two panels (forward; forward + backward), each
+// The benchmark plot, drawn on a render/png_canvas.hpp Canvas: two panels (forward; forward + backward), each
 // with log-scale N on x and effective GFLOP/s on y, one line per implementation and causality.
-#include "bench_plot.hpp"
+#include "bench/bench_plot.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -10,7 +10,7 @@
 
 #include <fmt/core.h>
 
-#include "png_canvas.hpp"
+#include "render/png_canvas.hpp"
 
 namespace mha_cli::bench {
 namespace {

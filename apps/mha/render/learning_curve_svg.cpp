@@ -1,6 +1,6 @@
 // The learning curve (learning_curve_svg.hpp): two polylines on one plot, with a grid, ticks and a
 // legend, written as plain SVG text.
-#include "learning_curve_svg.hpp"
+#include "render/learning_curve_svg.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -10,7 +10,7 @@
 
 #include <fmt/core.h>
 
-#include "attention_map_svg.hpp"  // xml_escape
+#include "render/attention_map_svg.hpp"  // xml_escape
 
 namespace mha_cli {
 namespace {

@@ -4,7 +4,7 @@
 
 #include <filesystem>
 
-#include "bench_results.hpp"
+#include "bench/bench_results.hpp"
 
 namespace mha_cli::bench {
 

@@ -1,5 +1,5 @@
 // The demo's hand-built heads; the construction is explained in demo_heads.hpp.
-#include "demo_heads.hpp"
+#include "commands/demo_heads.hpp"
 
 #include <algorithm>
 #include <cmath>

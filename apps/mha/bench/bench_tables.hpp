@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "bench_results.hpp"
+#include "bench/bench_results.hpp"
 
 namespace mha_cli::bench {
 

@@ -1,7 +1,7 @@
 // `mha bench-one`: one shape's forward (or forward + backward), timed, with this process's peak RSS.
 //
 // Legend: B batch, h heads, N = L = S, E = d_model.
-#include "bench_one.hpp"
+#include "bench/bench_one.hpp"
 
 #include <functional>
 #include <memory>
@@ -10,7 +10,7 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
-#include "bench_workloads.hpp"
+#include "bench/bench_workloads.hpp"
 #include "mha/attention.hpp"
 
 namespace mha_cli {

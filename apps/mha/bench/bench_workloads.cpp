@@ -1,7 +1,7 @@
 // The attention core and the whole layer as `mha bench` times them.
 //
 // Legend: B batch, h heads, N = L = S, d per-head width, E = d_model.
-#include "bench_workloads.hpp"
+#include "bench/bench_workloads.hpp"
 
 #include <random>
 #include <stdexcept>

@@ -1,5 +1,5 @@
 // Reads the machine's description from /proc and uname, and the versions of what we run.
-#include "bench_machine.hpp"
+#include "bench/bench_machine.hpp"
 
 #include <sys/utsname.h>
 #include <unistd.h>

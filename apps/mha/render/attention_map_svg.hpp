@@ -6,7 +6,7 @@
 
 #include <filesystem>
 
-#include "attention_map.hpp"
+#include "render/attention_map.hpp"
 
 namespace mha_cli {
 

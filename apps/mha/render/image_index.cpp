@@ -1,7 +1,7 @@
 // A static HTML page listing images with captions.
-#include "image_index.hpp"
+#include "render/image_index.hpp"
 
-#include "attention_map_svg.hpp"
+#include "render/attention_map_svg.hpp"
 
 #include <fstream>
 #include <stdexcept>

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "attention_map.hpp"  // Rgb
+#include "render/attention_map.hpp"  // Rgb
 
 namespace mha_cli {
 

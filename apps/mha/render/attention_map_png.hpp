@@ -4,7 +4,7 @@
 
 #include <filesystem>
 
-#include "attention_map.hpp"
+#include "render/attention_map.hpp"
 
 namespace mha_cli {
 

@@ -1,5 +1,5 @@
 // `mha translate` (translate.hpp).
-#include "translate.hpp"
+#include "commands/translate.hpp"
 
 #include <filesystem>
 #include <iostream>

@@ -1,12 +1,12 @@
 // Each target: what is promised, the figure that decides it, met or missed, and by how much.
-#include "bench_targets.hpp"
+#include "bench/bench_targets.hpp"
 
 #include <algorithm>
 #include <functional>
 
 #include <fmt/core.h>
 
-#include "bench_tables.hpp"
+#include "bench/bench_tables.hpp"
 
 namespace mha_cli::bench {
 namespace {

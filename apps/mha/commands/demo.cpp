@@ -2,7 +2,7 @@
 //
 // Legend: S source characters, T = 11 decoder positions (<bos> and the 10 characters of the date),
 // h heads.
-#include "demo.hpp"
+#include "commands/demo.hpp"
 
 #include <unistd.h>
 
@@ -19,11 +19,11 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
-#include "attention_map_png.hpp"
-#include "attention_map_svg.hpp"  // xml_escape
 #include "checkpoint.hpp"
-#include "learning_curve_svg.hpp"
 #include "mha/attention.hpp"
+#include "render/attention_map_png.hpp"
+#include "render/attention_map_svg.hpp"  // xml_escape
+#include "render/learning_curve_svg.hpp"
 #include "training.hpp"
 
 namespace mha_cli {

@@ -2,7 +2,7 @@
 // bracketed by roof measurements, so that each rate can be read against the machine's state at the time.
 //
 // Legend: B batch (1 here), h heads, N = L = S, d per-head width, E = d_model = h * d.
-#include "bench.hpp"
+#include "bench/bench.hpp"
 
 #include <algorithm>
 #include <filesystem>
@@ -12,14 +12,14 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
-#include "bench_machine.hpp"
-#include "bench_measure.hpp"
-#include "bench_plot.hpp"
-#include "bench_process.hpp"
-#include "bench_results.hpp"
-#include "bench_tables.hpp"
-#include "bench_targets.hpp"
-#include "bench_workloads.hpp"
+#include "bench/bench_machine.hpp"
+#include "bench/bench_measure.hpp"
+#include "bench/bench_plot.hpp"
+#include "bench/bench_process.hpp"
+#include "bench/bench_results.hpp"
+#include "bench/bench_tables.hpp"
+#include "bench/bench_targets.hpp"
+#include "bench/bench_workloads.hpp"
 #include "mha/attention.hpp"
 
 namespace mha_cli {
@@ -247,14 +247,15 @@ double torch_memory_estimate_bytes(std::int64_t n, bool causal, Pass pass) {
 }
 
 std::string torch_script(const BenchOptions& options) {
-  return options.torch_script.empty() ? std::string(MHA_SOURCE_DIR) + "/bench/torch_mha.py" : options.torch_script;
+  if (!options.torch_script.empty()) return options.torch_script;
+  return std::string(MHA_SOURCE_DIR) + "/apps/mha/bench/torch_mha.py";
 }
 
 struct TorchRunner {
   const BenchOptions& options;
   BenchResults& results;
 
-  // bench/torch_mha.py in a new Python process, on `blas` ("onednn" or "installed").
+  // torch_mha.py in a new Python process, on `blas` ("onednn" or "installed").
   ProcessRun run(std::int64_t n, bool causal, int threads, Pass pass, const std::string& blas,
                  const RepeatPolicy& policy, double flops) const {
     const double need = torch_memory_estimate_bytes(n, causal, pass);

@@ -1,11 +1,11 @@
 // PNG heat map of an attention weight matrix [L, S], drawn on a png_canvas.hpp Canvas.
-#include "attention_map_png.hpp"
+#include "render/attention_map_png.hpp"
 
 #include <algorithm>
 #include <stdexcept>
 #include <string>
 
-#include "png_canvas.hpp"
+#include "render/png_canvas.hpp"
 
 namespace mha_cli {
 namespace {

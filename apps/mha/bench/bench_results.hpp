@@ -11,8 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "bench_machine.hpp"
-#include "bench_measure.hpp"
+#include "bench/bench_machine.hpp"
+#include "bench/bench_measure.hpp"
 
 namespace mha_cli::bench {
 
@@ -36,7 +36,7 @@ struct CoreResult {
 
 inline constexpr const char* kNoTorchStatus = "skipped: --no-torch";
 
-// One shape timed in its own process (`mha bench-one` or bench/torch_mha.py).
+// One shape timed in its own process (`mha bench-one` or torch_mha.py).
 struct ProcessRun {
   std::string status = "ok";  // "ok", or why there is no figure: "skipped: ...", "failed: ...", "timed out ..."
   Timing timing;

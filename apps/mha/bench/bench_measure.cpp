@@ -1,5 +1,5 @@
 // Timing protocol, the oneDNN sgemm roof, and the peak resident set.
-#include "bench_measure.hpp"
+#include "bench/bench_measure.hpp"
 
 #include <sys/resource.h>
 

@@ -3,7 +3,7 @@
 // results and draws the attention maps.
 //
 // Legend: L queries = S keys = the text's length, h heads, E = d_model, V symbol slots.
-#include "heads.hpp"
+#include "commands/heads.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -14,12 +14,12 @@
 
 #include <fmt/core.h>
 
-#include "attention_map_png.hpp"
-#include "attention_map_svg.hpp"
-#include "demo_heads.hpp"
-#include "image_index.hpp"
+#include "commands/demo_heads.hpp"
 #include "mha/attention.hpp"
 #include "mha/multi_head_attention.hpp"
+#include "render/attention_map_png.hpp"
+#include "render/attention_map_svg.hpp"
+#include "render/image_index.hpp"
 
 namespace mha_cli {
 namespace {

@@ -1,6 +1,6 @@
 // SVG heat map of an attention weight matrix [L, S]: rectangles and text, written by hand (SVG is
 // plain XML; no library is needed to emit a few hundred elements).
-#include "attention_map_svg.hpp"
+#include "render/attention_map_svg.hpp"
 
 #include <algorithm>
 #include <fstream>

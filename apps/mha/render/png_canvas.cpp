@@ -1,5 +1,5 @@
 // The PNG canvas: rectangles, lines, stb_easy_font text, stb_image_write output.
-#include "png_canvas.hpp"
+#include "render/png_canvas.hpp"
 
 #include <algorithm>
 #include <cmath>

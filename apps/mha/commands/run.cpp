@@ -1,7 +1,7 @@
 // `mha run`: load a layer from safetensors, inputs from .npy, write the output (and weights) as .npy.
 //
 // Legend: B batch, L queries, S keys, E = d_model, h heads.
-#include "run.hpp"
+#include "commands/run.hpp"
 
 #include <fmt/core.h>
 

@@ -1,6 +1,6 @@
 // fork + execve with stdout and stderr on pipes, read with poll until the child closes them or the
 // time limit passes. (std::system / popen have no time limit and mix the two streams.)
-#include "bench_process.hpp"
+#include "bench/bench_process.hpp"
 
 #include <fcntl.h>
 #include <poll.h>

@@ -1,12 +1,12 @@
 // `mha bench-one` (hidden): one shape, timed in a process of its own, so that the process's peak
-// resident set is that shape's. `mha bench` runs it through /proc/self/exe; bench/torch_mha.py is
+// resident set is that shape's. `mha bench` runs it through /proc/self/exe; torch_mha.py is
 // its PyTorch twin and prints the same JSON fields.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
-#include "bench_measure.hpp"
+#include "bench/bench_measure.hpp"
 
 namespace mha_cli {
 

@@ -1,6 +1,6 @@
 // Fixed-width text tables of the benchmark's results. Times (the best call) in milliseconds (seconds past 10 s),
 // rates in GFLOP/s, memory as the peak resident set (RSS) of the process after its first call.
-#include "bench_tables.hpp"
+#include "bench/bench_tables.hpp"
 
 #include <cstdio>
 

@@ -13,8 +13,8 @@
 #include "bench/bench.hpp"
 #include "bench/bench_one.hpp"
 #include "commands/demo.hpp"
-#include "commands/demo_heads.hpp"
 #include "commands/heads.hpp"
+#include "commands/heads_model.hpp"
 #include "commands/run.hpp"
 #include "commands/translate.hpp"
 #include "mha/error.hpp"
@@ -68,7 +68,7 @@ void add_heads_command(CLI::App& app, mha_cli::HeadsOptions& options) {
       ->check(CLI::Range(0, 1024))
       ->capture_default_str();
   heads->add_option("--text", options.text, "The token sequence, one token per character")
-      ->check(CLI::Validator([](std::string& text) { return mha_cli::demo::check_text(text); }, ""))
+      ->check(CLI::Validator([](std::string& text) { return mha_cli::heads::check_text(text); }, ""))
       ->capture_default_str();
 }
 

@@ -1,4 +1,4 @@
-// `mha heads`: runs the hand-built heads of demo_heads.hpp through mha::MultiHeadAttention, measures
+// `mha heads`: runs the hand-built heads of heads_model.hpp through mha::MultiHeadAttention, measures
 // how closely each head follows its rule, compares with one head of the same width, checks the
 // results and draws the attention maps.
 //
@@ -14,7 +14,7 @@
 
 #include <fmt/core.h>
 
-#include "commands/demo_heads.hpp"
+#include "commands/heads_model.hpp"
 #include "mha/attention.hpp"
 #include "mha/multi_head_attention.hpp"
 #include "render/attention_map_png.hpp"
@@ -24,10 +24,10 @@
 namespace mha_cli {
 namespace {
 
-using demo::kHeadRules;
-using demo::kHeads;
-using demo::Rule;
-using demo::Sequence;
+using heads::kHeadRules;
+using heads::kHeads;
+using heads::Rule;
+using heads::Sequence;
 
 constexpr double kPassWeight = 0.9;        // a head passes when every query puts >= this on its rule's keys
 constexpr double kAverageTolerance = 1e-5; // averaged weights vs the mean of the per-head weights
@@ -64,7 +64,7 @@ RuleScore score_rule(const Matrix& w, Rule rule, const Sequence& seq) {
   RuleScore score;
   for (std::int64_t i = 0; i < L; ++i) {
     const float* row = &w[std::size_t(i * L)];
-    const auto targets = demo::rule_targets(rule, seq, i);
+    const auto targets = heads::rule_targets(rule, seq, i);
     double mass = 0;
     for (std::int64_t j : targets) mass += row[j];
     score.mean_weight += mass / double(L);
@@ -80,7 +80,7 @@ std::string decode_block(const mha::Tensor& out, std::int64_t block, const Seque
   const std::int64_t n_symbols = std::int64_t(seq.symbols.size());
   std::string decoded;
   for (std::int64_t i = 0; i < seq.length(); ++i) {
-    const float* slots = out.data_as<float>() + i * out.size(1) + block * demo::kTokenSlots;
+    const float* slots = out.data_as<float>() + i * out.size(1) + block * heads::kTokenSlots;
     decoded += seq.symbols[std::size_t(argmax(slots, n_symbols))];
   }
   return decoded;
@@ -89,7 +89,9 @@ std::string decode_block(const mha::Tensor& out, std::int64_t block, const Seque
 // What block b of the output should decode to when head b follows its rule: the symbol of its key.
 std::string expected_output(Rule rule, const Sequence& seq) {
   std::string expected;
-  for (std::int64_t i = 0; i < seq.length(); ++i) expected += seq.text[std::size_t(demo::rule_targets(rule, seq, i)[0])];
+  for (std::int64_t i = 0; i < seq.length(); ++i) {
+    expected += seq.text[std::size_t(heads::rule_targets(rule, seq, i)[0])];
+  }
   return expected;
 }
 
@@ -105,7 +107,7 @@ std::vector<std::uint8_t> rule_cells(const std::vector<Rule>& rules, const Seque
   std::vector<std::uint8_t> cells(std::size_t(L * L), 0);
   for (Rule rule : rules) {
     for (std::int64_t i = 0; i < L; ++i) {
-      for (std::int64_t j : demo::rule_targets(rule, seq, i)) cells[std::size_t(i * L + j)] = 1;
+      for (std::int64_t j : heads::rule_targets(rule, seq, i)) cells[std::size_t(i * L + j)] = 1;
     }
   }
   return cells;
@@ -128,7 +130,7 @@ mha::MultiHeadAttentionOutput self_attention(mha::MultiHeadAttention& layer, con
   return result;
 }
 
-// Everything the demo measures, computed before anything is printed.
+// Everything `mha heads` measures, computed before anything is printed.
 struct Results {
   Sequence seq;
   mha::MultiHeadAttentionConfig four_heads, one_head;  // the two layers' configs, defaults resolved
@@ -146,22 +148,22 @@ struct Results {
 
 Results compute(const Sequence& seq) {
   const std::int64_t L = seq.length();
-  const mha::Tensor x = demo::embed(seq);  // X: [L, E]
+  const mha::Tensor x = heads::embed(seq);  // X: [L, E]
   Results r;
   r.seq = seq;
 
-  mha::MultiHeadAttention layer(demo::multi_head_config());
+  mha::MultiHeadAttention layer(heads::multi_head_config());
   layer.eval();
-  demo::load_projections(layer, demo::multi_head_projections(seq));
+  heads::load_projections(layer, heads::multi_head_projections(seq));
   const auto per_head = self_attention(layer, x, /*average=*/false);  // out [L, E], weights [h, L, S]
   const auto averaged = self_attention(layer, x, /*average=*/true);   // weights [L, S]
   r.four_heads = layer.config();
   r.per_head = per_head.weights.clone();
   r.average.assign(averaged.weights.data_as<float>(), averaged.weights.data_as<float>() + L * L);
 
-  mha::MultiHeadAttention single(demo::single_head_config());
+  mha::MultiHeadAttention single(heads::single_head_config());
   single.eval();
-  demo::load_projections(single, demo::single_head_projections(seq));
+  heads::load_projections(single, heads::single_head_projections(seq));
   const auto one = self_attention(single, x, /*average=*/true);  // out [L, E], weights [L, S]
   r.one_head = single.config();
   r.single.assign(one.weights.data_as<float>(), one.weights.data_as<float>() + L * L);
@@ -190,7 +192,7 @@ void print_report(const Results& r) {
   fmt::print("mha heads: four attention heads built by hand, each attending by one rule (paper section 3.2.2)\n\n");
   fmt::print("  text    \"{}\"  ({} tokens, one per character; '_' is a space)\n", shown(seq.text), L);
   fmt::print("  layer   MultiHeadAttention: d_model {} ({} symbol + {} position one-hot), h = {}, d_k = {}, d_v = {},\n",
-             cfg.d_model, demo::kTokenSlots, demo::kPositionSlots, cfg.num_heads, cfg.d_k, cfg.d_v);
+             cfg.d_model, heads::kTokenSlots, heads::kPositionSlots, cfg.num_heads, cfg.d_k, cfg.d_v);
   fmt::print("          float32, eval mode, weights set with load_state_dict (constructed, not trained), "
              "{} threads\n", mha::num_threads());
   fmt::print("  call    forward(X, X, X), X [{}, {}], need_weights, average_attn_weights = false -> weights {}\n\n",
@@ -210,7 +212,7 @@ void print_report(const Results& r) {
     }
     eg.erase(eg.find_last_not_of(' ') + 1);
     fmt::print("  {:<4}  {:<14}  {:<7.4f}  {:<17.4f}  {:>2}/{:<12} {}\n", h,
-               demo::rule_name(kHeadRules[std::size_t(h)]), s.mean_weight, s.worst_weight, s.argmax_hits, L, eg);
+               heads::rule_name(kHeadRules[std::size_t(h)]), s.mean_weight, s.worst_weight, s.argmax_hits, L, eg);
   }
 
   fmt::print("\n  where each query puts its largest weight (key position):\n");
@@ -224,14 +226,14 @@ void print_report(const Results& r) {
     const Matrix w = head_weights(r.per_head, h);
     std::string row;
     for (std::int64_t i = 0; i < L; ++i) row += fmt::format("{:>3}", argmax(&w[std::size_t(i * L)], L));
-    fmt::print("    head {} {:<14}{}\n", h, demo::rule_name(kHeadRules[std::size_t(h)]), row);
+    fmt::print("    head {} {:<14}{}\n", h, heads::rule_name(kHeadRules[std::size_t(h)]), row);
   }
 
   fmt::print("\n  the output out = Concat(head_1, ..., head_4) W^O, W^O = I: each head's {} values decoded to a symbol\n",
              cfg.d_v);
   fmt::print("    {:<22}\"{}\"\n", "text", shown(seq.text));
   for (std::int64_t h = 0; h < kHeads; ++h) {
-    fmt::print("    head {} {:<15}\"{}\"\n", h, demo::rule_name(kHeadRules[std::size_t(h)]),
+    fmt::print("    head {} {:<15}\"{}\"\n", h, heads::rule_name(kHeadRules[std::size_t(h)]),
                shown(r.decoded[std::size_t(h)]));
   }
 
@@ -242,7 +244,7 @@ void print_report(const Results& r) {
   fmt::print("                    one head   mean of the 4 maps      one head\n");
   for (Rule rule : kHeadRules) {
     const RuleScore s = score_rule(r.single, rule, seq);
-    fmt::print("    {:<14}  {:<9.4f}  {:<22.4f}  {:>2}/{}\n", demo::rule_name(rule), s.mean_weight,
+    fmt::print("    {:<14}  {:<9.4f}  {:<22.4f}  {:>2}/{}\n", heads::rule_name(rule), s.mean_weight,
                score_rule(r.average, rule, seq).mean_weight, s.argmax_hits, L);
   }
   fmt::print("    its output (the same blend in all four blocks) decodes to \"{}\"\n", shown(r.single_decoded));
@@ -272,11 +274,11 @@ void write_figures(const Results& r, const std::filesystem::path& dir) {
   for (std::int64_t h = 0; h < kHeads; ++h) {
     const Rule rule = kHeadRules[std::size_t(h)];
     const RuleScore& s = r.scores[std::size_t(h)];
-    figures.push_back({fmt::format("head{}_{}", h, demo::rule_slug(rule)),
+    figures.push_back({fmt::format("head{}_{}", h, heads::rule_slug(rule)),
                        fmt::format("Head {}, {}: mean weight {:.4f} on the rule's keys (outlined), largest weight "
                                    "on a rule key for {}/{} queries.",
-                                   h, demo::rule_name(rule), s.mean_weight, s.argmax_hits, L),
-                       {fmt::format("head {}: {}", h, demo::rule_name(rule)), labels, labels,
+                                   h, heads::rule_name(rule), s.mean_weight, s.argmax_hits, L),
+                       {fmt::format("head {}: {}", h, heads::rule_name(rule)), labels, labels,
                         head_weights(r.per_head, h), rule_cells({rule}, seq), "outlined: the keys its rule designates"}});
   }
   const std::vector<Rule> all_rules(kHeadRules.begin(), kHeadRules.end());
@@ -310,13 +312,13 @@ void write_figures(const Results& r, const std::filesystem::path& dir) {
   fmt::print("    {}\n", (dir / "index.html").string());
 }
 
-// The demo as a check: what failed, or nothing.
+// The run as a check: what failed, or nothing.
 std::vector<std::string> check(const Results& r) {
   const std::int64_t L = r.seq.length();
   std::vector<std::string> failures;
   for (std::int64_t h = 0; h < kHeads; ++h) {
     const RuleScore& s = r.scores[std::size_t(h)];
-    const char* name = demo::rule_name(kHeadRules[std::size_t(h)]);
+    const char* name = heads::rule_name(kHeadRules[std::size_t(h)]);
     if (s.argmax_hits != L || s.worst_weight < kPassWeight) {
       failures.push_back(fmt::format("head {} ({}): largest weight on a rule key for {}/{} queries, worst weight on "
                                      "the rule's keys {:.4f} (want {}/{} and >= {})",
@@ -337,7 +339,7 @@ std::vector<std::string> check(const Results& r) {
 }  // namespace
 
 int run_heads(const HeadsOptions& options) {
-  const Sequence seq = demo::make_sequence(options.text);
+  const Sequence seq = heads::make_sequence(options.text);
   const std::filesystem::path dir(options.out_dir);
   std::filesystem::create_directories(dir);  // first, so that a bad --out fails before the work
   if (options.threads > 0) mha::set_num_threads(options.threads);

@@ -12,7 +12,7 @@ struct HeadsOptions {
   std::string text = "the cat sat on the mat";  // one token per character
 };
 
-// Runs the demo, printing to stdout. Returns 0 when every head follows its rule, 1 (after saying why
+// Runs `mha heads`, printing to stdout. Returns 0 when every head follows its rule, 1 (after saying why
 // on stderr) when one does not. Throws mha::Error or std::runtime_error on other failures.
 int run_heads(const HeadsOptions& options);
 

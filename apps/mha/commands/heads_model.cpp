@@ -1,5 +1,5 @@
-// The demo's hand-built heads; the construction is explained in demo_heads.hpp.
-#include "commands/demo_heads.hpp"
+// The hand-built heads of `mha heads`; the construction is explained in heads_model.hpp.
+#include "commands/heads_model.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -7,7 +7,7 @@
 
 #include "mha/error.hpp"
 
-namespace mha_cli::demo {
+namespace mha_cli::heads {
 namespace {
 
 constexpr std::int64_t V = kTokenSlots;
@@ -188,4 +188,4 @@ void load_projections(mha::MultiHeadAttention& layer, const Projections& p) {
   layer.load_state_dict(state);
 }
 
-}  // namespace mha_cli::demo
+}  // namespace mha_cli::heads

@@ -1,4 +1,4 @@
-// The hand-built model of `mha demo`: a text read as one token per character, its embedding, and
+// The hand-built model of `mha heads`: a text read as one token per character, its embedding, and
 // attention parameters CONSTRUCTED (not learned, not random) so that each head attends by one rule.
 //
 // Legend: L queries = S keys = the text's length, E = d_model, V token slots, P position slots,
@@ -38,7 +38,7 @@
 #include "mha/multi_head_attention.hpp"
 #include "mha/tensor.hpp"
 
-namespace mha_cli::demo {
+namespace mha_cli::heads {
 
 inline constexpr std::int64_t kTokenSlots = 16;     // V: at most 16 distinct symbols
 inline constexpr std::int64_t kPositionSlots = 48;  // P: at most 48 tokens
@@ -61,7 +61,7 @@ struct Sequence {
   std::int64_t length() const { return static_cast<std::int64_t>(text.size()); }
 };
 
-// "" when `text` can be the demo's input, else the reason it cannot (for the command line).
+// "" when `text` can be the input of `mha heads`, else the reason it cannot (for the command line).
 std::string check_text(const std::string& text);
 // Throws mha::Error when check_text fails.
 Sequence make_sequence(const std::string& text);
@@ -94,4 +94,4 @@ Projections single_head_projections(const Sequence& seq);
 // whichever the layer's config uses). Throws mha::Error on a shape mismatch.
 void load_projections(mha::MultiHeadAttention& layer, const Projections& p);
 
-}  // namespace mha_cli::demo
+}  // namespace mha_cli::heads

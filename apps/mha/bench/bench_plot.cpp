@@ -10,6 +10,7 @@
 
 #include <fmt/core.h>
 
+#include "render/colour.hpp"
 #include "render/png_canvas.hpp"
 
 namespace mha_cli::bench {

@@ -22,8 +22,8 @@
 #include "checkpoint.hpp"
 #include "mha/attention.hpp"
 #include "render/attention_map_png.hpp"
-#include "render/attention_map_svg.hpp"  // xml_escape
 #include "render/learning_curve_svg.hpp"
+#include "render/xml_escape.hpp"
 #include "training.hpp"
 
 namespace mha_cli {

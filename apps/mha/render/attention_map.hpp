@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "render/colour.hpp"
+
 namespace mha_cli {
 
 struct AttentionMap {
@@ -22,10 +24,6 @@ struct AttentionMap {
 
   std::int64_t rows() const { return static_cast<std::int64_t>(query_labels.size()); }
   std::int64_t cols() const { return static_cast<std::int64_t>(key_labels.size()); }
-};
-
-struct Rgb {
-  std::uint8_t r, g, b;
 };
 
 // White (0) to dark blue (1): matplotlib's "Blues" colour map, linear between its five stops.

@@ -9,6 +9,8 @@
 
 #include <fmt/core.h>
 
+#include "render/xml_escape.hpp"
+
 namespace mha_cli {
 namespace {
 
@@ -22,21 +24,6 @@ constexpr int kFontSize = 15;
 std::string hex(Rgb c) { return fmt::format("#{:02x}{:02x}{:02x}", c.r, c.g, c.b); }
 
 }  // namespace
-
-// &, <, > and " as XML (and HTML) entities.
-std::string xml_escape(const std::string& text) {
-  std::string out;
-  for (char c : text) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
 
 void write_attention_map_svg(const std::filesystem::path& path, const AttentionMap& map) {
   const int rows = static_cast<int>(map.rows());

@@ -2,8 +2,6 @@
 // tooltip giving each cell's exact weight.
 #pragma once
 
-#include <string>
-
 #include <filesystem>
 
 #include "render/attention_map.hpp"
@@ -12,8 +10,5 @@ namespace mha_cli {
 
 // Throws std::runtime_error when the file cannot be written.
 void write_attention_map_svg(const std::filesystem::path& path, const AttentionMap& map);
-
-// text with &, <, > and " written as entities: safe inside XML and HTML text and attributes.
-std::string xml_escape(const std::string& text);
 
 }  // namespace mha_cli

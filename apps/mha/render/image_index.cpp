@@ -1,12 +1,12 @@
 // A static HTML page listing images with captions.
 #include "render/image_index.hpp"
 
-#include "render/attention_map_svg.hpp"
-
 #include <fstream>
 #include <stdexcept>
 
 #include <fmt/core.h>
+
+#include "render/xml_escape.hpp"
 
 namespace mha_cli {
 

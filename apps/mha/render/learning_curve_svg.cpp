@@ -10,7 +10,7 @@
 
 #include <fmt/core.h>
 
-#include "render/attention_map_svg.hpp"  // xml_escape
+#include "render/xml_escape.hpp"
 
 namespace mha_cli {
 namespace {

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "render/attention_map.hpp"  // Rgb
+#include "render/colour.hpp"
 
 namespace mha_cli {
 

@@ -19,12 +19,12 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
-#include "checkpoint.hpp"
 #include "mha/attention.hpp"
 #include "render/attention_map_png.hpp"
 #include "render/learning_curve_svg.hpp"
 #include "render/xml_escape.hpp"
-#include "training.hpp"
+#include "transformer/checkpoint.hpp"
+#include "transformer/training.hpp"
 
 namespace mha_cli {
 namespace {

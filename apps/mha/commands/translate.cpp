@@ -7,10 +7,10 @@
 
 #include <fmt/core.h>
 
-#include "checkpoint.hpp"
 #include "mha/attention.hpp"
-#include "training.hpp"
-#include "vocabulary.hpp"
+#include "transformer/checkpoint.hpp"
+#include "transformer/training.hpp"
+#include "transformer/vocabulary.hpp"
 
 namespace mha_cli {
 

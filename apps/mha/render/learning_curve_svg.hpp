@@ -5,7 +5,7 @@
 #include <filesystem>
 #include <vector>
 
-#include "training.hpp"  // transformer::CurvePoint
+#include "transformer/training.hpp"  // transformer::CurvePoint
 
 namespace mha_cli {
 

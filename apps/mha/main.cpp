@@ -10,14 +10,14 @@
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
-#include "bench.hpp"
-#include "bench_one.hpp"
-#include "demo.hpp"
-#include "demo_heads.hpp"
-#include "heads.hpp"
+#include "bench/bench.hpp"
+#include "bench/bench_one.hpp"
+#include "commands/demo.hpp"
+#include "commands/heads.hpp"
+#include "commands/heads_model.hpp"
+#include "commands/run.hpp"
+#include "commands/translate.hpp"
 #include "mha/error.hpp"
-#include "run.hpp"
-#include "translate.hpp"
 
 namespace {
 
@@ -68,7 +68,7 @@ void add_heads_command(CLI::App& app, mha_cli::HeadsOptions& options) {
       ->check(CLI::Range(0, 1024))
       ->capture_default_str();
   heads->add_option("--text", options.text, "The token sequence, one token per character")
-      ->check(CLI::Validator([](std::string& text) { return mha_cli::demo::check_text(text); }, ""))
+      ->check(CLI::Validator([](std::string& text) { return mha_cli::heads::check_text(text); }, ""))
       ->capture_default_str();
 }
 
@@ -94,7 +94,7 @@ void add_bench_command(CLI::App& app, mha_cli::BenchOptions& options) {
       ->check(CLI::IsMember({"onednn", "installed"}))
       ->capture_default_str();
   bench->add_option("--python", options.python, "The Python with torch")->capture_default_str();
-  bench->add_option("--torch-script", options.torch_script, "PyTorch's side (default: bench/torch_mha.py)");
+  bench->add_option("--torch-script", options.torch_script, "PyTorch's side (default: apps/mha/bench/torch_mha.py)");
   bench->add_option("--torch-memory-limit", options.torch_memory_limit_gib,
                     "GiB: PyTorch runs estimated to need more are skipped")
       ->capture_default_str();

@@ -8,7 +8,7 @@
 #include <cmath>
 #include <vector>
 
-#include "parameter.hpp"
+#include "transformer/parameter.hpp"
 
 namespace transformer {
 

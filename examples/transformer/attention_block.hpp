@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "matrix.hpp"
 #include "mha/multi_head_attention.hpp"
-#include "parameter.hpp"
+#include "transformer/matrix.hpp"
+#include "transformer/parameter.hpp"
 
 namespace transformer {
 

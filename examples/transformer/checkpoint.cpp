@@ -1,10 +1,10 @@
 // Checkpoint save and load (checkpoint.hpp).
-#include "checkpoint.hpp"
+#include "transformer/checkpoint.hpp"
 
 #include <stdexcept>
 
 #include "mha/io.hpp"
-#include "vocabulary.hpp"
+#include "transformer/vocabulary.hpp"
 
 namespace transformer {
 

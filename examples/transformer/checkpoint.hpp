@@ -8,7 +8,7 @@
 #include <memory>
 #include <string>
 
-#include "transformer.hpp"
+#include "transformer/transformer.hpp"
 
 namespace transformer {
 

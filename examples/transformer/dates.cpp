@@ -1,6 +1,6 @@
 // The date-normalisation task: calendar arithmetic, the source formats, the split by calendar date,
 // the SplitMix64 example sampler and padded batches (see dates.hpp for the conventions).
-#include "dates.hpp"
+#include "transformer/dates.hpp"
 
 #include <algorithm>
 #include <array>

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "vocabulary.hpp"
+#include "transformer/vocabulary.hpp"
 
 namespace transformer {
 

@@ -7,11 +7,11 @@
 #include <string>
 #include <vector>
 
-#include "attention_block.hpp"
-#include "feed_forward.hpp"
 #include "mha/multi_head_attention.hpp"
-#include "residual.hpp"
-#include "transformer_config.hpp"
+#include "transformer/attention_block.hpp"
+#include "transformer/feed_forward.hpp"
+#include "transformer/residual.hpp"
+#include "transformer/transformer_config.hpp"
 
 namespace transformer {
 

@@ -3,8 +3,8 @@
 // sub-layer's output before the residual sum and to the sums of embeddings and positional encodings.
 #pragma once
 
-#include "matrix.hpp"
-#include "parameter.hpp"
+#include "transformer/matrix.hpp"
+#include "transformer/parameter.hpp"
 
 namespace transformer {
 

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "matrix.hpp"
-#include "parameter.hpp"
+#include "transformer/matrix.hpp"
+#include "transformer/parameter.hpp"
 
 namespace transformer {
 

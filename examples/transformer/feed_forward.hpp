@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "linear.hpp"
+#include "transformer/linear.hpp"
 
 namespace transformer {
 

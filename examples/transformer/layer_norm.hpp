@@ -5,8 +5,8 @@
 #include <cmath>
 #include <string>
 
-#include "matrix.hpp"
-#include "parameter.hpp"
+#include "transformer/matrix.hpp"
+#include "transformer/parameter.hpp"
 
 namespace transformer {
 

@@ -3,8 +3,8 @@
 
 #include <string>
 
-#include "matrix.hpp"
-#include "parameter.hpp"
+#include "transformer/matrix.hpp"
+#include "transformer/parameter.hpp"
 
 namespace transformer {
 

@@ -9,7 +9,7 @@
 #include <cmath>
 #include <vector>
 
-#include "matrix.hpp"
+#include "transformer/matrix.hpp"
 
 namespace transformer {
 

@@ -1,5 +1,5 @@
 // The products behind every linear map of the Transformer (see matrix.hpp).
-#include "matrix.hpp"
+#include "transformer/matrix.hpp"
 
 #include <cassert>
 

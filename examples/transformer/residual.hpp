@@ -7,8 +7,8 @@
 
 #include <string>
 
-#include "dropout.hpp"
-#include "layer_norm.hpp"
+#include "transformer/dropout.hpp"
+#include "transformer/layer_norm.hpp"
 
 namespace transformer {
 

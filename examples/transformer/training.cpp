@@ -1,10 +1,10 @@
 // The training loop and evaluation of the date task (training.hpp).
-#include "training.hpp"
+#include "transformer/training.hpp"
 
 #include <algorithm>
 #include <chrono>
 
-#include "loss.hpp"
+#include "transformer/loss.hpp"
 
 namespace transformer {
 

@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "adam.hpp"
-#include "dates.hpp"
-#include "transformer.hpp"
-#include "vocabulary.hpp"
+#include "transformer/adam.hpp"
+#include "transformer/dates.hpp"
+#include "transformer/transformer.hpp"
+#include "transformer/vocabulary.hpp"
 
 namespace transformer {
 

@@ -1,5 +1,5 @@
 // Transformer<T>: forward, backward and greedy decoding of the encoder-decoder model (transformer.hpp).
-#include "transformer.hpp"
+#include "transformer/transformer.hpp"
 
 #include <algorithm>
 #include <stdexcept>

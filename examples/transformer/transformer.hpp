@@ -11,10 +11,10 @@
 #include <optional>
 #include <vector>
 
-#include "decoder_layer.hpp"
-#include "embedding.hpp"
-#include "encoder_layer.hpp"
-#include "transformer_config.hpp"
+#include "transformer/decoder_layer.hpp"
+#include "transformer/embedding.hpp"
+#include "transformer/encoder_layer.hpp"
+#include "transformer/transformer_config.hpp"
 
 namespace transformer {
 

@@ -1,5 +1,5 @@
 // The fixed character vocabulary of the date-normalisation task (see vocabulary.hpp for the id layout).
-#include "vocabulary.hpp"
+#include "transformer/vocabulary.hpp"
 
 #include <cstdio>
 #include <stdexcept>

@@ -3,17 +3,17 @@
 // dropout_test.cpp checks that its backward uses its forward's mask.
 #include <gtest/gtest.h>
 
-#include "attention_block.hpp"
-#include "decoder_layer.hpp"
-#include "embedding.hpp"
-#include "encoder_layer.hpp"
-#include "feed_forward.hpp"
 #include "gradient_check.hpp"
-#include "layer_norm.hpp"
-#include "linear.hpp"
-#include "loss.hpp"
-#include "residual.hpp"
 #include "tiny_config.hpp"
+#include "transformer/attention_block.hpp"
+#include "transformer/decoder_layer.hpp"
+#include "transformer/embedding.hpp"
+#include "transformer/encoder_layer.hpp"
+#include "transformer/feed_forward.hpp"
+#include "transformer/layer_norm.hpp"
+#include "transformer/linear.hpp"
+#include "transformer/loss.hpp"
+#include "transformer/residual.hpp"
 
 namespace transformer {
 namespace {

@@ -8,10 +8,10 @@
 
 #include <gtest/gtest.h>
 
-#include "checkpoint.hpp"
 #include "mha/io.hpp"
 #include "tiny_config.hpp"
-#include "training.hpp"
+#include "transformer/checkpoint.hpp"
+#include "transformer/training.hpp"
 
 namespace transformer {
 namespace {

@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "dates.hpp"
-#include "vocabulary.hpp"
+#include "transformer/dates.hpp"
+#include "transformer/vocabulary.hpp"
 
 namespace transformer_test {
 namespace {

@@ -15,8 +15,8 @@
 
 #include <gtest/gtest.h>
 
-#include "matrix.hpp"
-#include "parameter.hpp"
+#include "transformer/matrix.hpp"
+#include "transformer/parameter.hpp"
 
 namespace transformer::testing {
 

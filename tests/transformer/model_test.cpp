@@ -7,10 +7,10 @@
 #include <gtest/gtest.h>
 
 #include "gradient_check.hpp"
-#include "loss.hpp"
 #include "tiny_config.hpp"
-#include "training.hpp"
-#include "transformer.hpp"
+#include "transformer/loss.hpp"
+#include "transformer/training.hpp"
+#include "transformer/transformer.hpp"
 
 namespace transformer {
 namespace {

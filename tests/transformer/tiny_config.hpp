@@ -1,7 +1,7 @@
 // The small model sizes the Transformer's tests share: small enough for float64 finite differences.
 #pragma once
 
-#include "transformer_config.hpp"
+#include "transformer/transformer_config.hpp"
 
 namespace transformer::testing {
 

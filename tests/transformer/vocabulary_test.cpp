@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "vocabulary.hpp"
+#include "transformer/vocabulary.hpp"
 
 namespace transformer_test {
 namespace {

@@ -25,18 +25,18 @@
 #include <string>
 #include <vector>
 
-#include "attention_block.hpp"
-#include "decoder_layer.hpp"
-#include "embedding.hpp"
-#include "encoder_layer.hpp"
-#include "feed_forward.hpp"
-#include "layer_norm.hpp"
-#include "linear.hpp"
-#include "loss.hpp"
 #include "mha/io.hpp"
-#include "residual.hpp"
 #include "tiny_config.hpp"
-#include "transformer.hpp"
+#include "transformer/attention_block.hpp"
+#include "transformer/decoder_layer.hpp"
+#include "transformer/embedding.hpp"
+#include "transformer/encoder_layer.hpp"
+#include "transformer/feed_forward.hpp"
+#include "transformer/layer_norm.hpp"
+#include "transformer/linear.hpp"
+#include "transformer/loss.hpp"
+#include "transformer/residual.hpp"
+#include "transformer/transformer.hpp"
 
 namespace transformer {
 namespace {

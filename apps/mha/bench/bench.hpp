@@ -1,0 +1,32 @@
+// `mha bench`: our attention core and layer beside the oneDNN sgemm roof and PyTorch 1.13, in one run
+// (docs/DESIGN.md section 5; results and analysis in docs/PERFORMANCE.md).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace mha_cli {
+
+struct BenchOptions {
+  std::string out_dir = "bench-results";  // bench.json and bench.png
+  std::vector<int> threads = {1, 2};
+  std::vector<std::int64_t> sizes = {512, 2048, 4096, 16384};  // N = L = S
+  std::int64_t big = 65536;  // N of the forward-only run of ours alone; 0: none
+  bool torch = true;         // false: no PyTorch runs
+  bool quick = false;        // sizes 512, 2048 only and no big size: a smoke run
+  std::string python = "/usr/bin/python3";  // Debian's, with python3-torch
+  std::string torch_script;                 // default: apps/mha/bench/torch_mha.py of the source tree
+  // "onednn": PyTorch's sgemm_ calls go to oneDNN (LD_PRELOAD of libmha_onednn_blas.so, built beside
+  // this program); "installed": the BLAS Debian's libblas.so.3 points to (netlib's reference BLAS
+  // unless OpenBLAS or BLIS is installed). The other one is also measured once, at N = 4096.
+  std::string torch_blas = "onednn";
+  double torch_memory_limit_gib = 16;  // PyTorch runs estimated to need more are skipped
+  double torch_timeout_s = 900;        // per PyTorch process
+};
+
+// Runs the benchmark, printing tables to stdout as it goes; writes out_dir/bench.json and
+// out_dir/bench.png. `command` is recorded in bench.json. Returns 0, or throws on failure to run.
+int run_bench(const BenchOptions& options, const std::string& command);
+
+}  // namespace mha_cli

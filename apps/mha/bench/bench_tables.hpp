@@ -1,0 +1,33 @@
+// The tables `mha bench` prints on stdout, a row as soon as it is measured.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "bench/bench_results.hpp"
+
+namespace mha_cli::bench {
+
+std::string format_bytes(std::int64_t bytes);  // "45 MiB", "1.94 GiB"
+
+void print_machine(const BenchResults& results);
+void print_roof_note();
+
+void print_core_header(std::int64_t heads, std::int64_t d);
+void print_core_row(const CoreResult& row);
+
+void print_scaling(const ScalingResult& scaling);
+void print_layout_header();
+void print_layout_row(const LayoutResult& row);
+void print_causal(const std::vector<CausalResult>& rows);
+
+void print_layer_header(const std::string& torch_label);
+void print_layer_row(const LayerResult& row);
+
+void print_big_header();
+void print_big_row(const BigResult& row);
+
+void print_targets(const std::vector<TargetResult>& targets);
+
+}  // namespace mha_cli::bench

@@ -1,0 +1,116 @@
+// `mha run`: load a layer from safetensors, inputs from .npy, write the output (and weights) as .npy.
+//
+// Legend: B batch, L queries, S keys, E = d_model, h heads.
+#include "commands/run.hpp"
+
+#include <fmt/core.h>
+
+#include <functional>
+#include <optional>
+
+#include "mha/attention.hpp"
+#include "mha/error.hpp"
+#include "mha/io.hpp"
+#include "mha/multi_head_attention.hpp"
+
+namespace mha_cli {
+
+namespace {
+
+// Runs `action`, prefixing any mha::Error with the flag and the file it concerns.
+template <class F>
+auto for_flag(const std::string& flag, const std::string& path, F action) -> decltype(action()) {
+  try {
+    return action();
+  } catch (const mha::Error& e) {
+    throw mha::Error(flag + " " + path + ": " + e.what());
+  }
+}
+
+// The config of a layer whose file has no mha __metadata__: widths from the parameters' shapes.
+//   q_proj_weight [h*d_k, E], k_proj_weight [h*d_k, kdim], v_proj_weight [h*d_v, vdim], or
+//   in_proj_weight [3*h*d, E]; out_proj.weight [E, h*d_v].
+mha::MultiHeadAttentionConfig config_from_shapes(const mha::SafetensorsFile& file, const RunOptions& o) {
+  if (o.heads <= 0) throw mha::Error("--heads: the file has no mha metadata, so the number of heads is needed");
+  auto shape = [&](const std::string& name) -> std::optional<mha::Shape> {
+    auto it = file.tensors.find(name);
+    if (it == file.tensors.end()) return std::nullopt;
+    return it->second.shape();
+  };
+  const auto out_w = shape("out_proj.weight");
+  if (!out_w || out_w->size() != 2) throw mha::Error("out_proj.weight: missing, or not a matrix");
+  mha::MultiHeadAttentionConfig c;
+  c.d_model = (*out_w)[0];
+  c.num_heads = o.heads;
+  if ((*out_w)[1] % o.heads != 0)
+    throw mha::Error(fmt::format("--heads {}: does not divide out_proj.weight's width {}", o.heads, (*out_w)[1]));
+  c.d_v = (*out_w)[1] / o.heads;
+  if (const auto q_w = shape("q_proj_weight")) {
+    const auto k_w = shape("k_proj_weight"), v_w = shape("v_proj_weight");
+    if (!k_w || !v_w || q_w->size() != 2 || k_w->size() != 2 || v_w->size() != 2)
+      throw mha::Error("q_proj_weight, k_proj_weight, v_proj_weight: expected all three, as matrices");
+    c.d_k = (*q_w)[0] / o.heads;
+    c.kdim = (*k_w)[1];
+    c.vdim = (*v_w)[1];
+  } else {
+    c.d_k = c.d_v;  // packed in_proj_weight: d_k == d_v
+  }
+  c.bias = file.tensors.count("in_proj_bias") > 0;
+  c.add_bias_kv = file.tensors.count("bias_k") > 0;
+  c.add_zero_attn = o.add_zero_attn;
+  c.batch_first = o.layout == "batch-first";
+  return c;
+}
+
+}  // namespace
+
+int run_layer(const RunOptions& o) {
+  if (o.threads > 0) mha::set_num_threads(o.threads);
+  mha::MultiHeadAttention layer = for_flag("--weights", o.weights, [&] {
+    const mha::SafetensorsFile file = mha::read_safetensors(o.weights);
+    const bool ours = file.metadata.count("format") && file.metadata.at("format") == "mha";
+    std::optional<mha::MultiHeadAttentionConfig> config;
+    if (!ours) config = config_from_shapes(file, o);
+    return mha::load_multi_head_attention(o.weights, config);
+  });
+  layer.eval();  // inference: no dropout, nothing kept for a backward
+
+  const mha::DType dtype = layer.config().dtype;
+  // Inputs are converted to the layer's dtype; masks keep theirs (bool or float).
+  auto read_input = [&](const std::string& flag, const std::string& path) {
+    return for_flag(flag, path, [&] {
+      mha::Tensor t = mha::read_npy(path);
+      if (t.dtype() == mha::DType::Bool) throw mha::Error("expected float32 or float64 values, got bool");
+      return t.dtype() == dtype ? std::move(t) : mha::Tensor::copy_of(t, dtype);
+    });
+  };
+  const mha::Tensor query = read_input("--query", o.query);
+  const mha::Tensor key = o.key.empty() ? query.clone() : read_input("--key", o.key);
+  const mha::Tensor value = o.value.empty() ? key.clone() : read_input("--value", o.value);
+
+  mha::MultiHeadAttentionInputs in;
+  mha::Tensor key_padding_mask, attn_mask;
+  if (!o.key_padding_mask.empty()) {
+    key_padding_mask = for_flag("--key-padding-mask", o.key_padding_mask, [&] { return mha::read_npy(o.key_padding_mask); });
+    in.key_padding_mask = key_padding_mask.view();
+  }
+  if (!o.attn_mask.empty()) {
+    attn_mask = for_flag("--attn-mask", o.attn_mask, [&] { return mha::read_npy(o.attn_mask); });
+    in.attn_mask = attn_mask.view();
+  }
+  in.causal = o.causal;
+  in.need_weights = !o.weights_out.empty();
+  in.average_attn_weights = !o.per_head_weights;
+
+  // A shape or mask error names its argument ("query: ...", "attn_mask: ..."); say which files.
+  const mha::MultiHeadAttentionOutput result = for_flag("inputs", "(" + o.query + ")", [&] {
+    return layer.forward(query, key, value, in);
+  });
+  for_flag("--out", o.out, [&] { mha::write_npy(o.out, result.out); });
+  if (!o.weights_out.empty()) for_flag("--weights-out", o.weights_out, [&] { mha::write_npy(o.weights_out, result.weights); });
+  fmt::print("mha run: out {} -> {}{}\n", mha::shape_str(result.out.shape()), o.out,
+             o.weights_out.empty() ? "" : fmt::format(", weights {} -> {}", mha::shape_str(result.weights.shape()), o.weights_out));
+  return 0;
+}
+
+}  // namespace mha_cli

@@ -14,8 +14,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "naive_attention.hpp"
-#include "test_util.hpp"
+#include "support/naive_attention.hpp"
+#include "support/test_util.hpp"
 
 namespace mha_test {
 namespace {

@@ -21,9 +21,9 @@
 #include <string>
 #include <vector>
 
-#include "kernel_compare.hpp"
-#include "layer_harness.hpp"
-#include "test_util.hpp"
+#include "support/kernel_compare.hpp"
+#include "support/layer_harness.hpp"
+#include "support/test_util.hpp"
 
 namespace mha_test {
 namespace {

@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "kernel_compare.hpp"
-#include "test_util.hpp"
+#include "support/kernel_compare.hpp"
+#include "support/test_util.hpp"
 
 namespace mha_test {
 namespace {

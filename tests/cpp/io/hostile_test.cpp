@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "io_bytes.hpp"
-#include "test_util.hpp"
+#include "support/io_bytes.hpp"
+#include "support/test_util.hpp"
 
 namespace mha_test {
 namespace {
@@ -260,7 +260,7 @@ std::string read_error(const std::string& path) {
 
 fs::path hostile_dir() {
   if (const char* dir = std::getenv("MHA_TEST_HOSTILE_DIR")) return dir;
-  return fs::path(__FILE__).parent_path().parent_path() / "data" / "hostile";
+  return fs::path(__FILE__).parent_path().parent_path().parent_path() / "data" / "hostile";  // from tests/cpp/io/
 }
 
 class IoHostile : public ::testing::TestWithParam<HostileCase> {};

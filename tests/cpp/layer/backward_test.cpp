@@ -207,7 +207,7 @@ std::vector<LayerCase> layer_flash_cases() {
   {
     LayerCase c = base("h1_dk59_dv111_padding_lengths_float_3d");
     c.E = 96, c.h = 1, c.d_k = 59, c.d_v = 111;
-    c.L = 65 / scale_down, c.S = 257 / scale_down;
+    c.L = 65 / scale_down, c.S = (kBlockK + 1) / scale_down;
     c.masks = kCmpKeyPadding | kCmpLengths | kCmpFloat3d;
     cases.push_back(c);
   }

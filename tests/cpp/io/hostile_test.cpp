@@ -4,9 +4,9 @@
 // fail on its size check, not in the allocator).
 //
 // The table below is the source of truth. Its files are also committed under tests/data/hostile/
-// (regenerate them with MHA_REGENERATE_HOSTILE=1 ./build/tests/mha_tests --gtest_filter='IoHostile.*'),
-// and every file in that folder is read back by IoHostile.CommittedFilesAreRefused, so a file stays a
-// regression test even if its table entry changes.
+// (regenerate them with MHA_REGENERATE_HOSTILE=1 ./build/tests/mha_tests --gtest_filter='IoHostileFiles.*'),
+// and every file in that folder is read back by IoHostileFiles.CommittedFilesAreRefused, so a file stays
+// a regression test even if its table entry changes.
 #include <gtest/gtest.h>
 
 #include <cstdlib>

@@ -1,4 +1,4 @@
-"""PyTorch and NumPy side of the file-format interop tests (tests/cpp/io_test.cpp, IoTorch.*).
+"""PyTorch and NumPy side of the file-format interop tests (tests/cpp/io/formats_test.cpp, IoTorch.*).
 
     torch_interop.py write DIR   writes files from PyTorch and NumPy for the C++ side to read
     torch_interop.py check DIR   reads the files the C++ side wrote into DIR; exits non-zero on a mismatch
@@ -19,7 +19,7 @@ import torch
 TORCH_TO_ST = {torch.float32: "F32", torch.float64: "F64", torch.float16: "F16", torch.bfloat16: "BF16",
                torch.bool: "BOOL"}
 ST_TO_NUMPY = {"F32": np.float32, "F64": np.float64, "F16": np.float16, "BOOL": np.bool_}
-SHAPES = [(), (0,), (5,), (2, 3), (3, 0, 2), (2, 3, 4), (2, 1, 3, 2), (0, 0, 0, 0)]  # kShapes in io_test.cpp
+SHAPES = [(), (0,), (5,), (2, 3), (3, 0, 2), (2, 3, 4), (2, 1, 3, 2), (0, 0, 0, 0)]  # kShapes in formats_test.cpp
 
 
 def write_safetensors(path, tensors, metadata=None):

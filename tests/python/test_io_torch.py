@@ -10,7 +10,7 @@
 * every committed hostile file (tests/data/hostile) raises mha.Error naming the file.
 
 The helpers that write and strictly read safetensors in Python live in tests/data/torch_interop.py,
-shared with the C++ interop tests (tests/cpp/io_test.cpp, IoTorch.*).
+shared with the C++ interop tests (tests/cpp/io/formats_test.cpp, IoTorch.*).
 """
 import sys
 from pathlib import Path

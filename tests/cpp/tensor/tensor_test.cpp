@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "test_util.hpp"
+#include "support/test_util.hpp"
 
 namespace mha_test {
 namespace {

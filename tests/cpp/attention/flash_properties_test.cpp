@@ -1,66 +1,34 @@
-// Properties of the fused kernel (Kernel::Flash) and of the layer built on it, beyond accuracy:
-//   (a) keys hidden by key_padding_mask or key_lengths are never read: filling them (in k and v, or in
-//       the layer's key and value inputs) with NaN or 1e10 changes no result bit (out, weights, lse,
-//       dq, and dk / dv at unpadded positions; for the layer every input gradient at unpadded
-//       positions and the parameter gradients);
+// Properties of the fused kernel (Kernel::Flash) beyond accuracy:
+//   (a) keys hidden by key_padding_mask or key_lengths are never read: filling them in k and v with NaN
+//       or 1e10 changes no result bit (out, weights, lse, dq, and dk / dv at unpadded positions);
 //   (b) determinism: forward and backward are bitwise identical over 20 repeats and across
-//       mha::set_num_threads(1), (2) and (3), for the kernel and for MultiHeadAttention;
+//       mha::set_num_threads(1), (2) and (3);
 //   (c) the vectorised exp the kernel uses (mha::detail::flash_exp) is within 2 ULP of std::exp over
 //       the range the kernel evaluates it on, and exp(-inf) is exactly 0;
 //   (d) edge cases: causal with L > S (leading rows attend to nothing), S = 0, L = 0, and a NaN in one
 //       query row reaching no other row.
+// The same properties of MultiHeadAttention (padded key and value inputs never read, determinism of
+// forward and backward) are in layer/backward_test.cpp.
 //
-// Legend: B batch, h heads, L queries, S keys, d_k query/key width, d_v value width, E = d_model.
+// Legend: B batch, h heads, L queries, S keys, d_k query/key width, d_v value width.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <sstream>
 #include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
 #include "attention/flash_exp.hpp"
-#include "kernel_compare.hpp"
-#include "layer_harness.hpp"
-#include "test_util.hpp"
+#include "support/bitwise.hpp"
+#include "support/kernel_compare.hpp"
+#include "support/test_util.hpp"
 
 namespace mha_test {
 namespace {
-
-// Identical bit patterns everywhere (NaNs included); on failure: how many elements differ, the
-// largest absolute and relative differences, and the first difference.
-::testing::AssertionResult same_bits(const std::vector<double>& a, const std::vector<double>& b) {
-  if (a.size() != b.size()) return ::testing::AssertionFailure() << "size " << a.size() << " vs " << b.size();
-  std::size_t differ = 0, first = 0;
-  double max_abs = 0.0, max_rel = 0.0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (std::memcmp(&a[i], &b[i], sizeof(double)) == 0) continue;
-    if (differ++ == 0) first = i;
-    const double d = std::fabs(a[i] - b[i]);
-    max_abs = std::max(max_abs, d);
-    if (b[i] != 0.0) max_rel = std::max(max_rel, d / std::fabs(b[i]));
-  }
-  if (differ == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << differ << " of " << a.size() << " elements differ; max abs difference "
-                                       << max_abs << ", max relative " << max_rel << "; first at " << first << ": "
-                                       << a[first] << " vs " << b[first];
-}
-
-// The elements of `x` (rows of `width`) whose row satisfies `keep`.
-template <class Keep>
-std::vector<double> rows_where(const std::vector<double>& x, std::int64_t width, Keep&& keep) {
-  std::vector<double> out;
-  for (std::size_t r = 0; r * static_cast<std::size_t>(width) < x.size(); ++r)
-    if (keep(static_cast<std::int64_t>(r)))
-      out.insert(out.end(), x.begin() + static_cast<std::ptrdiff_t>(r * width),
-                 x.begin() + static_cast<std::ptrdiff_t>((r + 1) * width));
-  return out;
-}
 
 // ---- (a) padded keys are never read --------------------------------------------------------------
 
@@ -99,23 +67,6 @@ KernelCase poison_kernel_case(const PoisonCase& p) {
   c.need_weights = p.need_weights;
   c.amplitude = 2.0;
   return c;
-}
-
-void set_padding(const KernelCase& c, NaiveMaskSpec& m) {
-  if (c.masks & kCmpKeyPadding) {
-    m.key_padding.assign(static_cast<std::size_t>(c.B * c.S), 0);
-    for (std::int64_t j = 0; j < c.S; ++j) {
-      m.key_padding[static_cast<std::size_t>(j)] = j % 3 == 1 || j >= c.S - c.S / 3;  // scattered + a tail run
-      m.key_padding[static_cast<std::size_t>(c.S + j)] = (j / 4) % 2 == 1;            // runs of 4
-      m.key_padding[static_cast<std::size_t>(2 * c.S + j)] = c.masks & kCmpLengths ? j % 2 : 1;  // all, or every other
-    }
-  }
-  if (c.masks & kCmpLengths) m.key_lengths = {c.S, c.S - c.S / 3 - 1, c.S / 2};
-}
-
-bool key_padded(const NaiveMaskSpec& m, std::int64_t b, std::int64_t j) {
-  if (!m.key_padding.empty() && m.key_padding[static_cast<std::size_t>(b * m.S + j)]) return true;
-  return !m.key_lengths.empty() && j >= m.key_lengths[static_cast<std::size_t>(b)];
 }
 
 class PaddedKeysNeverRead : public ::testing::TestWithParam<std::tuple<PoisonCase, mha::Kernel>> {};
@@ -161,82 +112,6 @@ INSTANTIATE_TEST_SUITE_P(Cases, PaddedKeysNeverRead,
                            return std::string(kernel_name(std::get<1>(info.param))) + "_" + std::get<0>(info.param).name;
                          });
 
-struct LayerPoisonCase {
-  const char* name;
-  double poison;
-  unsigned masks;
-  bool add_bias_kv, add_zero_attn;
-  InputLayout layout;
-  bool packed;
-};
-
-const LayerPoisonCase kLayerPoisonCases[] = {
-    {"nan_key_padding_packed", kNaN, kCmpKeyPadding, false, false, InputLayout::BatchFirst, true},
-    {"nan_lengths_separate_sequence_first", kNaN, kCmpLengths, false, false, InputLayout::SequenceFirst, false},
-    {"nan_padding_lengths_bias_kv_zero_attn", kNaN, kCmpKeyPadding | kCmpLengths, true, true, InputLayout::BatchFirst, true},
-    {"big_key_padding_separate", 1e10, kCmpKeyPadding, false, false, InputLayout::BatchFirst, false},
-    {"big_lengths_packed_sequence_first", 1e10, kCmpLengths, false, false, InputLayout::SequenceFirst, true},
-    {"big_lengths_zero_attn", 1e10, kCmpLengths, false, true, InputLayout::BatchFirst, false},
-};
-
-TEST(PaddedKeysNeverReadLayer, PoisonedInputsChangeNothing) {
-  for (const LayerPoisonCase& p : kLayerPoisonCases) {
-    SCOPED_TRACE(p.name);
-    LayerCase c;
-    c.name = p.name;
-    c.E = 32, c.h = 4, c.B = 3, c.L = kSanitized ? 6 : 40, c.S = kSanitized ? 10 : 150;
-    if (!p.packed) c.kdim = 24, c.vdim = 40, c.d_v = 12;
-    c.add_bias_kv = p.add_bias_kv, c.add_zero_attn = p.add_zero_attn;
-    c.layout = p.layout;
-    c.masks = p.masks;
-    c.need_weights = true;
-    c.average_attn_weights = false;
-    const KernelCase shape{.B = c.B, .h = c.h, .L = c.L, .S = c.S, .masks = c.masks};
-    LayerData clean = make_layer_data(c, 555);
-    set_padding(shape, clean.masks);
-    LayerData poisoned = clean;
-    for (std::int64_t b = 0; b < c.B; ++b)
-      for (std::int64_t j = 0; j < c.S; ++j) {
-        if (!key_padded(clean.masks, b, j)) continue;
-        const std::int64_t row = input_row(c, c.S, b, j);
-        for (std::int64_t e = 0; e < c.kd(); ++e) poisoned.key[static_cast<std::size_t>(row * c.kd() + e)] = p.poison;
-        for (std::int64_t e = 0; e < c.vd(); ++e) poisoned.value[static_cast<std::size_t>(row * c.vd() + e)] = p.poison;
-      }
-    const LayerRun a = run_layer(c, clean, DType::Float32, mha::Kernel::Flash, true);
-    const LayerRun r = run_layer(c, poisoned, DType::Float32, mha::Kernel::Flash, true);
-    EXPECT_TRUE(same_bits(r.out, a.out)) << "out";
-    EXPECT_TRUE(same_bits(r.weights, a.weights)) << "weights";
-    EXPECT_TRUE(same_bits(r.grads.at("query"), a.grads.at("query"))) << "d query";
-    auto unpadded = [&](std::int64_t row) {  // a row of the key / value input
-      for (std::int64_t b = 0; b < c.B; ++b)
-        for (std::int64_t j = 0; j < c.S; ++j)
-          if (input_row(c, c.S, b, j) == row) return !key_padded(clean.masks, b, j);
-      return false;
-    };
-    for (const char* name : {"key", "value"}) {
-      const std::int64_t width = std::string(name) == "key" ? c.kd() : c.vd();
-      EXPECT_TRUE(same_bits(rows_where(r.grads.at(name), width, unpadded), rows_where(a.grads.at(name), width, unpadded)))
-          << "d " << name << " at unpadded positions";
-    }
-    const std::int64_t qk = c.h * c.dk();
-    for (const auto& [name, grad] : a.grads) {
-      if (name == "query" || name == "key" || name == "value") continue;
-      if (std::isnan(p.poison) && (name == "k_proj_weight" || name == "v_proj_weight")) {
-        // d W_k = dK_proj^T key: the padded rows enter as 0 * NaN, which is NaN in IEEE arithmetic
-        // (as in PyTorch); only 1e10 can be checked here.
-        continue;
-      }
-      if (std::isnan(p.poison) && name == "in_proj_weight") {  // rows [q | k | v]: only the q rows
-        const std::vector<double> q_rows_a(grad.begin(), grad.begin() + qk * c.E);
-        const std::vector<double> q_rows_r(r.grads.at(name).begin(), r.grads.at(name).begin() + qk * c.E);
-        EXPECT_TRUE(same_bits(q_rows_r, q_rows_a)) << name << " (q rows)";
-        continue;
-      }
-      EXPECT_TRUE(same_bits(r.grads.at(name), grad)) << name;
-    }
-  }
-}
-
 // ---- (b) determinism -----------------------------------------------------------------------------
 
 KernelCase determinism_case() {
@@ -261,8 +136,6 @@ void expect_same_run(const KernelRun& got, const KernelRun& want, const std::str
   EXPECT_TRUE(same_bits(got.dv, want.dv)) << what << ": dv";
 }
 
-constexpr int kRepeats = kSanitized ? 3 : 20;
-
 TEST(FlashDeterminism, KernelRepeatsAndThreadCounts) {
   ThreadCountGuard restore;
   const KernelCase c = determinism_case();
@@ -276,74 +149,6 @@ TEST(FlashDeterminism, KernelRepeatsAndThreadCounts) {
     expect_same_run(run_kernel(c, d, DType::Float32, mha::Kernel::Flash, true), first,
                     std::to_string(threads) + " threads vs 2");
   }
-}
-
-LayerCase determinism_layer_case() {
-  LayerCase c;
-  c.name = "determinism";
-  c.E = 64, c.h = 4, c.B = 3, c.L = kSanitized ? 12 : 100, c.S = kSanitized ? 16 : 140;
-  c.add_bias_kv = true;
-  c.dropout = 0.1;
-  c.masks = kCmpKeyPadding;
-  c.causal = true;
-  c.need_weights = true;
-  return c;
-}
-
-::testing::AssertionResult same_layer_run(const LayerRun& got, const LayerRun& want, std::string* differing) {
-  std::ostringstream msg;
-  bool ok = true;
-  auto check = [&](const std::string& name, const std::vector<double>& a, const std::vector<double>& b) {
-    const ::testing::AssertionResult r = same_bits(a, b);
-    if (!r) {
-      ok = false;
-      msg << "\n  " << name << ": " << r.message();
-      if (differing) *differing += (differing->empty() ? "" : ", ") + name;
-    }
-  };
-  check("out", got.out, want.out);
-  check("weights", got.weights, want.weights);
-  for (const auto& [name, g] : want.grads) check("d " + name, got.grads.at(name), g);
-  if (ok) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << msg.str();
-}
-
-TEST(FlashDeterminism, LayerRepeats) {
-  ThreadCountGuard restore;
-  mha::set_num_threads(2);
-  const LayerCase c = determinism_layer_case();
-  const LayerData d = make_layer_data(c, 99);
-  const LayerRun first = run_layer(c, d, DType::Float32, mha::Kernel::Flash, true);
-  for (int r = 1; r < kRepeats; ++r)
-    EXPECT_TRUE(same_layer_run(run_layer(c, d, DType::Float32, mha::Kernel::Flash, true), first, nullptr))
-        << "repeat " << r;
-}
-
-TEST(FlashDeterminism, LayerOneThreadVsTwo) {
-  ThreadCountGuard restore;
-  const LayerCase c = determinism_layer_case();
-  const LayerData d = make_layer_data(c, 99);
-  mha::set_num_threads(2);
-  const LayerRun two = run_layer(c, d, DType::Float32, mha::Kernel::Flash, true);
-  mha::set_num_threads(1);
-  const LayerRun one = run_layer(c, d, DType::Float32, mha::Kernel::Flash, true);
-  // The projections run each block of output rows whole on one thread (src/linear.cpp), so the
-  // float32 layer, like the attention core, must not depend on the thread count.
-  std::string differing;
-  EXPECT_TRUE(same_layer_run(one, two, &differing)) << "1 thread vs 2; differing: " << differing;
-}
-
-// The float64 layer has no oneDNN in it (plain-loop projections, the reference kernel): its result
-// must not depend on the thread count at all.
-TEST(FlashDeterminism, Float64LayerOneThreadVsTwo) {
-  ThreadCountGuard restore;
-  const LayerCase c = determinism_layer_case();
-  const LayerData d = make_layer_data(c, 99);
-  mha::set_num_threads(2);
-  const LayerRun two = run_layer(c, d, DType::Float64, mha::Kernel::Reference, true);
-  mha::set_num_threads(1);
-  const LayerRun one = run_layer(c, d, DType::Float64, mha::Kernel::Reference, true);
-  EXPECT_TRUE(same_layer_run(one, two, nullptr)) << "1 thread vs 2";
 }
 
 // ---- (c) the vectorised exp ----------------------------------------------------------------------

@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "kernel_compare.hpp"
-#include "naive_mha.hpp"
-#include "test_util.hpp"
+#include "support/kernel_compare.hpp"
+#include "support/naive_mha.hpp"
+#include "support/test_util.hpp"
 
 namespace mha_test {
 

@@ -4,9 +4,9 @@
 // fail on its size check, not in the allocator).
 //
 // The table below is the source of truth. Its files are also committed under tests/data/hostile/
-// (regenerate them with MHA_REGENERATE_HOSTILE=1 ./build/tests/mha_tests --gtest_filter='IoHostile.*'),
-// and every file in that folder is read back by IoHostile.CommittedFilesAreRefused, so a file stays a
-// regression test even if its table entry changes.
+// (regenerate them with MHA_REGENERATE_HOSTILE=1 ./build/tests/mha_tests --gtest_filter='IoHostileFiles.*'),
+// and every file in that folder is read back by IoHostileFiles.CommittedFilesAreRefused, so a file stays
+// a regression test even if its table entry changes.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "io_bytes.hpp"
-#include "test_util.hpp"
+#include "support/io_bytes.hpp"
+#include "support/test_util.hpp"
 
 namespace mha_test {
 namespace {
@@ -260,7 +260,7 @@ std::string read_error(const std::string& path) {
 
 fs::path hostile_dir() {
   if (const char* dir = std::getenv("MHA_TEST_HOSTILE_DIR")) return dir;
-  return fs::path(__FILE__).parent_path().parent_path() / "data" / "hostile";
+  return fs::path(__FILE__).parent_path().parent_path().parent_path() / "data" / "hostile";  // from tests/cpp/io/
 }
 
 class IoHostile : public ::testing::TestWithParam<HostileCase> {};

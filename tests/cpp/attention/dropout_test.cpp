@@ -8,8 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "naive_attention.hpp"
-#include "test_util.hpp"
+#include "attention/flash_config.hpp"
+#include "support/naive_attention.hpp"
+#include "support/test_util.hpp"
 
 namespace mha_test {
 namespace {
@@ -170,11 +171,13 @@ TEST_P(AttentionPerKernel, SeedIsIgnoredWhenDropoutIsZero) {
 // Without dropout the result does not depend on the thread count either (sizes large enough to be
 // split into several blocks of queries and keys).
 TEST_P(AttentionPerKernel, ResultIndependentOfThreadCount) {
+  constexpr std::int64_t L = 140, S = 300;
+  static_assert(L > mha::detail::flash::kBlockQ && S > mha::detail::flash::kBlockK, "several blocks each way");
   ThreadCountGuard guard;
   Rng rng(24);
-  Tensor q = random_tensor(DType::Float32, {2, 3, 140, 13}, rng);
-  Tensor k = random_tensor(DType::Float32, {2, 3, 300, 13}, rng);
-  Tensor v = random_tensor(DType::Float32, {2, 3, 300, 5}, rng);
+  Tensor q = random_tensor(DType::Float32, {2, 3, L, 13}, rng);
+  Tensor k = random_tensor(DType::Float32, {2, 3, S, 13}, rng);
+  Tensor v = random_tensor(DType::Float32, {2, 3, S, 5}, rng);
   for (bool causal : {false, true}) {
     SCOPED_TRACE(causal ? "causal" : "full");
     AttentionOptions o;

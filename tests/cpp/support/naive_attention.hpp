@@ -13,7 +13,7 @@
 #include <limits>
 #include <vector>
 
-#include "test_util.hpp"
+#include "support/test_util.hpp"
 
 namespace mha_test {
 

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "naive_mha.hpp"
-#include "test_util.hpp"
+#include "support/naive_mha.hpp"
+#include "support/test_util.hpp"
 
 namespace mha_test {
 namespace {

@@ -3,7 +3,7 @@
 // patterns, the .npy header variants NumPy has written over the years, a MultiHeadAttention layer
 // saved and loaded (parameters identical, forward equal), and interoperation with PyTorch and NumPy
 // (files written by /usr/bin/python3 read here, and files written here read there).
-// Hostile files are in io_hostile_test.cpp.
+// Hostile files are in hostile_test.cpp.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "io_bytes.hpp"
-#include "test_util.hpp"
+#include "support/io_bytes.hpp"
+#include "support/test_util.hpp"
 
 namespace mha_test {
 namespace {
@@ -530,7 +530,10 @@ const char* python() {
   return p ? p : "/usr/bin/python3";
 }
 
-fs::path interop_script() { return fs::path(__FILE__).parent_path().parent_path() / "data" / "torch_interop.py"; }
+// tests/data/torch_interop.py, found from this file (tests/cpp/io/).
+fs::path interop_script() {
+  return fs::path(__FILE__).parent_path().parent_path().parent_path() / "data" / "torch_interop.py";
+}
 
 // Runs the interop script with `args`; skips the test when Python with torch and numpy is missing.
 bool run_interop(const std::string& args) {

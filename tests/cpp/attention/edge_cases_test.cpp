@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "naive_attention.hpp"
-#include "test_util.hpp"
+#include "support/naive_attention.hpp"
+#include "support/test_util.hpp"
 
 namespace mha_test {
 namespace {

@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "kernel_compare.hpp"
-#include "test_util.hpp"
+#include "support/kernel_compare.hpp"
+#include "support/test_util.hpp"
 
 namespace mha_test {
 namespace {
@@ -30,8 +30,10 @@ constexpr std::int64_t kMaxDim = kSanitized ? 48 : 300;
 // Release on two cores (the float64 and float32 reference runs dominate) and a few seconds under
 // sanitizers.
 constexpr std::int64_t kMaxWork = kSanitized ? 40'000 : 5'000'000;
+static_assert(kSanitized || kMaxDim >= kBlockK + 1, "the sweep must reach past the fused kernel's key blocks");
 
-// Shapes chosen by hand: the extremes of the range and the awkward sides of the blocks.
+// Shapes chosen by hand: the extremes of the range and the awkward sides of the fused kernel's blocks
+// (kBlockQ queries, kBlockK keys).
 std::vector<KernelCase> hand_picked_cases() {
   if (kSanitized) return {};
   struct Shape6 {
@@ -42,14 +44,16 @@ std::vector<KernelCase> hand_picked_cases() {
   const Shape6 shapes[] = {
       {1, 1, 300, 300, 64, 64, 0u, true},                         // self-attention, several blocks
       {1, 1, 300, 129, 59, 111, kCmpKeyPadding, true},            // causal with L > S: leading rows empty
-      {1, 1, 129, 300, 111, 59, kCmpLengths, true},               // causal with L < S
+      {1, 1, kBlockQ + 1, 300, 111, 59, kCmpLengths, true},       // causal with L < S
       {300, 1, 3, 5, 5, 1, kCmpBool3d, false},                    // many batches
       {1, 300, 2, 7, 16, 5, kCmpFloat3d, true},                   // many heads
-      {2, 1, 65, 257, 256, 1, kCmpKeyPadding | kCmpFloat2d, false},
+      {2, 1, kBlockQ / 2 + 1, kBlockK + 1, 256, 1, kCmpKeyPadding | kCmpFloat2d, false},
       {1, 1, 1, 300, 1, 256, kCmpLengths | kCmpBool2d, false},    // one query, many keys
       {1, 1, 300, 1, 256, 1, kCmpKeyPadding, true},               // one key: only the last row sees it
-      {2, 2, 128, 128, 64, 64, kCmpKeyPadding | kCmpLengths | kCmpBool2d, true},  // exact blocks
-      {1, 1, 257, 255, 80, 48, kCmpLengths | kCmpFloat3d, false},
+      {2, 1, kBlockQ, kBlockK, 64, 64, kCmpKeyPadding | kCmpLengths | kCmpBool2d, true},  // exact blocks
+      {1, 1, 2 * kBlockQ + 1, kBlockK - 1, 80, 48, kCmpLengths | kCmpFloat3d, false},
+      // several blocks both ways, the last ones partial
+      {1, 1, 2 * kBlockQ + 3, kBlockK + 37, 48, 40, kCmpKeyPadding | kCmpBool3d, true},
   };
   std::vector<KernelCase> cases;
   int index = 10000;
@@ -117,7 +121,7 @@ TEST(FlashVsReferenceSweep, CoversTheRequiredConfigurations) {
     causal_l_gt_s += c.causal && c.L > c.S;
     causal_l_lt_s += c.causal && c.L < c.S;
     dk_ne_dv += c.d_k != c.d_v;
-    odd_sizes += c.L % 64 != 0 && c.S % 128 != 0 && c.L > 64 && c.S > 128;
+    odd_sizes += c.L % kBlockQ != 0 && c.S % kBlockK != 0 && c.L > kBlockQ && c.S > kBlockK;
     weights += c.need_weights;
     dropout += c.dropout_p > 0;
     interleaved += c.layout == Layout::Interleaved;

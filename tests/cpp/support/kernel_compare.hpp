@@ -18,10 +18,16 @@
 #include <string>
 #include <vector>
 
-#include "naive_attention.hpp"
-#include "test_util.hpp"
+#include "attention/flash_config.hpp"
+#include "support/naive_attention.hpp"
+#include "support/test_util.hpp"
 
 namespace mha_test {
+
+// The fused kernel's block sizes, for sizes on and next to its block boundaries.
+using mha::detail::flash::kBlockK;
+using mha::detail::flash::kBlockQ;
+using mha::detail::flash::kRowAlign;
 
 // The suite runs again in an ASan + UBSan Debug build; there it runs a small subset.
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_UNDEFINED__)
@@ -117,9 +123,17 @@ inline std::string case_name(const KernelCase& c) {
 
 inline void PrintTo(const KernelCase& c, std::ostream* os) { *os << case_name(c); }
 
-// Sizes that sit on and next to the fused kernel's block boundaries (64 or 128 query rows, 128 keys,
-// 16-float row alignment), and the ends of the range.
-inline constexpr std::int64_t kBoundarySizes[] = {1, 2, 15, 16, 17, 63, 64, 65, 127, 128, 129, 191, 192, 255, 256, 257, 299, 300};
+// Sizes that sit on and next to the fused kernel's block boundaries (src/attention/flash_config.hpp:
+// kBlockQ query rows, kBlockK keys, rows aligned to kRowAlign floats), in and past a half-full query
+// block, and the ends of the sweeps' range (1..300). random_kernel_cases() draws those up to its max_dim.
+inline constexpr std::int64_t kBoundarySizes[] = {
+    1, 2,
+    kRowAlign - 1, kRowAlign, kRowAlign + 1,
+    kBlockQ / 2 - 1, kBlockQ / 2, kBlockQ / 2 + 1,
+    kBlockQ - 1, kBlockQ, kBlockQ + 1,
+    kBlockQ + kBlockQ / 2 - 1, kBlockQ + kBlockQ / 2,
+    kBlockK - 1, kBlockK, kBlockK + 1,
+    299, 300};
 inline constexpr std::int64_t kHeadDims[] = {1, 5, 16, 32, 59, 64, 80, 96, 111, 128, 256};
 
 // `count` seeded configurations: B, h, L, S in [1, max_dim], head dims from kHeadDims, every mask

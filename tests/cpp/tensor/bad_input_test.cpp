@@ -1,0 +1,50 @@
+// Bad input to Tensor (support/bad_input.hpp says what each case must do): a negative dimension, a
+// reshape to another element count; and copy_of between bool and float, which the header does not
+// clearly rule out.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "support/bad_input.hpp"
+#include "support/test_util.hpp"
+
+namespace mha_test {
+namespace {
+
+Tensor T(Shape s, DType d = DType::Float32) { return Tensor(d, std::move(s)); }
+
+std::vector<BadCase> bad_cases() {
+  std::vector<BadCase> c;
+  // ---- Tensor ----
+  c.push_back({"tensor_reshaped_wrong_count", [] { (void)T({2, 3}).reshaped({4}); }, "shape"});
+  c.push_back({"tensor_negative_dim", [] { (void)T({2, -1}); }, "shape|dim|-1"});
+  return c;
+}
+
+class TensorBadInput : public ::testing::TestWithParam<BadCase> {};
+
+TEST_P(TensorBadInput, ThrowsErrorNamingTheArgument) { expect_error_naming_the_argument(GetParam()); }
+
+INSTANTIATE_TEST_SUITE_P(Cases, TensorBadInput, ::testing::ValuesIn(bad_cases()), bad_case_name);
+
+TEST(Underspecified, CopyOfBetweenBoolAndFloat) {
+  Tensor b = make_tensor(DType::Bool, {3}, {1, 0, 1});
+  expect_error_if_thrown(
+      [&] {
+        Tensor f = Tensor::copy_of(b, DType::Float32);
+        EXPECT_EQ(to_doubles(f), (std::vector<double>{1, 0, 1}));
+      },
+      "dtype|bool|float", "copy_of bool -> float32");
+  Tensor f = make_tensor(DType::Float32, {3}, {0.0, 2.5, -1.0});
+  expect_error_if_thrown(
+      [&] {
+        Tensor bb = Tensor::copy_of(f, DType::Bool);
+        EXPECT_EQ(to_doubles(bb), (std::vector<double>{0, 1, 1}));
+      },
+      "dtype|bool|float", "copy_of float32 -> bool");
+}
+
+}  // namespace
+}  // namespace mha_test

@@ -43,7 +43,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     mha_fuzz::violated("round trip changed the metadata or the tensor names");
   for (const auto& [name, tensor] : file.tensors) {
     const auto it = again.tensors.find(name);
-    if (it == again.tensors.end() || !mha_fuzz::same(it->second, tensor)) mha_fuzz::violated("round trip changed a tensor");
+    if (it == again.tensors.end() || !mha_fuzz::same(it->second, tensor))
+      mha_fuzz::violated("round trip changed a tensor");
   }
   return 0;
 }

@@ -20,12 +20,9 @@ inline const char* floating_dtype_names() { return "float32 or float64"; }
 template <class F>
 decltype(auto) dispatch_floating(DType dtype, F&& f) {
   switch (dtype) {
-    case DType::Float32:
-      return f(float{});
-    case DType::Float64:
-      return f(double{});
-    default:
-      throw Error(std::string("internal: no floating kernel for dtype ") + dtype_name(dtype));
+    case DType::Float32: return f(float{});
+    case DType::Float64: return f(double{});
+    default: throw Error(std::string("internal: no floating kernel for dtype ") + dtype_name(dtype));
   }
 }
 

@@ -62,14 +62,12 @@ Shape contiguous_strides(const Shape& shape) {
 TensorView::TensorView(const void* data, DType dtype, Shape shape, Shape strides)
     : data_(data), dtype_(dtype), shape_(std::move(shape)), strides_(std::move(strides)) {
   if (shape_.size() != strides_.size())
-    throw Error("TensorView: shape " + shape_str(shape_) + " and strides " + shape_str(strides_) +
-                " differ in rank");
+    throw Error("TensorView: shape " + shape_str(shape_) + " and strides " + shape_str(strides_) + " differ in rank");
   for (std::size_t i = 0; i < shape_.size(); ++i) {
     if (shape_[i] < 0) throw Error("TensorView: negative size in shape " + shape_str(shape_));
     if (strides_[i] < 0) throw Error("TensorView: negative stride in strides " + shape_str(strides_));
   }
-  if (data_ == nullptr && shape_numel(shape_) != 0)
-    throw Error("TensorView: null data for shape " + shape_str(shape_));
+  if (data_ == nullptr && shape_numel(shape_) != 0) throw Error("TensorView: null data for shape " + shape_str(shape_));
 }
 
 TensorView::TensorView(const void* data, DType dtype, Shape shape)

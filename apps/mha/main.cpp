@@ -7,8 +7,8 @@
 #include <exception>
 #include <string>
 
-#include <CLI/CLI.hpp>
 #include <fmt/core.h>
+#include <CLI/CLI.hpp>
 
 #include "bench/bench.hpp"
 #include "bench/bench_one.hpp"
@@ -23,31 +23,64 @@ namespace {
 
 constexpr int kExitError = 1;
 constexpr int kExitUsage = 2;
-constexpr int kMaxThreads = 1024;                  // --threads
-constexpr std::int64_t kMaxBenchN = 1 << 22;       // --sizes, --big, --n: far past what fits in memory here
+constexpr int kMaxThreads = 1024;             // --threads
+constexpr std::int64_t kMaxBenchN = 1 << 22;  // --sizes, --big, --n: far past what fits in memory here
 
 void add_demo_command(CLI::App& app, mha_cli::DemoOptions& o) {
   CLI::App* demo = app.add_subcommand(
-      "demo", "The main job: train the paper's Transformer to normalise dates (~2 min), report accuracy and attention maps");
+      "demo",
+      "The main job: train the paper's Transformer to normalise dates (~2 min), report accuracy and attention maps");
   demo->add_option("--out", o.out_dir, "Report folder: index.html, maps, learning curve, checkpoint.safetensors")
       ->capture_default_str();
-  demo->add_option("--steps", o.steps, "Training steps")->check(CLI::Range(std::int64_t{1}, std::int64_t{10'000'000}))->capture_default_str();
-  demo->add_option("--batch", o.batch_size, "Examples per step")->check(CLI::Range(std::int64_t{1}, std::int64_t{65536}))->capture_default_str();
-  demo->add_option("--heads", o.heads, "Attention heads h (d_k = d_v = d_model / h)")->check(CLI::Range(std::int64_t{1}, std::int64_t{1024}))->capture_default_str();
-  demo->add_option("--d-model", o.d_model, "Model width d_model")->check(CLI::Range(std::int64_t{1}, std::int64_t{8192}))->capture_default_str();
-  demo->add_option("--d-ff", o.d_ff, "Feed-forward inner width d_ff")->check(CLI::Range(std::int64_t{1}, std::int64_t{65536}))->capture_default_str();
-  demo->add_option("--layers", o.layers, "Encoder layers and decoder layers (N each)")->check(CLI::Range(std::int64_t{1}, std::int64_t{64}))->capture_default_str();
-  demo->add_flag("--pre-norm", o.pre_norm, "Layer normalisation before each sub-layer (default: after, as in the paper)");
-  demo->add_option("--dropout", o.dropout, "Residual dropout P_drop")->check(CLI::Range(0.0, 0.99))->capture_default_str();
-  demo->add_option("--attention-dropout", o.attention_dropout, "Dropout on the attention weights")->check(CLI::Range(0.0, 0.99))->capture_default_str();
-  demo->add_option("--label-smoothing", o.label_smoothing, "Label smoothing epsilon")->check(CLI::Range(0.0, 0.99))->capture_default_str();
-  demo->add_option("--warmup", o.warmup, "Warm-up steps of the learning-rate schedule")->check(CLI::Range(std::int64_t{1}, std::int64_t{10'000'000}))->capture_default_str();
-  demo->add_option("--lr-factor", o.lr_factor, "Factor of the schedule d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)")->check(CLI::Range(1e-6, 1e3))->capture_default_str();
+  demo->add_option("--steps", o.steps, "Training steps")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{10'000'000}))
+      ->capture_default_str();
+  demo->add_option("--batch", o.batch_size, "Examples per step")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{65536}))
+      ->capture_default_str();
+  demo->add_option("--heads", o.heads, "Attention heads h (d_k = d_v = d_model / h)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1024}))
+      ->capture_default_str();
+  demo->add_option("--d-model", o.d_model, "Model width d_model")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{8192}))
+      ->capture_default_str();
+  demo->add_option("--d-ff", o.d_ff, "Feed-forward inner width d_ff")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{65536}))
+      ->capture_default_str();
+  demo->add_option("--layers", o.layers, "Encoder layers and decoder layers (N each)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{64}))
+      ->capture_default_str();
+  demo->add_flag("--pre-norm", o.pre_norm,
+                 "Layer normalisation before each sub-layer (default: after, as in the paper)");
+  demo->add_option("--dropout", o.dropout, "Residual dropout P_drop")
+      ->check(CLI::Range(0.0, 0.99))
+      ->capture_default_str();
+  demo->add_option("--attention-dropout", o.attention_dropout, "Dropout on the attention weights")
+      ->check(CLI::Range(0.0, 0.99))
+      ->capture_default_str();
+  demo->add_option("--label-smoothing", o.label_smoothing, "Label smoothing epsilon")
+      ->check(CLI::Range(0.0, 0.99))
+      ->capture_default_str();
+  demo->add_option("--warmup", o.warmup, "Warm-up steps of the learning-rate schedule")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{10'000'000}))
+      ->capture_default_str();
+  demo->add_option("--lr-factor", o.lr_factor,
+                   "Factor of the schedule d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)")
+      ->check(CLI::Range(1e-6, 1e3))
+      ->capture_default_str();
   demo->add_option("--seed", o.seed, "Seed of the initialisation, the data and dropout")->capture_default_str();
-  demo->add_option("--eval", o.eval_examples, "Held-out examples of the final accuracy")->check(CLI::Range(std::int64_t{1}, std::int64_t{1'000'000}))->capture_default_str();
-  demo->add_option("--eval-every", o.eval_every, "Steps between the learning curve's accuracy points")->check(CLI::Range(std::int64_t{1}, std::int64_t{10'000'000}))->capture_default_str();
-  demo->add_option("--maps", o.map_examples, "Held-out examples drawn as attention maps")->check(CLI::Range(std::int64_t{0}, std::int64_t{6}))->capture_default_str();
-  demo->add_option("--threads", o.threads, "Threads (0: OpenMP's default)")->check(CLI::Range(0, 1024))->capture_default_str();
+  demo->add_option("--eval", o.eval_examples, "Held-out examples of the final accuracy")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1'000'000}))
+      ->capture_default_str();
+  demo->add_option("--eval-every", o.eval_every, "Steps between the learning curve's accuracy points")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{10'000'000}))
+      ->capture_default_str();
+  demo->add_option("--maps", o.map_examples, "Held-out examples drawn as attention maps")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{6}))
+      ->capture_default_str();
+  demo->add_option("--threads", o.threads, "Threads (0: OpenMP's default)")
+      ->check(CLI::Range(0, 1024))
+      ->capture_default_str();
   demo->add_flag("!--no-progress", o.progress, "No progress bar");
 }
 
@@ -89,14 +122,16 @@ void add_bench_command(CLI::App& app, mha_cli::BenchOptions& options) {
       ->capture_default_str();
   bench->add_flag("!--no-torch", options.torch, "Do not run PyTorch");
   bench->add_flag("--quick", options.quick, "A smoke run: sizes 512,2048 only, no big size");
-  bench->add_option("--torch-blas", options.torch_blas,
-                    "BLAS under PyTorch's products: onednn (its sgemm_ preloaded onto oneDNN) or installed")
+  bench
+      ->add_option("--torch-blas", options.torch_blas,
+                   "BLAS under PyTorch's products: onednn (its sgemm_ preloaded onto oneDNN) or installed")
       ->check(CLI::IsMember({"onednn", "installed"}))
       ->capture_default_str();
   bench->add_option("--python", options.python, "The Python with torch")->capture_default_str();
   bench->add_option("--torch-script", options.torch_script, "PyTorch's side (default: apps/mha/bench/torch_mha.py)");
-  bench->add_option("--torch-memory-limit", options.torch_memory_limit_gib,
-                    "GiB: PyTorch runs estimated to need more are skipped")
+  bench
+      ->add_option("--torch-memory-limit", options.torch_memory_limit_gib,
+                   "GiB: PyTorch runs estimated to need more are skipped")
       ->capture_default_str();
   bench->add_option("--torch-timeout", options.torch_timeout_s, "Seconds per PyTorch process")->capture_default_str();
 }
@@ -106,12 +141,12 @@ void add_run_command(CLI::App& app, mha_cli::RunOptions& o) {
       "run", "Apply a layer stored in safetensors to inputs in .npy files; write the output (and weights) as .npy");
   run->add_option("--weights", o.weights, "safetensors file with the layer's parameters (PyTorch state_dict names)")
       ->required();
-  run->add_option("--query", o.query, ".npy query: [B, L, E] batch-first, [L, B, E] seq-first, or [L, E]")
-      ->required();
+  run->add_option("--query", o.query, ".npy query: [B, L, E] batch-first, [L, B, E] seq-first, or [L, E]")->required();
   run->add_option("--key", o.key, ".npy key (default: the query)");
   run->add_option("--value", o.value, ".npy value (default: the key)");
   run->add_option("--key-padding-mask", o.key_padding_mask, ".npy bool [B, S] ([S] unbatched), true = padding");
-  run->add_option("--attn-mask", o.attn_mask, ".npy bool (true = may not attend) or float (added), [L, S] or [B*h, L, S]");
+  run->add_option("--attn-mask", o.attn_mask,
+                  ".npy bool (true = may not attend) or float (added), [L, S] or [B*h, L, S]");
   run->add_flag("--causal", o.causal, "Causal mask, bottom-right aligned: query i sees key j <= i + S - L");
   run->add_option("--out", o.out, ".npy file for the output")->required();
   run->add_option("--weights-out", o.weights_out, ".npy file for the attention weights (averaged over heads)");

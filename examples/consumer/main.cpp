@@ -1,6 +1,6 @@
 // A program built against an installed mha (find_package(mha CONFIG) or pkg-config).
-#include <mha/mha.hpp>
 #include <cstdio>
+#include <mha/mha.hpp>
 #include <vector>
 
 int main() {
@@ -8,5 +8,6 @@ int main() {
   std::vector<float> x(3 * 8, 0.25f);  // [L=3, E=8], unbatched
   mha::TensorView input(x.data(), mha::DType::Float32, {3, 8});
   auto [out, weights] = layer.forward(input, input, input);
-  std::printf("consumer: out %s, weights %s\n", mha::shape_str(out.shape()).c_str(), mha::shape_str(weights.shape()).c_str());
+  std::printf("consumer: out %s, weights %s\n", mha::shape_str(out.shape()).c_str(),
+              mha::shape_str(weights.shape()).c_str());
 }

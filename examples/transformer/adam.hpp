@@ -14,8 +14,8 @@ namespace transformer {
 
 struct AdamConfig {
   double beta1 = 0.9, beta2 = 0.98, eps = 1e-9;
-  double factor = 1.0;        // the paper: 1
-  std::int64_t warmup = 4000; // the paper: 4000
+  double factor = 1.0;         // the paper: 1
+  std::int64_t warmup = 4000;  // the paper: 4000
   std::int64_t d_model = 512;
 };
 

@@ -18,8 +18,7 @@ namespace transformer {
 template <class T>
 class AttentionBlock {
  public:
-  AttentionBlock(const std::string& name, std::int64_t d_model, std::int64_t heads, double dropout,
-                 std::uint64_t seed)
+  AttentionBlock(const std::string& name, std::int64_t d_model, std::int64_t heads, double dropout, std::uint64_t seed)
       : layer_(config(d_model, heads, dropout), seed), prefix_(name + ".") {
     for (const auto& pname : layer_.parameter_names()) {
       const mha::Tensor& t = layer_.parameter(pname);

@@ -81,8 +81,8 @@ Checkpoint load_checkpoint(const std::string& path) {
     const auto it = file.tensors.find(p->name);
     if (it == file.tensors.end()) throw std::runtime_error(path + ": missing parameter \"" + p->name + "\"");
     if (it->second.shape() != p->shape)
-      throw std::runtime_error(path + ": parameter \"" + p->name + "\" has shape " + mha::shape_str(it->second.shape()) +
-                               ", expected " + mha::shape_str(p->shape));
+      throw std::runtime_error(path + ": parameter \"" + p->name + "\" has shape " +
+                               mha::shape_str(it->second.shape()) + ", expected " + mha::shape_str(p->shape));
     const float* src = it->second.data_as<float>();
     p->value.assign(src, src + p->numel());
     ++used;

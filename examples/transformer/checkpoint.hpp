@@ -18,8 +18,8 @@ void save_checkpoint(Transformer<float>& model, const std::string& path,
                      const std::map<std::string, std::string>& extra_metadata = {});
 
 struct Checkpoint {
-  std::unique_ptr<Transformer<float>> model;      // in evaluation mode
-  std::map<std::string, std::string> metadata;    // everything in "__metadata__"
+  std::unique_ptr<Transformer<float>> model;    // in evaluation mode
+  std::map<std::string, std::string> metadata;  // everything in "__metadata__"
 };
 
 // Throws std::runtime_error naming the file when it cannot be read, is not such a checkpoint, was

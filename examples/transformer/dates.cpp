@@ -14,9 +14,9 @@ namespace transformer {
 
 namespace {
 
-constexpr std::array<std::string_view, 12> kMonthNames = {
-    "January", "February", "March",     "April",   "May",      "June",
-    "July",    "August",   "September", "October", "November", "December"};
+constexpr std::array<std::string_view, 12> kMonthNames = {"January",   "February", "March",    "April",
+                                                          "May",       "June",     "July",     "August",
+                                                          "September", "October",  "November", "December"};
 
 // Monday first, as day_of_week counts.
 constexpr std::array<std::string_view, 7> kWeekdayNames = {"Monday", "Tuesday",  "Wednesday", "Thursday",
@@ -24,19 +24,25 @@ constexpr std::array<std::string_view, 7> kWeekdayNames = {"Monday", "Tuesday", 
 
 // kOrdinalWords[d - 1] is day d in words.
 constexpr std::array<std::string_view, 31> kOrdinalWords = {
-    "first",         "second",        "third",          "fourth",        "fifth",        "sixth",
-    "seventh",       "eighth",        "ninth",          "tenth",         "eleventh",     "twelfth",
-    "thirteenth",    "fourteenth",    "fifteenth",      "sixteenth",     "seventeenth",  "eighteenth",
-    "nineteenth",    "twentieth",     "twenty-first",   "twenty-second", "twenty-third", "twenty-fourth",
-    "twenty-fifth",  "twenty-sixth",  "twenty-seventh", "twenty-eighth", "twenty-ninth", "thirtieth",
-    "thirty-first"};
+    "first",         "second",       "third",         "fourth",       "fifth",        "sixth",          "seventh",
+    "eighth",        "ninth",        "tenth",         "eleventh",     "twelfth",      "thirteenth",     "fourteenth",
+    "fifteenth",     "sixteenth",    "seventeenth",   "eighteenth",   "nineteenth",   "twentieth",      "twenty-first",
+    "twenty-second", "twenty-third", "twenty-fourth", "twenty-fifth", "twenty-sixth", "twenty-seventh", "twenty-eighth",
+    "twenty-ninth",  "thirtieth",    "thirty-first"};
 
-constexpr std::array<DateFormat, 13> kAllFormats = {
-    DateFormat::DayMonthYear,          DateFormat::MonthOrdinalDayYear,     DateFormat::MonthDayYear,
-    DateFormat::ShortWeekdayDayMonYY,  DateFormat::WeekdayDayMonthYear,     DateFormat::WeekdayOrdinalDayMonthYear,
-    DateFormat::OrdinalWordsOfMonthYear, DateFormat::DayMonDashYear,        DateFormat::SlashDMY,
-    DateFormat::ShortSlashDMY,         DateFormat::DotDMYY,                 DateFormat::DotYMD,
-    DateFormat::UpperDayMonthYear};
+constexpr std::array<DateFormat, 13> kAllFormats = {DateFormat::DayMonthYear,
+                                                    DateFormat::MonthOrdinalDayYear,
+                                                    DateFormat::MonthDayYear,
+                                                    DateFormat::ShortWeekdayDayMonYY,
+                                                    DateFormat::WeekdayDayMonthYear,
+                                                    DateFormat::WeekdayOrdinalDayMonthYear,
+                                                    DateFormat::OrdinalWordsOfMonthYear,
+                                                    DateFormat::DayMonDashYear,
+                                                    DateFormat::SlashDMY,
+                                                    DateFormat::ShortSlashDMY,
+                                                    DateFormat::DotDMYY,
+                                                    DateFormat::DotYMD,
+                                                    DateFormat::UpperDayMonthYear};
 static_assert(static_cast<std::size_t>(DateFormat::UpperDayMonthYear) + 1 == kAllFormats.size(),
               "kAllFormats lists every DateFormat");
 
@@ -46,8 +52,8 @@ constexpr std::int64_t kTargetLen = static_cast<std::int64_t>(kIsoLength) + 1;
 void check_date(Date d) {
   if (!is_valid_date(d))
     throw std::invalid_argument("not a date of " + std::to_string(kFirstYear) + ".." + std::to_string(kLastYear) +
-                                ": year " + std::to_string(d.year) + ", month " + std::to_string(d.month) +
-                                ", day " + std::to_string(d.day));
+                                ": year " + std::to_string(d.year) + ", month " + std::to_string(d.month) + ", day " +
+                                std::to_string(d.day));
 }
 
 // Days since 1970-01-01 (negative before), H. Hinnant's days_from_civil: counts from 0000-03-01 so
@@ -55,8 +61,8 @@ void check_date(Date d) {
 std::int64_t days_from_civil(Date d) {
   const std::int64_t y = d.year - (d.month <= 2 ? 1 : 0);
   const std::int64_t era = (y >= 0 ? y : y - 399) / 400;
-  const std::int64_t year_of_era = y - era * 400;                                            // [0, 399]
-  const std::int64_t day_of_year = (153 * ((d.month + 9) % 12) + 2) / 5 + d.day - 1;         // [0, 365]
+  const std::int64_t year_of_era = y - era * 400;                                     // [0, 399]
+  const std::int64_t day_of_year = (153 * ((d.month + 9) % 12) + 2) / 5 + d.day - 1;  // [0, 365]
   const std::int64_t day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
   return era * 146097 + day_of_era - 719468;
 }
@@ -238,8 +244,7 @@ Batch make_batch(std::span<const DateExample> examples, const Vocabulary& vocab)
     const DateExample& e = examples[i];
     if (e.target.size() != kIsoLength)
       throw std::invalid_argument("make_batch: example " + std::to_string(i) + " target \"" + e.target + "\" has " +
-                                  std::to_string(e.target.size()) + " characters, not " +
-                                  std::to_string(kIsoLength));
+                                  std::to_string(e.target.size()) + " characters, not " + std::to_string(kIsoLength));
     write_row(b, i, encode_field(vocab, e.source, i, "source"), encode_field(vocab, e.target, i, "target"));
   }
   return b;

@@ -36,8 +36,8 @@ class DecoderLayer {
   Matrix<T> forward(const Matrix<T>& x, const Matrix<T>& memory, std::int64_t B,
                     const std::vector<std::int64_t>& source_lengths) {
     B_ = B;
-    Matrix<T> y = self_residual_.forward(
-        x, [&](const Matrix<T>& u) { return self_attn_.forward(u, u, B, {}, /*causal=*/true); });
+    Matrix<T> y =
+        self_residual_.forward(x, [&](const Matrix<T>& u) { return self_attn_.forward(u, u, B, {}, /*causal=*/true); });
     y = cross_residual_.forward(
         y, [&](const Matrix<T>& u) { return cross_attn_.forward(u, memory, B, source_lengths, /*causal=*/false); });
     return ffn_residual_.forward(y, [&](const Matrix<T>& u) { return ffn_.forward(u); });

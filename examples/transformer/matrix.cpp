@@ -14,8 +14,17 @@ void product(MatrixView<T> a, bool transpose_a, MatrixView<T> b, bool transpose_
   const std::int64_t M = transpose_a ? a.cols : a.rows, K = transpose_a ? a.rows : a.cols;
   const std::int64_t N = transpose_b ? b.rows : b.cols;
   assert((transpose_b ? b.cols : b.rows) == K && c.rows == M && c.cols == N);
-  mha::detail::gemm<T>({.trans_a = transpose_a, .trans_b = transpose_b, .M = M, .N = N, .K = K, .A = a.data,
-                        .lda = a.cols, .B = b.data, .ldb = b.cols, .accumulate = accumulate, .C = c.data.data(),
+  mha::detail::gemm<T>({.trans_a = transpose_a,
+                        .trans_b = transpose_b,
+                        .M = M,
+                        .N = N,
+                        .K = K,
+                        .A = a.data,
+                        .lda = a.cols,
+                        .B = b.data,
+                        .ldb = b.cols,
+                        .accumulate = accumulate,
+                        .C = c.data.data(),
                         .ldc = c.cols});
 }
 

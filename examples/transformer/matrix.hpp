@@ -45,7 +45,8 @@ void matmul(MatrixView<double> a, bool transpose_a, MatrixView<double> b, bool t
 // a += b (same shape).
 template <class T>
 void add_to(Matrix<T>& a, const Matrix<T>& b) {
-  for (std::int64_t i = 0; i < a.size(); ++i) a.data[static_cast<std::size_t>(i)] += b.data[static_cast<std::size_t>(i)];
+  for (std::int64_t i = 0; i < a.size(); ++i)
+    a.data[static_cast<std::size_t>(i)] += b.data[static_cast<std::size_t>(i)];
 }
 
 template <class T>

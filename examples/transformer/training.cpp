@@ -109,8 +109,7 @@ TrainingResult train_on_dates(Transformer<float>& model, const Vocabulary& vocab
 }
 
 std::vector<std::string> translate(Transformer<float>& model, const Vocabulary& vocab,
-                                   const std::vector<std::string>& sources, std::int64_t batch_size,
-                                   bool use_cache) {
+                                   const std::vector<std::string>& sources, std::int64_t batch_size, bool use_cache) {
   std::vector<std::string> out;
   const auto steps = static_cast<std::int64_t>(kIsoLength) + 1;  // 10 characters and <eos>
   for (std::size_t first = 0; first < sources.size(); first += static_cast<std::size_t>(batch_size)) {
@@ -121,8 +120,8 @@ std::vector<std::string> translate(Transformer<float>& model, const Vocabulary& 
     const TokenBatch batch = token_batch(make_batch(examples, vocab));
     const std::vector<int> tokens = model.greedy_decode(batch, steps, Vocabulary::kBos, use_cache);
     for (std::int64_t b = 0; b < batch.batch; ++b)
-      out.push_back(vocab.decode(std::span<const int>(tokens).subspan(static_cast<std::size_t>(b * steps),
-                                                                      static_cast<std::size_t>(steps))));
+      out.push_back(vocab.decode(
+          std::span<const int>(tokens).subspan(static_cast<std::size_t>(b * steps), static_cast<std::size_t>(steps))));
   }
   return out;
 }

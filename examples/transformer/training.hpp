@@ -19,23 +19,23 @@ struct TrainingConfig {
   std::int64_t steps = 1500;
   std::int64_t batch_size = 64;
   double label_smoothing = 0.1;
-  double lr_factor = 1.0;      // the schedule's factor (section 5.3 uses 1)
-  std::int64_t warmup = 4000;  // steps of linear warm-up (section 5.3 uses 4000)
-  std::uint64_t seed = 1;      // model initialisation, data stream and dropout
-  std::int64_t eval_every = 100;    // steps between held-out accuracy points of the learning curve
-  std::int64_t eval_examples = 200; // held-out examples per learning-curve point
+  double lr_factor = 1.0;            // the schedule's factor (section 5.3 uses 1)
+  std::int64_t warmup = 4000;        // steps of linear warm-up (section 5.3 uses 4000)
+  std::uint64_t seed = 1;            // model initialisation, data stream and dropout
+  std::int64_t eval_every = 100;     // steps between held-out accuracy points of the learning curve
+  std::int64_t eval_examples = 200;  // held-out examples per learning-curve point
 };
 
 struct CurvePoint {
   std::int64_t step = 0;
-  double loss = 0.0;      // mean training loss over the steps since the previous point
-  double accuracy = -1.0; // held-out exact match in [0, 1]; -1 when not evaluated at this point
-  double seconds = 0.0;   // since training started
+  double loss = 0.0;       // mean training loss over the steps since the previous point
+  double accuracy = -1.0;  // held-out exact match in [0, 1]; -1 when not evaluated at this point
+  double seconds = 0.0;    // since training started
 };
 
 struct Progress {
   std::int64_t step = 0, steps = 0;
-  double loss = 0.0;            // this step's
+  double loss = 0.0;  // this step's
   double tokens_per_second = 0.0;
   double seconds = 0.0, seconds_left = 0.0;
 };

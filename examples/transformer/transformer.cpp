@@ -14,8 +14,8 @@ Transformer<T>::Transformer(const TransformerConfig& config, std::uint64_t seed)
       embedding_("embedding.weight", config.vocab, config.d_model, rng_),
       source_dropout_(config.dropout, rng_.next()),
       target_dropout_(config.dropout, rng_.next()) {
-  if (config.vocab <= 0 || config.d_model <= 0 || config.heads <= 0 || config.d_ff <= 0 ||
-      config.encoder_layers <= 0 || config.decoder_layers <= 0)
+  if (config.vocab <= 0 || config.d_model <= 0 || config.heads <= 0 || config.d_ff <= 0 || config.encoder_layers <= 0 ||
+      config.decoder_layers <= 0)
     throw std::invalid_argument("Transformer: vocab, d_model, heads, d_ff and the layer counts must be positive");
   if (config.d_model % config.heads != 0)
     throw std::invalid_argument("Transformer: d_model = " + std::to_string(config.d_model) +

@@ -21,8 +21,7 @@ class Vocabulary {
  public:
   static constexpr int kPad = 0, kBos = 1, kEos = 2;
   // The characters with ids kFirstChar, kFirstChar + 1, ... in that order.
-  static constexpr std::string_view kAlphabet =
-      "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 ,./-'";
+  static constexpr std::string_view kAlphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 ,./-'";
   static constexpr int kFirstChar = 3;
 
   Vocabulary();  // the fixed alphabet above

@@ -39,15 +39,15 @@ enum class Kernel {
 };
 
 struct AttentionOptions {
-  std::optional<double> scale;               ///< default 1 / sqrt(d_k)
-  bool causal = false;                       ///< bottom-right aligned, see above
+  std::optional<double> scale;                 ///< default 1 / sqrt(d_k)
+  bool causal = false;                         ///< bottom-right aligned, see above
   std::optional<TensorView> key_padding_mask;  ///< bool [B, S], true = padding
-  std::vector<std::int64_t> key_lengths;     ///< alternative to key_padding_mask: B lengths in [0, S]
-  std::optional<TensorView> attn_mask;       ///< bool or float, [L, S] or [B*h, L, S]
-  double dropout_p = 0.0;                    ///< probability of zeroing a weight, in [0, 1)
-  std::uint64_t dropout_seed = 0;            ///< keys the counter-based dropout mask
-  bool need_weights = false;                 ///< return the probabilities [B, h, L, S]
-  bool need_lse = false;                     ///< return the log-sum-exp of each row [B, h, L]
+  std::vector<std::int64_t> key_lengths;       ///< alternative to key_padding_mask: B lengths in [0, S]
+  std::optional<TensorView> attn_mask;         ///< bool or float, [L, S] or [B*h, L, S]
+  double dropout_p = 0.0;                      ///< probability of zeroing a weight, in [0, 1)
+  std::uint64_t dropout_seed = 0;              ///< keys the counter-based dropout mask
+  bool need_weights = false;                   ///< return the probabilities [B, h, L, S]
+  bool need_lse = false;                       ///< return the log-sum-exp of each row [B, h, L]
   Kernel kernel = Kernel::Flash;
 };
 
@@ -61,8 +61,8 @@ struct AttentionResult {
 /// Dropout (dropout_p > 0) zeroes weight (b, h, i, j) when a hash of (dropout_seed, b, h, i, j) falls
 /// below dropout_p and scales the kept ones by 1 / (1 - dropout_p); the result does not depend on the
 /// number of threads. Throws mha::Error on any invalid argument.
-AttentionResult scaled_dot_product_attention(const TensorView& q, const TensorView& k,
-                                             const TensorView& v, const AttentionOptions& options = {});
+AttentionResult scaled_dot_product_attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                                             const AttentionOptions& options = {});
 
 struct AttentionGradients {
   Tensor dq;  ///< [B, h, L, d_k]

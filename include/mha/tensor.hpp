@@ -18,15 +18,25 @@ enum class DType : std::uint8_t { Float32, Float64, Bool };
 
 using Shape = std::vector<std::int64_t>;
 
-std::size_t dtype_size(DType dtype);          ///< bytes per element: 4, 8, 1
-const char* dtype_name(DType dtype);          ///< "float32", "float64", "bool"
-std::string shape_str(const Shape& shape);    ///< "[2, 3, 4]"
-std::int64_t shape_numel(const Shape& shape); ///< product; 1 for rank 0
+std::size_t dtype_size(DType dtype);           ///< bytes per element: 4, 8, 1
+const char* dtype_name(DType dtype);           ///< "float32", "float64", "bool"
+std::string shape_str(const Shape& shape);     ///< "[2, 3, 4]"
+std::int64_t shape_numel(const Shape& shape);  ///< product; 1 for rank 0
 
-template <class T> constexpr DType dtype_of();
-template <> constexpr DType dtype_of<float>() { return DType::Float32; }
-template <> constexpr DType dtype_of<double>() { return DType::Float64; }
-template <> constexpr DType dtype_of<bool>() { return DType::Bool; }
+template <class T>
+constexpr DType dtype_of();
+template <>
+constexpr DType dtype_of<float>() {
+  return DType::Float32;
+}
+template <>
+constexpr DType dtype_of<double>() {
+  return DType::Float64;
+}
+template <>
+constexpr DType dtype_of<bool>() {
+  return DType::Bool;
+}
 
 /// Row-major (C order) strides of a shape, in elements.
 Shape contiguous_strides(const Shape& shape);
@@ -41,7 +51,10 @@ class TensorView {
   TensorView(const void* data, DType dtype, Shape shape);
 
   const void* data() const { return data_; }
-  template <class T> const T* data_as() const { return static_cast<const T*>(data_); }
+  template <class T>
+  const T* data_as() const {
+    return static_cast<const T*>(data_);
+  }
   DType dtype() const { return dtype_; }
   const Shape& shape() const { return shape_; }
   const Shape& strides() const { return strides_; }
@@ -80,8 +93,14 @@ class Tensor {
 
   void* data() { return data_.get(); }
   const void* data() const { return data_.get(); }
-  template <class T> T* data_as() { return static_cast<T*>(data()); }
-  template <class T> const T* data_as() const { return static_cast<const T*>(data()); }
+  template <class T>
+  T* data_as() {
+    return static_cast<T*>(data());
+  }
+  template <class T>
+  const T* data_as() const {
+    return static_cast<const T*>(data());
+  }
 
   TensorView view() const { return TensorView(data(), dtype_, shape_); }
   operator TensorView() const { return view(); }  // NOLINT: a tensor is usable wherever a view is
@@ -90,7 +109,9 @@ class Tensor {
   Tensor reshaped(Shape shape) &&;
 
  private:
-  struct Free { void operator()(std::byte* p) const; };
+  struct Free {
+    void operator()(std::byte* p) const;
+  };
   std::unique_ptr<std::byte, Free> data_;
   DType dtype_ = DType::Float32;
   Shape shape_;

@@ -24,8 +24,8 @@ struct HeldOptions {
 };
 
 HeldOptions attention_options(py::handle attn_mask, bool is_causal, std::optional<double> scale,
-                              py::handle key_padding_mask, std::vector<std::int64_t> key_lengths,
-                              double dropout_p, std::uint64_t dropout_seed, Kernel kernel) {
+                              py::handle key_padding_mask, std::vector<std::int64_t> key_lengths, double dropout_p,
+                              std::uint64_t dropout_seed, Kernel kernel) {
   HeldOptions held;
   held.attn_mask = optional_view_of(attn_mask, "attn_mask", Accept::Mask);
   held.key_padding_mask = optional_view_of(key_padding_mask, "key_padding_mask", Accept::Mask);
@@ -44,14 +44,13 @@ HeldOptions attention_options(py::handle attn_mask, bool is_causal, std::optiona
 // q: [B, h, L, d_k], k: [B, h, S, d_k], v: [B, h, S, d_v]. Returns (out [B, h, L, d_v],
 // weights [B, h, L, S] or None, lse [B, h, L] or None).
 py::tuple sdpa(py::handle q, py::handle k, py::handle v, py::handle attn_mask, bool is_causal,
-               std::optional<double> scale, py::handle key_padding_mask,
-               std::vector<std::int64_t> key_lengths, double dropout_p, std::uint64_t dropout_seed,
-               bool need_weights, bool need_lse, Kernel kernel) {
+               std::optional<double> scale, py::handle key_padding_mask, std::vector<std::int64_t> key_lengths,
+               double dropout_p, std::uint64_t dropout_seed, bool need_weights, bool need_lse, Kernel kernel) {
   const ArrayView q_view = view_of(q, "q", Accept::Float);
   const ArrayView k_view = view_of(k, "k", Accept::Float);
   const ArrayView v_view = view_of(v, "v", Accept::Float);
-  HeldOptions held = attention_options(attn_mask, is_causal, scale, key_padding_mask, std::move(key_lengths),
-                                       dropout_p, dropout_seed, kernel);
+  HeldOptions held = attention_options(attn_mask, is_causal, scale, key_padding_mask, std::move(key_lengths), dropout_p,
+                                       dropout_seed, kernel);
   held.options.need_weights = need_weights;
   held.options.need_lse = need_lse;
 
@@ -66,27 +65,26 @@ py::tuple sdpa(py::handle q, py::handle k, py::handle v, py::handle attn_mask, b
 
 // dout, out: [B, h, L, d_v], lse: [B, h, L] from the forward with the same inputs and options.
 // Returns (dq [B, h, L, d_k], dk [B, h, S, d_k], dv [B, h, S, d_v]).
-py::tuple sdpa_backward(py::handle dout, py::handle q, py::handle k, py::handle v, py::handle out,
-                        py::handle lse, py::handle attn_mask, bool is_causal, std::optional<double> scale,
-                        py::handle key_padding_mask, std::vector<std::int64_t> key_lengths, double dropout_p,
-                        std::uint64_t dropout_seed, Kernel kernel) {
+py::tuple sdpa_backward(py::handle dout, py::handle q, py::handle k, py::handle v, py::handle out, py::handle lse,
+                        py::handle attn_mask, bool is_causal, std::optional<double> scale, py::handle key_padding_mask,
+                        std::vector<std::int64_t> key_lengths, double dropout_p, std::uint64_t dropout_seed,
+                        Kernel kernel) {
   const ArrayView dout_view = view_of(dout, "dout", Accept::Float);
   const ArrayView q_view = view_of(q, "q", Accept::Float);
   const ArrayView k_view = view_of(k, "k", Accept::Float);
   const ArrayView v_view = view_of(v, "v", Accept::Float);
   const ArrayView out_view = view_of(out, "out", Accept::Float);
   const ArrayView lse_view = view_of(lse, "lse", Accept::Float);
-  const HeldOptions held = attention_options(attn_mask, is_causal, scale, key_padding_mask,
-                                             std::move(key_lengths), dropout_p, dropout_seed, kernel);
+  const HeldOptions held = attention_options(attn_mask, is_causal, scale, key_padding_mask, std::move(key_lengths),
+                                             dropout_p, dropout_seed, kernel);
 
   AttentionGradients grads;
   {
     py::gil_scoped_release release;
-    grads = scaled_dot_product_attention_backward(dout_view.view, q_view.view, k_view.view, v_view.view,
-                                                  out_view.view, lse_view.view, held.options);
+    grads = scaled_dot_product_attention_backward(dout_view.view, q_view.view, k_view.view, v_view.view, out_view.view,
+                                                  lse_view.view, held.options);
   }
-  return py::make_tuple(to_numpy(std::move(grads.dq)), to_numpy(std::move(grads.dk)),
-                        to_numpy(std::move(grads.dv)));
+  return py::make_tuple(to_numpy(std::move(grads.dq)), to_numpy(std::move(grads.dk)), to_numpy(std::move(grads.dv)));
 }
 
 }  // namespace
@@ -108,8 +106,8 @@ void register_attention(py::module_& m) {
   m.def("scaled_dot_product_attention_backward", &sdpa_backward, py::arg("dout"), py::arg("q"), py::arg("k"),
         py::arg("v"), py::arg("out"), py::arg("lse"), py::kw_only(), py::arg("attn_mask") = py::none(),
         py::arg("is_causal") = false, py::arg("scale") = py::none(), py::arg("key_padding_mask") = py::none(),
-        py::arg("key_lengths") = std::vector<std::int64_t>{}, py::arg("dropout_p") = 0.0,
-        py::arg("dropout_seed") = 0, py::arg("kernel") = default_kernel,
+        py::arg("key_lengths") = std::vector<std::int64_t>{}, py::arg("dropout_p") = 0.0, py::arg("dropout_seed") = 0,
+        py::arg("kernel") = default_kernel,
         "The gradients (dq, dk, dv) of scaled_dot_product_attention, given dout = dLoss/dout and the\n"
         "forward's out and lse (need_lse=True), with the forward's options. New arrays, nothing accumulated.");
 

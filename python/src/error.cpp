@@ -5,8 +5,6 @@
 
 namespace mha::python {
 
-void register_error(py::module_& m) {
-  py::register_exception<mha::Error>(m, "Error", PyExc_ValueError);
-}
+void register_error(py::module_& m) { py::register_exception<mha::Error>(m, "Error", PyExc_ValueError); }
 
 }  // namespace mha::python

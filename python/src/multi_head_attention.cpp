@@ -57,9 +57,9 @@ HeldInputs inputs_of(py::handle key_padding_mask, py::handle attn_mask, std::vec
 
 // query [B, L, E] / [L, B, E] / [L, E], key [.., S, kdim], value [.., S, vdim].
 // Returns (out like query, weights or None).
-py::tuple forward(LockedModule& self, py::handle query, py::handle key, py::handle value,
-                  py::handle key_padding_mask, py::handle attn_mask, std::vector<std::int64_t> key_lengths,
-                  bool is_causal, bool need_weights, bool average_attn_weights) {
+py::tuple forward(LockedModule& self, py::handle query, py::handle key, py::handle value, py::handle key_padding_mask,
+                  py::handle attn_mask, std::vector<std::int64_t> key_lengths, bool is_causal, bool need_weights,
+                  bool average_attn_weights) {
   const ArrayView query_view = view_of(query, "query", Accept::Float);
   const ArrayView key_view = view_of(key, "key", Accept::Float);
   const ArrayView value_view = view_of(value, "value", Accept::Float);
@@ -106,9 +106,9 @@ void append_to_cache(LockedModule& self, KeyValueCache& cache, py::handle key, p
 
 // query (the layout forward takes) attended to every position in `cache`, in evaluation mode; masks
 // refer to cache positions. Returns (out like query, weights or None).
-py::tuple forward_cached(LockedModule& self, py::handle query, const KeyValueCache& cache,
-                         py::handle key_padding_mask, py::handle attn_mask, std::vector<std::int64_t> key_lengths,
-                         bool is_causal, bool need_weights, bool average_attn_weights) {
+py::tuple forward_cached(LockedModule& self, py::handle query, const KeyValueCache& cache, py::handle key_padding_mask,
+                         py::handle attn_mask, std::vector<std::int64_t> key_lengths, bool is_causal, bool need_weights,
+                         bool average_attn_weights) {
   const ArrayView query_view = view_of(query, "query", Accept::Float);
   const HeldInputs held =
       inputs_of(key_padding_mask, attn_mask, std::move(key_lengths), is_causal, need_weights, average_attn_weights);
@@ -185,8 +185,9 @@ void register_multi_head_attention(py::module_& m) {
 
   py::class_<LockedModule>(m, "MultiHeadAttention", "Multi-head attention with PyTorch's parameter names")
       .def(py::init<const Config&, std::uint64_t>(), py::arg("config"), py::arg("seed") = 0)
-      .def_property_readonly("config", [](const LockedModule& self) { return self.module.config(); },
-                             "The config with every default resolved (a copy)")
+      .def_property_readonly(
+          "config", [](const LockedModule& self) { return self.module.config(); },
+          "The config with every default resolved (a copy)")
       .def_property_readonly("packed_in_proj", [](const LockedModule& self) { return self.module.packed_in_proj(); })
       .def("parameter_names", [](const LockedModule& self) { return self.module.parameter_names(); })
       .def(

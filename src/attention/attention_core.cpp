@@ -20,9 +20,7 @@ namespace {
 
 [[noreturn]] void fail(const std::string& message) { throw Error(message); }
 
-std::string describe(const TensorView& t) {
-  return std::string(dtype_name(t.dtype())) + " " + shape_str(t.shape());
-}
+std::string describe(const TensorView& t) { return std::string(dtype_name(t.dtype())) + " " + shape_str(t.shape()); }
 
 void expect_rank(const TensorView& t, const char* name, std::int64_t rank, const char* layout) {
   if (t.rank() != rank)
@@ -32,19 +30,17 @@ void expect_rank(const TensorView& t, const char* name, std::int64_t rank, const
 
 }  // namespace
 
-void validate_attention_masks(const AttentionOptions& o, DType dtype, std::int64_t B, std::int64_t h,
-                              std::int64_t L, std::int64_t S) {
+void validate_attention_masks(const AttentionOptions& o, DType dtype, std::int64_t B, std::int64_t h, std::int64_t L,
+                              std::int64_t S) {
   if (o.key_padding_mask) {
     const TensorView& m = *o.key_padding_mask;
-    if (m.dtype() != DType::Bool)
-      fail("key_padding_mask: expected bool (true = padding), got " + describe(m));
+    if (m.dtype() != DType::Bool) fail("key_padding_mask: expected bool (true = padding), got " + describe(m));
     if (m.shape() != Shape{B, S})
       fail("key_padding_mask: expected shape [B, S] = " + shape_str({B, S}) + ", got " + shape_str(m.shape()));
   }
   if (!o.key_lengths.empty()) {
     if (static_cast<std::int64_t>(o.key_lengths.size()) != B)
-      fail("key_lengths: expected B = " + std::to_string(B) + " lengths, got " +
-           std::to_string(o.key_lengths.size()));
+      fail("key_lengths: expected B = " + std::to_string(B) + " lengths, got " + std::to_string(o.key_lengths.size()));
     for (std::size_t b = 0; b < o.key_lengths.size(); ++b)
       if (o.key_lengths[b] < 0 || o.key_lengths[b] > S)
         fail("key_lengths: expected each length in [0, S = " + std::to_string(S) + "], got " +
@@ -53,17 +49,15 @@ void validate_attention_masks(const AttentionOptions& o, DType dtype, std::int64
   if (o.attn_mask) {
     const TensorView& m = *o.attn_mask;
     if (m.dtype() != DType::Bool && m.dtype() != dtype)
-      fail(std::string("attn_mask: expected bool or ") + dtype_name(dtype) + " (the dtype of q), got " +
-           describe(m));
+      fail(std::string("attn_mask: expected bool or ") + dtype_name(dtype) + " (the dtype of q), got " + describe(m));
     const bool ok = (m.rank() == 2 && m.shape() == Shape{L, S}) || (m.rank() == 3 && m.shape() == Shape{B * h, L, S});
     if (!ok)
-      fail("attn_mask: expected shape [L, S] = " + shape_str({L, S}) + " or [B*h, L, S] = " +
-           shape_str({B * h, L, S}) + ", got " + shape_str(m.shape()));
+      fail("attn_mask: expected shape [L, S] = " + shape_str({L, S}) + " or [B*h, L, S] = " + shape_str({B * h, L, S}) +
+           ", got " + shape_str(m.shape()));
   }
 }
 
-void validate_attention(const TensorView& q, const TensorView& k, const TensorView& v,
-                        const AttentionOptions& o) {
+void validate_attention(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionOptions& o) {
   expect_rank(q, "q", 4, "[B, h, L, d_k]");
   expect_rank(k, "k", 4, "[B, h, S, d_k]");
   expect_rank(v, "v", 4, "[B, h, S, d_v]");
@@ -76,8 +70,8 @@ void validate_attention(const TensorView& q, const TensorView& k, const TensorVi
     fail("k: expected [B, h, S, d_k] = [" + std::to_string(B) + ", " + std::to_string(h) + ", S, " +
          std::to_string(d_k) + "] to match q " + shape_str(q.shape()) + ", got " + shape_str(k.shape()));
   if (v.size(0) != B || v.size(1) != h || v.size(2) != S)
-    fail("v: expected [B, h, S, d_v] = [" + std::to_string(B) + ", " + std::to_string(h) + ", " +
-         std::to_string(S) + ", d_v] to match q and k, got " + shape_str(v.shape()));
+    fail("v: expected [B, h, S, d_v] = [" + std::to_string(B) + ", " + std::to_string(h) + ", " + std::to_string(S) +
+         ", d_v] to match q and k, got " + shape_str(v.shape()));
   if (d_k < 1) fail("q: expected d_k >= 1, got shape " + shape_str(q.shape()));
 
   if (o.scale && !std::isfinite(*o.scale)) fail("scale: expected a finite number, got " + std::to_string(*o.scale));
@@ -186,9 +180,8 @@ void run_backward_typed(const TensorView& dout, const TensorView& q, const Tenso
 
 }  // namespace
 
-void validate_attention_backward(const TensorView& dout, const TensorView& q, const TensorView& k,
-                                 const TensorView& v, const TensorView& out, const TensorView& lse,
-                                 const AttentionOptions& o) {
+void validate_attention_backward(const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
+                                 const TensorView& out, const TensorView& lse, const AttentionOptions& o) {
   validate_attention(q, k, v, o);
   const Shape out_shape{q.size(0), q.size(1), q.size(2), v.size(3)};
   for (auto [t, name] : {std::pair{&dout, "dout"}, std::pair{&out, "out"}}) {
@@ -199,7 +192,8 @@ void validate_attention_backward(const TensorView& dout, const TensorView& q, co
            shape_str(t->shape()));
   }
   const Shape lse_shape{q.size(0), q.size(1), q.size(2)};
-  if (lse.dtype() != q.dtype()) fail(std::string("lse: expected ") + dtype_name(q.dtype()) + " like q, got " + describe(lse));
+  if (lse.dtype() != q.dtype())
+    fail(std::string("lse: expected ") + dtype_name(q.dtype()) + " like q, got " + describe(lse));
   if (lse.shape() != lse_shape)
     fail("lse: expected shape [B, h, L] = " + shape_str(lse_shape) + ", got " + shape_str(lse.shape()));
 }
@@ -219,8 +213,9 @@ TensorView with_unit_inner_stride(const TensorView& t, Tensor& storage) {
 }  // namespace
 
 void run_attention_backward(const TensorView& dout_in, const TensorView& q_in, const TensorView& k_in,
-                            const TensorView& v_in, const TensorView& out, const TensorView& lse, const AttentionOptions& o,
-                            const StridedOutput& dq, const StridedOutput& dk, const StridedOutput& dv) {
+                            const TensorView& v_in, const TensorView& out, const TensorView& lse,
+                            const AttentionOptions& o, const StridedOutput& dq, const StridedOutput& dk,
+                            const StridedOutput& dv) {
   Tensor copies[4];
   const TensorView q = with_unit_inner_stride(q_in, copies[0]);
   const TensorView k = with_unit_inner_stride(k_in, copies[1]);

@@ -10,17 +10,15 @@
 namespace mha::detail {
 
 // Throws mha::Error naming the argument when q, k, v or options are invalid (see attention.hpp).
-void validate_attention(const TensorView& q, const TensorView& k, const TensorView& v,
-                        const AttentionOptions& options);
+void validate_attention(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionOptions& options);
 
 // The mask checks of validate_attention alone, for callers that build q, k, v themselves.
 void validate_attention_masks(const AttentionOptions& options, DType dtype, std::int64_t B, std::int64_t h,
                               std::int64_t L, std::int64_t S);
 
 // validate_attention, plus the checks of the backward's extra arguments (dout, out, lse).
-void validate_attention_backward(const TensorView& dout, const TensorView& q, const TensorView& k,
-                                 const TensorView& v, const TensorView& out, const TensorView& lse,
-                                 const AttentionOptions& options);
+void validate_attention_backward(const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
+                                 const TensorView& out, const TensorView& lse, const AttentionOptions& options);
 
 // Where a kernel writes one [B, h, T, d] result: memory of q's dtype and its strides in elements.
 struct StridedOutput {

@@ -11,8 +11,7 @@
 namespace mha::detail {
 
 // A uniform number in [0, 1) keyed by the position of one attention weight.
-inline double dropout_uniform(std::uint64_t seed, std::int64_t b, std::int64_t head, std::int64_t i,
-                              std::int64_t j) {
+inline double dropout_uniform(std::uint64_t seed, std::int64_t b, std::int64_t head, std::int64_t i, std::int64_t j) {
   std::uint64_t x = mix64(seed);
   for (std::int64_t coordinate : {b, head, i, j}) x = mix64(x ^ static_cast<std::uint64_t>(coordinate));
   return static_cast<double>(x >> 11) * 0x1.0p-53;  // the top 53 bits

@@ -52,8 +52,17 @@ constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
 // precision.
 void ScaledLogits(const AttentionInputs<float>& p, const float* q_rows, std::int64_t rows, const float* k_block,
                   std::int64_t ldk, std::int64_t cols, float* s) {
-  gemm_tile({.trans_b = true, .M = rows, .N = cols, .K = p.d_k, .alpha = p.scale, .A = q_rows, .lda = p.q.stride[2],
-             .B = k_block, .ldb = ldk, .C = s, .ldc = kBlockK});
+  gemm_tile({.trans_b = true,
+             .M = rows,
+             .N = cols,
+             .K = p.d_k,
+             .alpha = p.scale,
+             .A = q_rows,
+             .lda = p.q.stride[2],
+             .B = k_block,
+             .ldb = ldk,
+             .C = s,
+             .ldc = kBlockK});
 }
 
 // Probabilities of a tile: s [rows, cols] (row stride kBlockK) holds scale * Q K^T; masks are applied
@@ -107,8 +116,16 @@ void OnlineSoftmaxTile(const ForwardBlock& w, std::int64_t rows, std::int64_t co
 void AccumulateValues(const AttentionParams<float>& p, const ForwardBlock& w, std::int64_t b, std::int64_t head,
                       std::int64_t rows, std::int64_t j0, std::int64_t cols) {
   const SafeBlock v_block = safe_block(p, p.v, b, head, j0, cols, p.d_v, w.kv_copy, w.nonfinite);
-  gemm_tile({.M = rows, .N = p.d_v, .K = cols, .A = w.s, .lda = kBlockK, .B = v_block.data, .ldb = v_block.ld,
-             .accumulate = true, .C = w.acc, .ldc = w.ld_acc});
+  gemm_tile({.M = rows,
+             .N = p.d_v,
+             .K = cols,
+             .A = w.s,
+             .lda = kBlockK,
+             .B = v_block.data,
+             .ldb = v_block.ld,
+             .accumulate = true,
+             .C = w.acc,
+             .ldc = w.ld_acc});
   for (std::int64_t n = 0; n < v_block.nonfinite_count; ++n) {
     const std::int64_t c = w.nonfinite[n];
     for (std::int64_t r = 0; r < rows; ++r) {
@@ -259,10 +276,19 @@ void TileGradients(const BackwardContext& ctx, const BackwardTiles& t, std::int6
   const std::int64_t row0 = (b * p.h + head) * p.L + i0;
   ScaledLogits(p, &p.q(b, head, i0, 0), rows, kv.k.data, kv.k.ld, cols, t.s);
   ProbabilitiesFromLse(p, b, head, i0, rows, j0, cols, ctx.lse + row0, t.s);
-  gemm_tile({.trans_b = true, .M = rows, .N = cols, .K = p.d_v, .A = &p.dout(b, head, i0, 0),
-             .lda = p.dout.stride[2], .B = kv.v.data, .ldb = kv.v.ld, .C = t.dp, .ldc = kBlockK});
+  gemm_tile({.trans_b = true,
+             .M = rows,
+             .N = cols,
+             .K = p.d_v,
+             .A = &p.dout(b, head, i0, 0),
+             .lda = p.dout.stride[2],
+             .B = kv.v.data,
+             .ldb = kv.v.ld,
+             .C = t.dp,
+             .ldc = kBlockK});
   SoftmaxBackwardTile(p, b, head, i0, rows, j0, cols, t.s, ctx.D + row0, t.dp);
-  for (auto [list, count] : {std::pair{t.nonfinite_k, kv.k.nonfinite_count}, std::pair{t.nonfinite_v, kv.v.nonfinite_count}})
+  for (auto [list, count] :
+       {std::pair{t.nonfinite_k, kv.k.nonfinite_count}, std::pair{t.nonfinite_v, kv.v.nonfinite_count}})
     for (std::int64_t n = 0; n < count; ++n)
       for (std::int64_t r = 0; r < rows; ++r)
         if (t.s[r * kBlockK + list[n]] != 0.0f) t.dp[r * kBlockK + list[n]] = std::numeric_limits<float>::quiet_NaN();
@@ -288,10 +314,28 @@ void KeyBlockGradients(const BackwardContext& ctx, std::int64_t b, std::int64_t 
       pd = t.pd;
     }
     // dV_j += dropout(P)^T dO_i;  dK_j += scale dS^T Q_i
-    gemm_tile({.trans_a = true, .M = cols, .N = p.d_v, .K = rows, .A = pd, .lda = kBlockK, .B = &p.dout(b, head, i0, 0),
-               .ldb = p.dout.stride[2], .accumulate = true, .C = &p.dv(b, head, j0, 0), .ldc = p.dv.stride[2]});
-    gemm_tile({.trans_a = true, .M = cols, .N = p.d_k, .K = rows, .alpha = p.scale, .A = t.dp, .lda = kBlockK,
-               .B = &p.q(b, head, i0, 0), .ldb = p.q.stride[2], .accumulate = true, .C = &p.dk(b, head, j0, 0),
+    gemm_tile({.trans_a = true,
+               .M = cols,
+               .N = p.d_v,
+               .K = rows,
+               .A = pd,
+               .lda = kBlockK,
+               .B = &p.dout(b, head, i0, 0),
+               .ldb = p.dout.stride[2],
+               .accumulate = true,
+               .C = &p.dv(b, head, j0, 0),
+               .ldc = p.dv.stride[2]});
+    gemm_tile({.trans_a = true,
+               .M = cols,
+               .N = p.d_k,
+               .K = rows,
+               .alpha = p.scale,
+               .A = t.dp,
+               .lda = kBlockK,
+               .B = &p.q(b, head, i0, 0),
+               .ldb = p.q.stride[2],
+               .accumulate = true,
+               .C = &p.dk(b, head, j0, 0),
                .ldc = p.dk.stride[2]});
   }
 }
@@ -306,8 +350,17 @@ void QueryBlockGradients(const BackwardContext& ctx, std::int64_t b, std::int64_
     const std::int64_t cols = std::min(kBlockK, key_end - j0);
     const KeyBlocks kv = ctx.key_blocks(t, b, head, j0, cols);
     TileGradients(ctx, t, b, head, i0, rows, j0, cols, kv);
-    gemm_tile({.M = rows, .N = p.d_k, .K = cols, .alpha = p.scale, .A = t.dp, .lda = kBlockK, .B = kv.k.data,
-               .ldb = kv.k.ld, .accumulate = true, .C = &p.dq(b, head, i0, 0), .ldc = p.dq.stride[2]});
+    gemm_tile({.M = rows,
+               .N = p.d_k,
+               .K = cols,
+               .alpha = p.scale,
+               .A = t.dp,
+               .lda = kBlockK,
+               .B = kv.k.data,
+               .ldb = kv.k.ld,
+               .accumulate = true,
+               .C = &p.dq(b, head, i0, 0),
+               .ldc = p.dq.stride[2]});
   }
 }
 
@@ -329,8 +382,8 @@ void FlashBackward(const AttentionBackwardParams<float>& p) {
     D_all[r] = D;
     lse_all[r] = p.lse_in(b, head, i, 0);
   }
-  const BackwardContext ctx{p, D_all.get(), lse_all.get(), workspace.get(), per_thread, tile, kv_size,
-                            nonfinite_lists.data()};
+  const BackwardContext ctx{p,          D_all.get(), lse_all.get(), workspace.get(),
+                            per_thread, tile,        kv_size,       nonfinite_lists.data()};
 
 #pragma omp parallel for schedule(dynamic, 1)
   for (std::int64_t item = 0; item < p.B * p.h * k_blocks; ++item)  // pass 1: dK, dV

@@ -13,8 +13,7 @@
 namespace mha::detail {
 
 // The key range [0, end) that query rows [i0, i0 + rows) of batch b may attend to at all.
-inline std::int64_t key_range_end(const AttentionInputs<float>& p, std::int64_t b, std::int64_t i0,
-                                  std::int64_t rows) {
+inline std::int64_t key_range_end(const AttentionInputs<float>& p, std::int64_t b, std::int64_t i0, std::int64_t rows) {
   std::int64_t end = p.S;
   if (p.key_lengths) end = std::min(end, p.key_lengths[b]);
   if (p.causal) end = std::min(end, std::max<std::int64_t>(0, i0 + rows + p.S - p.L));  // last row sees j <= i + S - L

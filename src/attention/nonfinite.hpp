@@ -15,7 +15,7 @@ namespace mha::detail {
 
 // A K or V block ready for whole-block products.
 struct SafeBlock {
-  const float* data;             // [cols, width], row stride ld
+  const float* data;  // [cols, width], row stride ld
   std::int64_t ld;
   std::int64_t nonfinite_count;  // entries written to the caller's list
 };

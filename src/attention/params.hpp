@@ -33,7 +33,7 @@ struct AttentionInputs {
   bool causal = false;  // key j allowed for query i iff j <= i + S - L
 
   // Masks, each viewed as [B, h, L, S] through broadcast strides; null when absent.
-  Strided4<const std::uint8_t> key_padding;  // nonzero = padded key (strides: b, 0, 0, s)
+  Strided4<const std::uint8_t> key_padding;   // nonzero = padded key (strides: b, 0, 0, s)
   const std::int64_t* key_lengths = nullptr;  // [B]: keys j >= key_lengths[b] are padding
   Strided4<const std::uint8_t> bool_mask;     // nonzero = may not attend
   Strided4<const T> additive_mask;            // added to the logits; -inf forbids

@@ -34,8 +34,8 @@ std::string printable(std::string_view text, std::size_t max) {
 
 void ByteSource::read(std::uint64_t offset, void* dst, std::size_t n) const {
   if (offset > size_ || n > size_ - offset)
-    fail(name_, "read of " + std::to_string(n) + " bytes at offset " + std::to_string(offset) +
-                    " is outside the " + std::to_string(size_) + " bytes of the file");
+    fail(name_, "read of " + std::to_string(n) + " bytes at offset " + std::to_string(offset) + " is outside the " +
+                    std::to_string(size_) + " bytes of the file");
   if (n != 0) read_checked(offset, dst, n);
 }
 
@@ -105,8 +105,7 @@ FileSink::~FileSink() {
 }
 
 void FileSink::write(const void* data, std::size_t n) {
-  if (n != 0 && std::fwrite(data, 1, n, file_) != n)
-    fail(path_, std::string("write failed: ") + std::strerror(errno));
+  if (n != 0 && std::fwrite(data, 1, n, file_) != n) fail(path_, std::string("write failed: ") + std::strerror(errno));
 }
 
 void FileSink::commit() {

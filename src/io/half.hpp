@@ -32,8 +32,6 @@ inline float half_to_float(std::uint16_t h) {
 }
 
 // bfloat16 is the top half of a float: 1 sign, 8 exponent, 7 mantissa bits.
-inline float bfloat16_to_float(std::uint16_t b) {
-  return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16);
-}
+inline float bfloat16_to_float(std::uint16_t b) { return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16); }
 
 }  // namespace mha::io

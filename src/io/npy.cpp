@@ -24,9 +24,9 @@ using io::StoredType;
 
 constexpr char kMagic[] = "\x93NUMPY";
 constexpr std::size_t kMagicBytes = 6;
-constexpr std::size_t kVersionEnd = kMagicBytes + 2;       // magic, major, minor
-constexpr std::uint64_t kMaxHeaderBytes = 1 << 20;         // headers we accept are < 1 KiB; padding aside
-constexpr std::size_t kArrayAlign = 64;                    // NumPy's ARRAY_ALIGN: data starts 64-aligned
+constexpr std::size_t kVersionEnd = kMagicBytes + 2;  // magic, major, minor
+constexpr std::uint64_t kMaxHeaderBytes = 1 << 20;    // headers we accept are < 1 KiB; padding aside
+constexpr std::size_t kArrayAlign = 64;               // NumPy's ARRAY_ALIGN: data starts 64-aligned
 
 struct Header {
   StoredType type = StoredType::F32;
@@ -50,7 +50,10 @@ class HeaderParser {
       skip_space();
       expect(':', "expected ':' after the key " + printable(key));
       skip_space();
-      bool* seen = key == "descr" ? &has_descr : key == "fortran_order" ? &has_order : key == "shape" ? &has_shape : nullptr;
+      bool* seen = key == "descr"           ? &has_descr
+                   : key == "fortran_order" ? &has_order
+                   : key == "shape"         ? &has_shape
+                                            : nullptr;
       if (!seen) error("unknown key " + printable(key) + " (expected descr, fortran_order, shape)");
       if (*seen) error("duplicate key " + printable(key));
       *seen = true;
@@ -68,7 +71,8 @@ class HeaderParser {
     ++pos_;  // '}'
     skip_space();
     if (pos_ != text_.size()) error("unexpected " + got() + " after the dict (only spaces and a newline may follow)");
-    for (auto [present, key] : {std::pair{has_descr, "descr"}, std::pair{has_order, "fortran_order"}, std::pair{has_shape, "shape"}})
+    for (auto [present, key] :
+         {std::pair{has_descr, "descr"}, std::pair{has_order, "fortran_order"}, std::pair{has_shape, "shape"}})
       if (!present) error("missing key '" + std::string(key) + "'");
     return h;
   }
@@ -79,7 +83,8 @@ class HeaderParser {
   char peek() const { return pos_ < text_.size() ? text_[pos_] : '\0'; }
   bool at_end() const { return pos_ >= text_.size(); }
   std::string got() const {
-    return at_end() ? std::string("the end of the header") : printable(text_.substr(pos_, 1)) + " at byte " + std::to_string(pos_);
+    return at_end() ? std::string("the end of the header")
+                    : printable(text_.substr(pos_, 1)) + " at byte " + std::to_string(pos_);
   }
   void skip_space() {
     while (!at_end() && (peek() == ' ' || peek() == '\t' || peek() == '\n' || peek() == '\r')) ++pos_;
@@ -233,8 +238,7 @@ Tensor read_from(const io::ByteSource& source) {
 
 std::string header_text(const TensorView& view) {
   std::string shape = "(";
-  for (std::size_t i = 0; i < view.shape().size(); ++i)
-    shape += (i ? ", " : "") + std::to_string(view.shape()[i]);
+  for (std::size_t i = 0; i < view.shape().size(); ++i) shape += (i ? ", " : "") + std::to_string(view.shape()[i]);
   shape += view.shape().size() == 1 ? ",)" : ")";
   const char* descr = view.dtype() == DType::Float64 ? "<f8" : view.dtype() == DType::Float32 ? "<f4" : "|b1";
   return std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";

@@ -1,19 +1,16 @@
-// safetensors: reading (a strict, streaming parse of the header, then checked reads of each tensor)
-// and writing. Format: https://github.com/huggingface/safetensors (see include/mha/io.hpp).
-//
-// The header is parsed with nlohmann/json's SAX interface rather than into a json value: a handler
-// that accepts exactly the structure safetensors allows stops at the first surprise (so nesting
-// depth, value kinds and duplicate keys, which json::parse would silently let through, are all
-// checked), and nothing is built but the tensor table itself.
+// safetensors: reading (a strict, streaming parse of the header, safetensors_header.hpp, then checked
+// reads of each tensor) and writing. Format: https://github.com/huggingface/safetensors (see
+// include/mha/io.hpp).
 #include <algorithm>
 #include <array>
 #include <cstring>
 #include <limits>
-#include <numeric>
 #include <nlohmann/json.hpp>
+#include <numeric>
 
 #include "io/binary_file.hpp"
 #include "io/little_endian.hpp"
+#include "io/safetensors_header.hpp"
 #include "io/tensor_bytes.hpp"
 #include "io/utf8.hpp"
 #include "mha/error.hpp"
@@ -23,205 +20,29 @@ namespace mha {
 
 namespace {
 
+using io::Entry;
 using io::fail;
+using io::HeaderHandler;
+using io::kMetadataKey;
 using io::printable;
 using io::StoredType;
 
 // The reference implementation's limit on the header (MAX_HEADER_SIZE in safetensors/src/tensor.rs).
 constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
 constexpr std::uint64_t kLengthBytes = 8;  // the little-endian header length in front of the header
-constexpr const char* kMetadataKey = "__metadata__";
 
 struct DTypeName {
   const char* name;
   StoredType type;
 };
-constexpr DTypeName kReadable[] = {{"F64", StoredType::F64}, {"F32", StoredType::F32}, {"F16", StoredType::F16},
-                                   {"BF16", StoredType::BF16}, {"BOOL", StoredType::Bool}};
+constexpr DTypeName kReadable[] = {{"F64", StoredType::F64},
+                                   {"F32", StoredType::F32},
+                                   {"F16", StoredType::F16},
+                                   {"BF16", StoredType::BF16},
+                                   {"BOOL", StoredType::Bool}};
 // dtypes the format defines that this reader does not convert; named so the message can say so.
-constexpr const char* kUnsupported[] = {"I8", "U8", "I16", "U16", "I32", "U32", "I64", "U64", "C64",
-                                        "F8_E4M3", "F8_E5M2", "F8_E8M0", "F6_E2M3", "F6_E3M2", "F4"};
-
-// One tensor as the header describes it, before the description is checked against the buffer.
-struct Entry {
-  std::string name;
-  std::string dtype;
-  Shape shape;
-  std::array<std::uint64_t, 2> offsets{};  // [begin, end) relative to the data buffer
-  std::size_t offsets_count = 0;
-  bool has_dtype = false, has_shape = false, has_offsets = false;
-};
-
-// ---- the header's SAX handler --------------------------------------------------------------------
-
-// Accepts exactly: { name: {"dtype": str, "shape": [uint...], "data_offsets": [uint, uint]} ...,
-// "__metadata__": {str: str} or null }. Each callback returns false (stopping the parse) with a
-// message in `error` at the first event that does not fit.
-class HeaderHandler {
- public:
-  std::vector<Entry> entries;
-  std::map<std::string, std::string> metadata;
-  std::string error;
-
-  bool null() { return value("null"); }
-  bool boolean(bool) { return value("a boolean"); }
-  bool number_integer(std::int64_t v) {  // nlohmann reports only negative integers here
-    if (state_ == State::kShapeItem) return refuse(where() + "shape has a negative size " + std::to_string(v));
-    return value("the negative integer " + std::to_string(v));
-  }
-  bool number_unsigned(std::uint64_t v) {
-    if (state_ == State::kShapeItem) {
-      if (v > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
-        return refuse(where() + "shape size " + std::to_string(v) + " does not fit 64-bit sizes");
-      entries.back().shape.push_back(static_cast<std::int64_t>(v));
-      return true;
-    }
-    if (state_ == State::kOffsetsItem) {
-      Entry& e = entries.back();
-      if (e.offsets_count == 2) return refuse(where() + "data_offsets must be two integers [begin, end], got more");
-      e.offsets[e.offsets_count++] = v;
-      return true;
-    }
-    return value("the integer " + std::to_string(v));
-  }
-  bool number_float(double, const std::string& text) {
-    // Also where integers too large for 64 bits land.
-    return value("the number " + printable(text, 40) + " (not an integer that fits 64 bits)");
-  }
-  bool string(std::string& s) {
-    switch (state_) {
-      case State::kDtype:
-        entries.back().dtype = std::move(s);
-        state_ = State::kEntryKey;
-        return true;
-      case State::kMetadataValue:
-        metadata[metadata_key_] = std::move(s);
-        state_ = State::kMetadataKey;
-        return true;
-      default: return value("a string");
-    }
-  }
-  bool binary(nlohmann::json::binary_t&) { return value("binary data"); }
-
-  bool start_object(std::size_t) {
-    switch (state_) {
-      case State::kTop: state_ = State::kTopKey; return true;
-      case State::kEntryValue: state_ = State::kEntryKey; return true;
-      case State::kMetadataStart: state_ = State::kMetadataKey; return true;
-      default: return value("an object");
-    }
-  }
-  bool end_object() {
-    switch (state_) {
-      case State::kTopKey: state_ = State::kDone; return true;
-      case State::kMetadataKey: state_ = State::kTopKey; return true;
-      case State::kEntryKey: {
-        const Entry& e = entries.back();
-        for (auto [present, key] : {std::pair{e.has_dtype, "dtype"}, std::pair{e.has_shape, "shape"},
-                                    std::pair{e.has_offsets, "data_offsets"}})
-          if (!present) return refuse(where() + "missing \"" + key + "\"");
-        state_ = State::kTopKey;
-        return true;
-      }
-      default: return refuse("malformed header");  // unreachable: the parser pairs braces
-    }
-  }
-  bool key(std::string& k) {
-    switch (state_) {
-      case State::kTopKey:
-        if (k == kMetadataKey) {
-          if (seen_metadata_) return refuse("duplicate key \"__metadata__\"");
-          seen_metadata_ = true;
-          state_ = State::kMetadataStart;
-          return true;
-        }
-        entries.push_back(Entry{});  // duplicate names are found after the parse (see read_from)
-        entries.back().name = std::move(k);
-        state_ = State::kEntryValue;
-        return true;
-      case State::kEntryKey: {
-        Entry& e = entries.back();
-        bool* seen = k == "dtype" ? &e.has_dtype : k == "shape" ? &e.has_shape : k == "data_offsets" ? &e.has_offsets : nullptr;
-        if (!seen) return refuse(where() + "unknown key " + printable(k) + " (expected dtype, shape, data_offsets)");
-        if (*seen) return refuse(where() + "duplicate key " + printable(k));
-        *seen = true;
-        state_ = k == "dtype" ? State::kDtype : k == "shape" ? State::kShapeStart : State::kOffsetsStart;
-        return true;
-      }
-      case State::kMetadataKey:
-        if (metadata.count(k)) return refuse("__metadata__: duplicate key " + printable(k));
-        metadata_key_ = std::move(k);
-        state_ = State::kMetadataValue;
-        return true;
-      default: return refuse("malformed header");  // unreachable: keys come only inside objects
-    }
-  }
-  bool start_array(std::size_t) {
-    switch (state_) {
-      case State::kShapeStart: state_ = State::kShapeItem; return true;
-      case State::kOffsetsStart: state_ = State::kOffsetsItem; return true;
-      default: return value("an array");
-    }
-  }
-  bool end_array() {
-    if (state_ == State::kOffsetsItem && entries.back().offsets_count != 2)
-      return refuse(where() + "data_offsets must be two integers [begin, end], got " +
-                    std::to_string(entries.back().offsets_count));
-    state_ = State::kEntryKey;  // only the shape and offsets arrays are ever opened
-    return true;
-  }
-  bool parse_error(std::size_t, const std::string&, const nlohmann::json::exception& ex) {
-    std::string what = ex.what();
-    if (const auto bracket = what.find("] "); what.rfind("[json.exception", 0) == 0 && bracket != std::string::npos)
-      what = what.substr(bracket + 2);  // drop nlohmann's "[json.exception.parse_error.101] " prefix
-    return refuse("header is not valid JSON: " + what);
-  }
-
-  bool done() const { return state_ == State::kDone; }
-
- private:
-  enum class State {
-    kTop, kTopKey, kEntryValue, kEntryKey, kDtype, kShapeStart, kShapeItem, kOffsetsStart, kOffsetsItem,
-    kMetadataStart, kMetadataKey, kMetadataValue, kDone
-  };
-
-  bool refuse(std::string message) {
-    error = std::move(message);
-    return false;
-  }
-  std::string where() const { return "tensor " + printable(entries.back().name) + ": "; }
-
-  // A value of kind `got` arrived in `state_`: accept a null "__metadata__", refuse anything else
-  // with what was expected there.
-  bool value(const std::string& got) {
-    switch (state_) {
-      case State::kTop: return refuse("header is not a JSON object: it is " + got);
-      case State::kEntryValue:
-        return refuse(where() + "expected an object {\"dtype\", \"shape\", \"data_offsets\"}, got " + got);
-      case State::kDtype: return refuse(where() + "dtype must be a string, got " + got);
-      case State::kShapeStart: return refuse(where() + "shape must be an array of non-negative integers, got " + got);
-      case State::kShapeItem:
-        return refuse(where() + "shape entries must be non-negative integers, got " + got);
-      case State::kOffsetsStart:
-        return refuse(where() + "data_offsets must be two integers [begin, end], got " + got);
-      case State::kOffsetsItem:
-        return refuse(where() + "data_offsets must be two non-negative integers [begin, end], got " + got);
-      case State::kMetadataStart:
-        if (got == "null") {
-          state_ = State::kTopKey;
-          return true;
-        }
-        return refuse("__metadata__ must be an object of strings, got " + got);
-      case State::kMetadataValue:
-        return refuse("__metadata__: the value of " + printable(metadata_key_) + " must be a string, got " + got);
-      default: return refuse("malformed header: unexpected " + got);
-    }
-  }
-
-  State state_ = State::kTop;
-  bool seen_metadata_ = false;
-  std::string metadata_key_;
-};
+constexpr const char* kUnsupported[] = {"I8",  "U8",      "I16",     "U16",     "I32",     "U32",     "I64", "U64",
+                                        "C64", "F8_E4M3", "F8_E5M2", "F8_E8M0", "F6_E2M3", "F6_E3M2", "F4"};
 
 StoredType stored_type(const Entry& e, const std::string& file) {
   for (const auto& d : kReadable)
@@ -277,7 +98,8 @@ std::vector<StoredType> check_entries(const std::vector<Entry>& entries, const s
   // Checked on sorted indices rather than with a set, so the names are not stored twice.
   std::vector<std::size_t> order(entries.size());
   std::iota(order.begin(), order.end(), std::size_t{0});
-  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return entries[a].name < entries[b].name; });
+  std::sort(order.begin(), order.end(),
+            [&](std::size_t a, std::size_t b) { return entries[a].name < entries[b].name; });
   for (std::size_t i = 1; i < order.size(); ++i)
     if (entries[order[i]].name == entries[order[i - 1]].name)
       fail(file, "duplicate tensor name " + printable(entries[order[i]].name));
@@ -306,7 +128,8 @@ std::vector<StoredType> check_entries(const std::vector<Entry>& entries, const s
 void check_buffer_tiling(const std::vector<Entry>& entries, const std::string& file, std::uint64_t buffer_size) {
   std::vector<std::size_t> order(entries.size());
   std::iota(order.begin(), order.end(), std::size_t{0});
-  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return entries[a].offsets < entries[b].offsets; });
+  std::sort(order.begin(), order.end(),
+            [&](std::size_t a, std::size_t b) { return entries[a].offsets < entries[b].offsets; });
   std::uint64_t covered = 0;
   const Entry* previous = nullptr;
   for (std::size_t i : order) {
@@ -316,8 +139,8 @@ void check_buffer_tiling(const std::vector<Entry>& entries, const std::string& f
                      ") overlaps tensor " + printable(previous->name) + " (data_offsets " +
                      offsets_str(previous->offsets[0], previous->offsets[1]) + ")");
     if (e.offsets[0] > covered)
-      fail(file, "bytes " + offsets_str(covered, e.offsets[0]) + " of the data buffer belong to no tensor (a gap before tensor " +
-                     printable(e.name) + ")");
+      fail(file, "bytes " + offsets_str(covered, e.offsets[0]) +
+                     " of the data buffer belong to no tensor (a gap before tensor " + printable(e.name) + ")");
     covered = e.offsets[1];
     previous = &e;
   }
@@ -372,7 +195,7 @@ void check_utf8(const std::string& file, const std::string& what, const std::str
 
 // Writes the whole file to `sink`; `file` names it in error messages.
 void write_to(io::ByteSink& sink, const std::string& file, const std::map<std::string, TensorView>& tensors,
-           const std::map<std::string, std::string>& metadata) {
+              const std::map<std::string, std::string>& metadata) {
   // Layout order: wider elements first, then by name, so each tensor starts aligned to its element.
   std::vector<const std::pair<const std::string, TensorView>*> order;
   for (const auto& item : tensors) {
@@ -380,9 +203,8 @@ void write_to(io::ByteSink& sink, const std::string& file, const std::map<std::s
     check_utf8(file, "tensor name", item.first);
     order.push_back(&item);
   }
-  std::stable_sort(order.begin(), order.end(), [](auto* a, auto* b) {
-    return dtype_size(a->second.dtype()) > dtype_size(b->second.dtype());
-  });
+  std::stable_sort(order.begin(), order.end(),
+                   [](auto* a, auto* b) { return dtype_size(a->second.dtype()) > dtype_size(b->second.dtype()); });
 
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) {
@@ -397,9 +219,8 @@ void write_to(io::ByteSink& sink, const std::string& file, const std::map<std::s
   for (const auto* item : order) {
     const TensorView& view = item->second;
     const std::uint64_t bytes = static_cast<std::uint64_t>(view.numel()) * dtype_size(view.dtype());
-    header[item->first] = {{"dtype", stored_name(view.dtype())},
-                           {"shape", view.shape()},
-                           {"data_offsets", {offset, offset + bytes}}};
+    header[item->first] = {
+        {"dtype", stored_name(view.dtype())}, {"shape", view.shape()}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   std::string text = header.dump();

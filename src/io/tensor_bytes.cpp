@@ -70,8 +70,8 @@ Tensor read_elements(const ByteSource& source, std::uint64_t offset, StoredType 
   const auto n = static_cast<std::size_t>(t.numel());
   if (n == 0) return t;
   const std::size_t item = stored_size(stored);
-  const bool same_layout = (stored == StoredType::F64 && dtype == DType::Float64) ||
-                           (stored == StoredType::F32 && dtype == DType::Float32);
+  const bool same_layout =
+      (stored == StoredType::F64 && dtype == DType::Float64) || (stored == StoredType::F32 && dtype == DType::Float32);
   if (same_layout) {
     source.read(offset, t.data(), n * item);
     return t;
@@ -105,4 +105,3 @@ void write_c_order(ByteSink& sink, const TensorView& view) {
 }
 
 }  // namespace mha::io
-

@@ -146,8 +146,7 @@ MultiHeadAttentionOutput MultiHeadAttention::forward(const TensorView& query, co
 }
 
 MultiHeadAttentionGradients MultiHeadAttention::backward(const TensorView& dout) {
-  if (!saved_)
-    fail("backward: no training-mode forward to differentiate; call train() and forward() first");
+  if (!saved_) fail("backward: no training-mode forward to differentiate; call train() and forward() first");
   const SavedForward& f = *saved_;
   const auto& c = config_;
   const std::int64_t E = c.d_model, qk = c.num_heads * c.d_k, vw = c.num_heads * c.d_v;
@@ -175,16 +174,32 @@ MultiHeadAttentionGradients MultiHeadAttention::backward(const TensorView& dout)
     const T* dy_p = dy.data_as<T>();
     // Output projection. Forward: out = context W_o^T + b_o.
     if (c.bias) column_sums(dy_p, E, B * L, E, grad("out_proj.bias"));
-    gemm<T>({.trans_a = true, .M = E, .N = vw, .K = B * L, .A = dy_p, .lda = E, .B = f.context.data_as<T>(), .ldb = vw,
-             .C = grad("out_proj.weight"), .ldc = vw});
-    gemm<T>({.M = B * L, .N = vw, .K = E, .A = dy_p, .lda = E, .B = w.out, .ldb = vw, .C = dcontext.data_as<T>(), .ldc = vw});
+    gemm<T>({.trans_a = true,
+             .M = E,
+             .N = vw,
+             .K = B * L,
+             .A = dy_p,
+             .lda = E,
+             .B = f.context.data_as<T>(),
+             .ldb = vw,
+             .C = grad("out_proj.weight"),
+             .ldc = vw});
+    gemm<T>({.M = B * L,
+             .N = vw,
+             .K = E,
+             .A = dy_p,
+             .lda = E,
+             .B = w.out,
+             .ldb = vw,
+             .C = dcontext.data_as<T>(),
+             .ldc = vw});
 
     // Attention core. Forward: context = Attention(q_proj, k_proj, v_proj) per head.
     const HeadViews heads = head_views(f, c);
     const TensorView dcontext_heads(dcontext.data(), c.dtype, heads.context.shape(), heads.context.strides());
     run_attention_backward(dcontext_heads, heads.q, heads.k, heads.v, heads.context, f.lse.view(), f.masks.options,
-                                   {dq_proj.data(), heads.q.strides()}, {dk_proj.data(), heads.k.strides()},
-                                   {dv_proj.data(), heads.v.strides()});
+                           {dq_proj.data(), heads.q.strides()}, {dk_proj.data(), heads.k.strides()},
+                           {dv_proj.data(), heads.v.strides()});
     if (c.add_bias_kv) {  // forward: k_proj[b, S] = bias_k, v_proj[b, S] = bias_v for every b
       T* dbias_k = grad("bias_k");
       T* dbias_v = grad("bias_v");
@@ -197,8 +212,7 @@ MultiHeadAttentionGradients MultiHeadAttention::backward(const TensorView& dout)
     // Input projections. Forward: q_proj = query W_q^T + b_q (likewise k, v).
     T* dw = packed_in_proj() ? grad("in_proj_weight") : nullptr;
     T* db = c.bias ? grad("in_proj_bias") : nullptr;
-    project_backward<T>(dq_proj, f.x_view[0], f.q_rows, B, L, 0, w.q, qk, dw ? dw : grad("q_proj_weight"),
-                        db, g.query);
+    project_backward<T>(dq_proj, f.x_view[0], f.q_rows, B, L, 0, w.q, qk, dw ? dw : grad("q_proj_weight"), db, g.query);
     project_backward<T>(dk_proj, f.x_view[1], f.kv_input_rows, B, S, f.extra, w.k, qk,
                         dw ? dw + qk * E : grad("k_proj_weight"), db ? db + qk : nullptr, g.key);
     project_backward<T>(dv_proj, f.x_view[2], f.kv_input_rows, B, S, f.extra, w.v, vw,

@@ -24,8 +24,8 @@ void check_input_rank(const TensorView& t, const char* name, bool batch_first, c
 
 void check_dtype(const TensorView& t, const char* name, DType dtype) {
   if (t.dtype() != dtype)
-    fail(std::string(name) + ": expected " + dtype_name(dtype) + " (the layer's dtype), got " +
-         dtype_name(t.dtype()) + " " + shape_str(t.shape()));
+    fail(std::string(name) + ": expected " + dtype_name(dtype) + " (the layer's dtype), got " + dtype_name(t.dtype()) +
+         " " + shape_str(t.shape()));
 }
 
 void check_width(const TensorView& t, const char* name, std::int64_t width, const char* width_name) {
@@ -43,8 +43,8 @@ void check_same_rank(const TensorView& t, const char* name, const TensorView& li
 void check_same_batch(const TensorView& t, const char* name, const InputDims& dims, std::int64_t B,
                       const TensorView& like, const char* like_name) {
   if (dims.batched && t.size(dims.batch_dim) != B)
-    fail(std::string(name) + ": expected batch size " + str(B) + " like " + like_name + " " +
-         shape_str(like.shape()) + ", got shape " + shape_str(t.shape()));
+    fail(std::string(name) + ": expected batch size " + str(B) + " like " + like_name + " " + shape_str(like.shape()) +
+         ", got shape " + shape_str(t.shape()));
 }
 
 TensorView contiguous_view(const TensorView& x, Tensor& storage) {

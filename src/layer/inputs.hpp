@@ -26,7 +26,9 @@ struct InputDims {
   int batch_dim, pos_dim;
 
   InputDims(const MultiHeadAttentionConfig& c, std::int64_t rank)
-      : batched(rank == 3), seq_first(batched && !c.batch_first), batch_dim(seq_first ? 1 : 0),
+      : batched(rank == 3),
+        seq_first(batched && !c.batch_first),
+        batch_dim(seq_first ? 1 : 0),
         pos_dim(batched && c.batch_first ? 1 : 0) {}
   std::int64_t batch(const TensorView& t) const { return batched ? t.size(batch_dim) : 1; }
   std::int64_t positions(const TensorView& t) const { return t.size(pos_dim); }

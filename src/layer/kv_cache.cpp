@@ -72,9 +72,12 @@ void MultiHeadAttention::check_cache_layer(const KeyValueCache& cache) const {
          "; use one cache per layer");
   if (c.add_bias_kv && cache.length_ > 0) {  // position `length` of batch 0 holds the appending layer's bias_k / bias_v
     const std::size_t elem = dtype_size(c.dtype);
-    const std::size_t qk = static_cast<std::size_t>(c.num_heads * c.d_k), vw = static_cast<std::size_t>(c.num_heads * c.d_v);
-    const auto* k_row = static_cast<const std::byte*>(cache.keys_.data()) + static_cast<std::size_t>(cache.length_) * qk * elem;
-    const auto* v_row = static_cast<const std::byte*>(cache.values_.data()) + static_cast<std::size_t>(cache.length_) * vw * elem;
+    const std::size_t qk = static_cast<std::size_t>(c.num_heads * c.d_k),
+                      vw = static_cast<std::size_t>(c.num_heads * c.d_v);
+    const auto* k_row =
+        static_cast<const std::byte*>(cache.keys_.data()) + static_cast<std::size_t>(cache.length_) * qk * elem;
+    const auto* v_row =
+        static_cast<const std::byte*>(cache.values_.data()) + static_cast<std::size_t>(cache.length_) * vw * elem;
     if (std::memcmp(k_row, parameter("bias_k").data(), qk * elem) != 0 ||
         std::memcmp(v_row, parameter("bias_v").data(), vw * elem) != 0)
       fail("cache: its bias_k / bias_v differ from this layer's: it was filled by another layer, or the "
@@ -170,10 +173,10 @@ MultiHeadAttentionOutput MultiHeadAttention::forward_cached(const TensorView& qu
     const ProjectionWeights<T> w = projection_weights<T>(*this);
     project<T>(q_in, q_rows, B, L, 0, w.q, qk, w.q_bias, q_proj);
     HeadViews heads;
-    heads.q = heads_view(q_proj, B, h, L, c.d_k, q_rows);                 // [B, h, L, d_k]
-    heads.k = heads_view(cache.keys_, B, h, S2, c.d_k, cache_rows);       // [B, h, S', d_k]
-    heads.v = heads_view(cache.values_, B, h, S2, c.d_v, cache_rows);     // [B, h, S', d_v]
-    heads.context = heads_view(context, B, h, L, c.d_v, q_rows);          // [B, h, L, d_v]
+    heads.q = heads_view(q_proj, B, h, L, c.d_k, q_rows);              // [B, h, L, d_k]
+    heads.k = heads_view(cache.keys_, B, h, S2, c.d_k, cache_rows);    // [B, h, S', d_k]
+    heads.v = heads_view(cache.values_, B, h, S2, c.d_v, cache_rows);  // [B, h, S', d_v]
+    heads.context = heads_view(context, B, h, L, c.d_v, q_rows);       // [B, h, L, d_v]
     Tensor weights, lse;
     attend_and_project_out<T>(heads, o, w, context, result.out, weights, lse);
     if (in.need_weights) result.weights = output_weights<T>(std::move(weights), in.average_attn_weights, dims.batched);

@@ -11,8 +11,18 @@ void linear_forward(const T* x, std::int64_t ldx, std::int64_t M, std::int64_t K
   if (M == 0 || N == 0) return;
   for (std::int64_t m = 0; m < M; ++m)  // y = b (or 0), then y += x W^T
     for (std::int64_t n = 0; n < N; ++n) y[m * ldy + n] = bias ? bias[n] : T(0);
-  if (K > 0) gemm<T>({.trans_b = true, .M = M, .N = N, .K = K, .A = x, .lda = ldx, .B = w, .ldb = K,
-                      .accumulate = true, .C = y, .ldc = ldy});
+  if (K > 0)
+    gemm<T>({.trans_b = true,
+             .M = M,
+             .N = N,
+             .K = K,
+             .A = x,
+             .lda = ldx,
+             .B = w,
+             .ldb = K,
+             .accumulate = true,
+             .C = y,
+             .ldc = ldy});
 }
 
 template <class T>
@@ -22,10 +32,10 @@ void column_sums(const T* dy, std::int64_t ldy, std::int64_t M, std::int64_t N, 
     for (std::int64_t n = 0; n < N; ++n) bias_grad[n] += dy[m * ldy + n];
 }
 
-template void linear_forward<float>(const float*, std::int64_t, std::int64_t, std::int64_t, const float*,
-                                     std::int64_t, const float*, float*, std::int64_t);
+template void linear_forward<float>(const float*, std::int64_t, std::int64_t, std::int64_t, const float*, std::int64_t,
+                                    const float*, float*, std::int64_t);
 template void linear_forward<double>(const double*, std::int64_t, std::int64_t, std::int64_t, const double*,
-                                      std::int64_t, const double*, double*, std::int64_t);
+                                     std::int64_t, const double*, double*, std::int64_t);
 template void column_sums<float>(const float*, std::int64_t, std::int64_t, std::int64_t, float*);
 template void column_sums<double>(const double*, std::int64_t, std::int64_t, std::int64_t, double*);
 

@@ -16,8 +16,8 @@
 namespace mha::detail {
 
 void KernelMasks::own_views() {
-  for (auto [view, storage] : {std::pair{&options.key_padding_mask, &key_padding_mask},
-                               std::pair{&options.attn_mask, &attn_mask}}) {
+  for (auto [view, storage] :
+       {std::pair{&options.key_padding_mask, &key_padding_mask}, std::pair{&options.attn_mask, &attn_mask}}) {
     if (*view && (*view)->data() != storage->data()) {
       *storage = Tensor::copy_of(**view);
       *view = storage->view();
@@ -66,13 +66,15 @@ void pad_masks_for_extra_keys(KernelMasks& m, std::int64_t B, std::int64_t h, st
           const bool hidden_by_causal = o.causal && j > i + S - L;
           if (additive) {
             const auto& a = *o.attn_mask;
-            const std::int64_t src = (N ? n * a.stride(0) : 0) + i * a.stride(a.rank() - 2) + j * a.stride(a.rank() - 1);
+            const std::int64_t src =
+                (N ? n * a.stride(0) : 0) + i * a.stride(a.rank() - 2) + j * a.stride(a.rank() - 1);
             mask.data_as<T>()[at] = hidden_by_causal ? -std::numeric_limits<T>::infinity() : a.data_as<T>()[src];
           } else {
             bool hidden = hidden_by_causal;
             if (o.attn_mask) {
               const auto& a = *o.attn_mask;
-              const std::int64_t src = (N ? n * a.stride(0) : 0) + i * a.stride(a.rank() - 2) + j * a.stride(a.rank() - 1);
+              const std::int64_t src =
+                  (N ? n * a.stride(0) : 0) + i * a.stride(a.rank() - 2) + j * a.stride(a.rank() - 1);
               hidden = hidden || a.data_as<std::uint8_t>()[src] != 0;
             }
             mask.data_as<std::uint8_t>()[at] = hidden;
@@ -97,7 +99,8 @@ KernelMasks kernel_masks(const MultiHeadAttentionInputs& in, const MultiHeadAtte
     const TensorView& kpm = *in.key_padding_mask;
     if (!batched) {
       if (kpm.rank() != 1 || kpm.size(0) != S)
-        fail("key_padding_mask: expected shape [S] = [" + str(S) + "] for unbatched input, got " + shape_str(kpm.shape()));
+        fail("key_padding_mask: expected shape [S] = [" + str(S) + "] for unbatched input, got " +
+             shape_str(kpm.shape()));
       o.key_padding_mask = TensorView(kpm.data(), kpm.dtype(), {1, S}, {0, kpm.stride(0)});
     } else {
       o.key_padding_mask = kpm;

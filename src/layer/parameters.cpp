@@ -23,11 +23,12 @@ MultiHeadAttentionConfig resolve(MultiHeadAttentionConfig c) {
   if (c.num_heads <= 0) fail("num_heads: expected a positive number of heads, got " + str(c.num_heads));
   if (c.d_model <= 0) fail("d_model: expected a positive width, got " + str(c.d_model));
   for (auto [value, name] : {std::pair{&c.d_k, "d_k"}, std::pair{&c.d_v, "d_v"}}) {
-    if (*value < 0) fail(std::string(name) + ": expected a positive width or 0 for d_model / num_heads, got " + str(*value));
+    if (*value < 0)
+      fail(std::string(name) + ": expected a positive width or 0 for d_model / num_heads, got " + str(*value));
     if (*value == 0) {
       if (c.d_model % c.num_heads != 0)
-        fail("d_model: expected a multiple of num_heads = " + str(c.num_heads) + " when " + name +
-             " is not set, got " + str(c.d_model));
+        fail("d_model: expected a multiple of num_heads = " + str(c.num_heads) + " when " + name + " is not set, got " +
+             str(c.d_model));
       *value = c.d_model / c.num_heads;
     }
   }
@@ -110,9 +111,7 @@ const Tensor& MultiHeadAttention::parameter(const std::string& name) const {
   return it->second;
 }
 
-Tensor& MultiHeadAttention::mutable_parameter(const std::string& name) {
-  return const_cast<Tensor&>(parameter(name));
-}
+Tensor& MultiHeadAttention::mutable_parameter(const std::string& name) { return const_cast<Tensor&>(parameter(name)); }
 
 void MultiHeadAttention::set_parameter(const std::string& name, const TensorView& value) {
   Tensor& p = mutable_parameter(name);

@@ -71,8 +71,15 @@ int weekday_of(Date date) {
 // "2021-03-05", digit by digit.
 std::string iso_by_hand(Date d) {
   const auto digit = [](int n) { return static_cast<char>('0' + n); };
-  return {digit(d.year / 1000),      digit(d.year / 100 % 10), digit(d.year / 10 % 10), digit(d.year % 10), '-',
-          digit(d.month / 10),       digit(d.month % 10),      '-',                     digit(d.day / 10),
+  return {digit(d.year / 1000),
+          digit(d.year / 100 % 10),
+          digit(d.year / 10 % 10),
+          digit(d.year % 10),
+          '-',
+          digit(d.month / 10),
+          digit(d.month % 10),
+          '-',
+          digit(d.day / 10),
           digit(d.day % 10)};
 }
 
@@ -84,17 +91,17 @@ const std::vector<std::string> kMonths = {"January", "February", "March",     "A
                                           "July",    "August",   "September", "October", "November", "December"};
 const std::vector<std::string> kMonthAbbreviations = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
                                                       "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
-const std::vector<std::string> kWeekdays = {"Monday", "Tuesday", "Wednesday", "Thursday",
+const std::vector<std::string> kWeekdays = {"Monday", "Tuesday",  "Wednesday", "Thursday",
                                             "Friday", "Saturday", "Sunday"};
 const std::vector<std::string> kWeekdayAbbreviations = {"Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"};
 
 // Day n in words, built from parts: "first" .. "ninth", the teens, "twenty-" + unit, "thirty-first".
 std::string day_in_words(int n) {
-  static const std::vector<std::string> units = {"",      "first",   "second", "third", "fourth",
-                                                 "fifth", "sixth",   "seventh", "eighth", "ninth"};
-  static const std::vector<std::string> ten_to_nineteen = {
-      "tenth",     "eleventh",   "twelfth",     "thirteenth", "fourteenth",
-      "fifteenth", "sixteenth",  "seventeenth", "eighteenth", "nineteenth"};
+  static const std::vector<std::string> units = {"",      "first", "second",  "third",  "fourth",
+                                                 "fifth", "sixth", "seventh", "eighth", "ninth"};
+  static const std::vector<std::string> ten_to_nineteen = {"tenth",      "eleventh",  "twelfth",   "thirteenth",
+                                                           "fourteenth", "fifteenth", "sixteenth", "seventeenth",
+                                                           "eighteenth", "nineteenth"};
   if (n < 10) return units[static_cast<std::size_t>(n)];
   if (n < 20) return ten_to_nineteen[static_cast<std::size_t>(n - 10)];
   const std::string tens = n < 30 ? "twent" : "thirt";
@@ -145,8 +152,7 @@ struct Grammar {
 const std::map<DateFormat, Grammar>& grammars() {
   using F = Field;
   static const std::map<DateFormat, Grammar> g = {
-      {DateFormat::DayMonthYear,
-       {std::regex(R"(([1-9]\d?) ([A-Z][a-z]+) (\d{4}))"), {F::Day, F::MonthName, F::Year4}}},
+      {DateFormat::DayMonthYear, {std::regex(R"(([1-9]\d?) ([A-Z][a-z]+) (\d{4}))"), {F::Day, F::MonthName, F::Year4}}},
       {DateFormat::MonthOrdinalDayYear,
        {std::regex(R"(([A-Z][a-z]+) ([1-9]\d?)([a-z]{2}), (\d{4}))"), {F::MonthName, F::Day, F::Suffix, F::Year4}}},
       {DateFormat::MonthDayYear,
@@ -183,7 +189,11 @@ struct Parsed {
 bool read_field(Field f, const std::string& s, Parsed& p) {
   std::vector<std::string> upper_months;
   switch (f) {
-    case Field::Day: case Field::Day2: case Field::Month: case Field::Month2: case Field::Year4: {
+    case Field::Day:
+    case Field::Day2:
+    case Field::Month:
+    case Field::Month2:
+    case Field::Year4: {
       const int n = std::stoi(s);
       if (f == Field::Year4) p.date.year = n;
       else if (f == Field::Month || f == Field::Month2) p.date.month = n;
@@ -244,9 +254,9 @@ void expect_source_spells(const std::string& source, DateFormat f, const Calenda
 TEST(Calendar, IndependentCalendarHitsKnownAnchors) {
   // Guards the test's own calendar: 36525 days (25 leap years, 2000 among them), ending on a Friday.
   ASSERT_EQ(all_days().size(), 36525u);
-  EXPECT_EQ(weekday_of({1970, 1, 1}), 3);  // Thursday
-  EXPECT_EQ(weekday_of({2000, 1, 1}), 5);  // Saturday
-  EXPECT_EQ(weekday_of({2021, 3, 5}), 4);  // Friday
+  EXPECT_EQ(weekday_of({1970, 1, 1}), 3);    // Thursday
+  EXPECT_EQ(weekday_of({2000, 1, 1}), 5);    // Saturday
+  EXPECT_EQ(weekday_of({2021, 3, 5}), 4);    // Friday
   EXPECT_EQ(weekday_of({2049, 12, 31}), 4);  // Friday
 }
 
@@ -269,8 +279,8 @@ TEST(Calendar, EveryDateMatchesIndependentCalendar) {
 }
 
 TEST(Calendar, RejectsImpossibleAndOutOfRangeDates) {
-  for (const Date d : {Date{2021, 2, 29}, Date{2021, 4, 31}, Date{2021, 13, 1}, Date{2021, 0, 10},
-                       Date{2021, 1, 0}, Date{1949, 12, 31}, Date{2050, 1, 1}}) {
+  for (const Date d : {Date{2021, 2, 29}, Date{2021, 4, 31}, Date{2021, 13, 1}, Date{2021, 0, 10}, Date{2021, 1, 0},
+                       Date{1949, 12, 31}, Date{2050, 1, 1}}) {
     EXPECT_FALSE(transformer::is_valid_date(d)) << d.year << "-" << d.month << "-" << d.day;
     EXPECT_THROW(transformer::iso_date(d), std::invalid_argument);
     EXPECT_THROW(transformer::day_of_week(d), std::invalid_argument);

@@ -72,8 +72,8 @@ TEST(Vocabulary, ContainsExactlyTheDocumentedCharacters) {
 TEST(Vocabulary, EncodeDecodeRoundTrip) {
   const Vocabulary v;
   for (const std::string& text : {std::string(""), std::string("5 March 2021"), std::string("Fri, 5 Mar 21"),
-                                 std::string("the thirty-first of December 1999"), std::string("05/03/2021"),
-                                 std::string("2021.03.05"), std::string("it's"), documented_alphabet()}) {
+                                  std::string("the thirty-first of December 1999"), std::string("05/03/2021"),
+                                  std::string("2021.03.05"), std::string("it's"), documented_alphabet()}) {
     const std::vector<int> ids = v.encode(text);
     ASSERT_EQ(ids.size(), text.size());
     for (const int id : ids) {

@@ -27,15 +27,15 @@ namespace {
 
 using namespace bench;
 
-constexpr std::int64_t kHeads = 8;     // h
-constexpr std::int64_t kDModel = 512;  // E
+constexpr std::int64_t kHeads = 8;                     // h
+constexpr std::int64_t kDModel = 512;                  // E
 constexpr std::int64_t kHeadWidth = kDModel / kHeads;  // d = 64
 constexpr std::int64_t kQuickSizes[] = {512, 2048};
-constexpr std::int64_t kScalingN = 4096;  // the B*h = 1 thread-scaling shape
-constexpr std::int64_t kCausalN = 4096;   // the causal / non-causal comparison
-constexpr std::int64_t kLayoutMinN = 4096;  // the head-layout comparison, from this N up
-constexpr std::int64_t kBlasCheckN = 4096;  // the one shape PyTorch also runs on the other BLAS
-constexpr double kOwnTimeoutS = 3600;     // our own processes: the --big ones take minutes
+constexpr std::int64_t kScalingN = 4096;                    // the B*h = 1 thread-scaling shape
+constexpr std::int64_t kCausalN = 4096;                     // the causal / non-causal comparison
+constexpr std::int64_t kLayoutMinN = 4096;                  // the head-layout comparison, from this N up
+constexpr std::int64_t kBlasCheckN = 4096;                  // the one shape PyTorch also runs on the other BLAS
+constexpr double kOwnTimeoutS = 3600;                       // our own processes: the --big ones take minutes
 constexpr const char* kBlasShim = "libmha_onednn_blas.so";  // built beside this program
 
 // Timed calls in this process and in the per-shape processes (ours and PyTorch's).
@@ -57,7 +57,8 @@ Plan make_plan(const BenchOptions& o) {
     plan.sizes.assign(std::begin(kQuickSizes), std::end(kQuickSizes));
     plan.big = 0;
   }
-  if (plan.threads.empty() || plan.sizes.empty()) throw std::invalid_argument("--threads and --sizes must not be empty");
+  if (plan.threads.empty() || plan.sizes.empty())
+    throw std::invalid_argument("--threads and --sizes must not be empty");
   for (int t : plan.threads)
     if (t < 1) throw std::invalid_argument(fmt::format("--threads: expected positive counts, got {}", t));
   for (std::int64_t n : plan.sizes)
@@ -104,7 +105,9 @@ struct CoreTimings {
   double forward_flops = 0;  // per call; the backward does kBackwardFlopsRatio times as many
 
   KernelRate forward_rate(const Roof& roof) const { return rate_of(forward, forward_flops, roof); }
-  KernelRate backward_rate(const Roof& roof) const { return rate_of(backward, kBackwardFlopsRatio * forward_flops, roof); }
+  KernelRate backward_rate(const Roof& roof) const {
+    return rate_of(backward, kBackwardFlopsRatio * forward_flops, roof);
+  }
 };
 
 // q, k, v [1, heads, n, d]: forward, then backward from that forward's out and lse.
@@ -126,7 +129,8 @@ void run_core(BenchResults& results, const Plan& plan) {
       const CoreTimings full = measure_core(kHeads, n, false), causal = measure_core(kHeads, n, true);
       const Roof roof = group.finish();
       for (const auto& [is_causal, t] : {std::pair{false, full}, std::pair{true, causal}}) {
-        const CoreResult row{threads, n, kHeads, kHeadWidth, is_causal, roof, tile, t.forward_rate(roof), t.backward_rate(roof)};
+        const CoreResult row{
+            threads, n, kHeads, kHeadWidth, is_causal, roof, tile, t.forward_rate(roof), t.backward_rate(roof)};
         results.core.push_back(row);
         print_core_row(row);
       }
@@ -193,9 +197,9 @@ void derive_causal(BenchResults& results) {
 // ---- one shape per process: ours and PyTorch's ----------------------------------------------------
 
 std::vector<std::string> policy_args(const RepeatPolicy& p) {
-  return {"--warmup", std::to_string(p.warmup), "--min-reps", std::to_string(p.min_reps), "--max-reps",
-          std::to_string(p.max_reps), "--min-time", fmt::format("{}", p.min_time_s), "--max-time",
-          fmt::format("{}", p.max_time_s)};
+  return {"--warmup",   std::to_string(p.warmup),       "--min-reps", std::to_string(p.min_reps),
+          "--max-reps", std::to_string(p.max_reps),     "--min-time", fmt::format("{}", p.min_time_s),
+          "--max-time", fmt::format("{}", p.max_time_s)};
 }
 
 // Reads the JSON line a per-shape process prints last; `flops` per call gives its rate.
@@ -229,9 +233,10 @@ ProcessRun parse_run(const ProcessResult& process, double timeout_s, double flop
 // `mha bench-one` in a new process of this program.
 ProcessRun run_ours(const std::string& impl, std::int64_t n, bool causal, int threads, Pass pass,
                     const RepeatPolicy& policy, double flops) {
-  std::vector<std::string> argv = {kSelfExecutable, "bench-one", "--impl", impl, "--n", std::to_string(n),
-                                   "--causal", causal ? "1" : "0", "--threads", std::to_string(threads), "--pass",
-                                   pass_name(pass)};
+  std::vector<std::string> argv = {
+      kSelfExecutable,   "bench-one",    "--impl",           impl,        "--n",
+      std::to_string(n), "--causal",     causal ? "1" : "0", "--threads", std::to_string(threads),
+      "--pass",          pass_name(pass)};
   for (std::string& a : policy_args(policy)) argv.push_back(std::move(a));
   return parse_run(run_process(argv, {}, kOwnTimeoutS), kOwnTimeoutS, flops, nullptr);
 }
@@ -265,9 +270,10 @@ struct TorchRunner {
                                    need / (1 << 30), options.torch_memory_limit_gib);
       return skipped;
     }
-    std::vector<std::string> argv = {options.python, torch_script(options), "--n", std::to_string(n), "--causal", causal ? "1" : "0",
-                                     "--threads", std::to_string(threads), "--pass", pass_name(pass),
-                                     "--d-model", std::to_string(kDModel), "--heads", std::to_string(kHeads)};
+    std::vector<std::string> argv = {options.python, torch_script(options), "--n",       std::to_string(n),
+                                     "--causal",     causal ? "1" : "0",    "--threads", std::to_string(threads),
+                                     "--pass",       pass_name(pass),       "--d-model", std::to_string(kDModel),
+                                     "--heads",      std::to_string(kHeads)};
     for (std::string& a : policy_args(policy)) argv.push_back(std::move(a));
     std::vector<std::string> env;
     if (blas == "onednn") env.push_back("LD_PRELOAD=" + (self_directory() / kBlasShim).string());
@@ -284,7 +290,8 @@ struct TorchRunner {
 void finish_layer_row(LayerResult& row) {
   if (row.mha.ok() && row.torch.ok()) {
     row.speedup = row.torch.timing.min_s / row.mha.timing.min_s;
-    row.memory_ratio = static_cast<double>(row.mha.peak_rss_first_bytes) / static_cast<double>(row.torch.peak_rss_first_bytes);
+    row.memory_ratio =
+        static_cast<double>(row.mha.peak_rss_first_bytes) / static_cast<double>(row.torch.peak_rss_first_bytes);
   }
 }
 
@@ -355,7 +362,8 @@ void run_big(BenchResults& results, const Plan& plan) {
     for (bool causal : {false, true}) {
       BigResult row{impl, plan.big, causal, plan.big_threads, {}, {}, 0, 0, 0};
       const double attention = attention_forward_flops(1, kHeads, plan.big, kHeadWidth, causal);
-      const double flops = row.impl == "core" ? attention : layer_flops(1, plan.big, kDModel, kHeads, causal, Pass::Forward);
+      const double flops =
+          row.impl == "core" ? attention : layer_flops(1, plan.big, kDModel, kHeads, causal, Pass::Forward);
       GroupRoof group(results, plan.big_threads);
       row.run = run_ours(impl, plan.big, causal, plan.big_threads, Pass::Forward, kSingleCall, flops);
       row.roof = group.finish();
@@ -374,7 +382,8 @@ void run_big(BenchResults& results, const Plan& plan) {
 // binary was built from the tree as it was at build time).
 std::string source_revision() {
   try {
-    const ProcessResult git = run_process({"/usr/bin/git", "-C", MHA_SOURCE_DIR, "describe", "--always", "--dirty"}, {}, 10);
+    const ProcessResult git =
+        run_process({"/usr/bin/git", "-C", MHA_SOURCE_DIR, "describe", "--always", "--dirty"}, {}, 10);
     if (git.exit_code == 0) return git.out.substr(0, git.out.find_last_not_of("\n ") + 1);
   } catch (const std::runtime_error&) {
   }
@@ -384,7 +393,8 @@ std::string source_revision() {
 // Fails early, before minutes of measurements, when a PyTorch run could not start.
 void check_torch_setup(const BenchOptions& options) {
   if (!options.torch) return;
-  for (const std::filesystem::path& file : {std::filesystem::path(options.python), std::filesystem::path(torch_script(options))})
+  for (const std::filesystem::path& file :
+       {std::filesystem::path(options.python), std::filesystem::path(torch_script(options))})
     if (!std::filesystem::exists(file)) throw std::runtime_error(file.string() + " not found (or run with --no-torch)");
   if (options.torch_blas == "onednn" && !std::filesystem::exists(self_directory() / kBlasShim))
     throw std::runtime_error((self_directory() / kBlasShim).string() +

@@ -12,11 +12,11 @@ struct BenchOptions {
   std::string out_dir = "bench-results";  // bench.json and bench.png
   std::vector<int> threads = {1, 2};
   std::vector<std::int64_t> sizes = {512, 2048, 4096, 16384};  // N = L = S
-  std::int64_t big = 65536;  // N of the forward-only run of ours alone; 0: none
-  bool torch = true;         // false: no PyTorch runs
-  bool quick = false;        // sizes 512, 2048 only and no big size: a smoke run
-  std::string python = "/usr/bin/python3";  // Debian's, with python3-torch
-  std::string torch_script;                 // default: apps/mha/bench/torch_mha.py of the source tree
+  std::int64_t big = 65536;                                    // N of the forward-only run of ours alone; 0: none
+  bool torch = true;                                           // false: no PyTorch runs
+  bool quick = false;                                          // sizes 512, 2048 only and no big size: a smoke run
+  std::string python = "/usr/bin/python3";                     // Debian's, with python3-torch
+  std::string torch_script;  // default: apps/mha/bench/torch_mha.py of the source tree
   // "onednn": PyTorch's sgemm_ calls go to oneDNN (LD_PRELOAD of libmha_onednn_blas.so, built beside
   // this program); "installed": the BLAS Debian's libblas.so.3 points to (netlib's reference BLAS
   // unless OpenBLAS or BLIS is installed). The other one is also measured once, at N = 4096.

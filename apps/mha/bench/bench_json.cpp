@@ -38,9 +38,15 @@ void to_json(json& j, const KernelRate& k) {
 }
 
 void to_json(json& j, const CoreResult& c) {
-  j = {{"threads", c.threads}, {"n", c.n},           {"heads", c.heads},       {"d", c.d},
-       {"causal", c.causal},   {"roof", c.roof},     {"tile_sgemm_1thread", c.tile},
-       {"forward", c.forward}, {"backward", c.backward}};
+  j = {{"threads", c.threads},
+       {"n", c.n},
+       {"heads", c.heads},
+       {"d", c.d},
+       {"causal", c.causal},
+       {"roof", c.roof},
+       {"tile_sgemm_1thread", c.tile},
+       {"forward", c.forward},
+       {"backward", c.backward}};
 }
 
 void to_json(json& j, const ProcessRun& p) {
@@ -54,9 +60,15 @@ void to_json(json& j, const ProcessRun& p) {
 }
 
 void to_json(json& j, const LayerResult& l) {
-  j = {{"threads", l.threads}, {"n", l.n},         {"causal", l.causal},
-       {"pass", l.pass},       {"gflop", l.gflop}, {"roof", l.roof},
-       {"mha", l.mha},         {"torch", l.torch}, {"speedup", optional_json(l.speedup)},
+  j = {{"threads", l.threads},
+       {"n", l.n},
+       {"causal", l.causal},
+       {"pass", l.pass},
+       {"gflop", l.gflop},
+       {"roof", l.roof},
+       {"mha", l.mha},
+       {"torch", l.torch},
+       {"speedup", optional_json(l.speedup)},
        {"memory_ratio", optional_json(l.memory_ratio)}};
 }
 
@@ -105,10 +117,14 @@ void to_json(json& j, const TargetResult& t) {
 }
 
 void to_json(json& j, const MachineInfo& m) {
-  j = {{"cpu_model", m.cpu_model},   {"cpu_family_model", m.cpu_family_model},
-       {"cpu_mhz", m.cpu_mhz},       {"logical_cpus", m.logical_cpus},
-       {"simd", m.simd},             {"virtual_machine", m.virtual_machine},
-       {"memory_bytes", m.memory_bytes}, {"kernel", m.kernel}};
+  j = {{"cpu_model", m.cpu_model},
+       {"cpu_family_model", m.cpu_family_model},
+       {"cpu_mhz", m.cpu_mhz},
+       {"logical_cpus", m.logical_cpus},
+       {"simd", m.simd},
+       {"virtual_machine", m.virtual_machine},
+       {"memory_bytes", m.memory_bytes},
+       {"kernel", m.kernel}};
 }
 
 json to_json(const BenchResults& r) {

@@ -78,7 +78,10 @@ MachineInfo describe_machine() {
   m.cpu_mhz = mhz.empty() ? 0.0 : std::stod(mhz);
   m.logical_cpus = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
   const std::string flags = proc_field("/proc/cpuinfo", "flags");
-  m.simd = has_flag(flags, "avx512f") ? "avx512f" : has_flag(flags, "avx2") ? "avx2" : has_flag(flags, "avx") ? "avx" : "sse";
+  m.simd = has_flag(flags, "avx512f") ? "avx512f"
+           : has_flag(flags, "avx2")  ? "avx2"
+           : has_flag(flags, "avx")   ? "avx"
+                                      : "sse";
   m.virtual_machine = has_flag(flags, "hypervisor");
   const std::string mem_kib = proc_field("/proc/meminfo", "MemTotal");  // "24684096 kB"
   m.memory_bytes = mem_kib.empty() ? 0 : std::stoll(mem_kib) * 1024;

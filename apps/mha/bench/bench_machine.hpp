@@ -7,19 +7,19 @@
 namespace mha_cli::bench {
 
 struct MachineInfo {
-  std::string cpu_model;        // /proc/cpuinfo "model name"
-  std::string cpu_family_model; // "family 25 model 1" (the model name alone can be as vague as "AMD EPYC")
-  double cpu_mhz = 0;           // /proc/cpuinfo "cpu MHz" of the first CPU
-  int logical_cpus = 0;         // online CPUs
-  std::string simd;             // the widest of avx512f / avx2 / avx in the CPU flags
-  bool virtual_machine = false; // the "hypervisor" CPU flag
+  std::string cpu_model;          // /proc/cpuinfo "model name"
+  std::string cpu_family_model;   // "family 25 model 1" (the model name alone can be as vague as "AMD EPYC")
+  double cpu_mhz = 0;             // /proc/cpuinfo "cpu MHz" of the first CPU
+  int logical_cpus = 0;           // online CPUs
+  std::string simd;               // the widest of avx512f / avx2 / avx in the CPU flags
+  bool virtual_machine = false;   // the "hypervisor" CPU flag
   std::int64_t memory_bytes = 0;  // /proc/meminfo MemTotal
-  std::string kernel;           // uname -sr
-  std::string date;             // local time, ISO 8601
+  std::string kernel;             // uname -sr
+  std::string date;               // local time, ISO 8601
   std::string mha_version;
-  std::string onednn_version;   // the runtime library's, e.g. "2.6.3"
-  std::string onednn_isa;       // the instruction set oneDNN's JIT uses on this machine
-  std::string compiler;         // the compiler that built this program
+  std::string onednn_version;  // the runtime library's, e.g. "2.6.3"
+  std::string onednn_isa;      // the instruction set oneDNN's JIT uses on this machine
+  std::string compiler;        // the compiler that built this program
 };
 
 MachineInfo describe_machine();

@@ -48,9 +48,9 @@ struct TileRate {
   double gflops = 0;
   Timing timing;
 };
-inline constexpr std::int64_t kTileRows = 64;    // kBlockQ
-inline constexpr std::int64_t kTileKeys = 128;   // kBlockK
-inline constexpr std::int64_t kTileWidth = 64;   // d
+inline constexpr std::int64_t kTileRows = 64;   // kBlockQ
+inline constexpr std::int64_t kTileKeys = 128;  // kBlockK
+inline constexpr std::int64_t kTileWidth = 64;  // d
 TileRate measure_tile_sgemm();
 
 // Peak resident set of this process so far, in bytes: VmHWM of /proc/self/status (getrusage's

@@ -19,26 +19,26 @@ namespace {
 constexpr int kWidth = 1400;
 constexpr int kMargin = 24;
 constexpr int kTitleScale = 3;
-constexpr int kPanelTop = 150;         // below the title, subtitle and panel titles
+constexpr int kPanelTop = 150;  // below the title, subtitle and panel titles
 constexpr int kPlotHeight = 430;
-constexpr int kYLabelBand = 90;        // left of a plot: rotated axis label and tick labels
-constexpr int kXLabelBand = 64;        // below a plot: tick labels and axis label
+constexpr int kYLabelBand = 90;  // left of a plot: rotated axis label and tick labels
+constexpr int kXLabelBand = 64;  // below a plot: tick labels and axis label
 constexpr int kLineThickness = 3;
-constexpr int kMarker = 9;             // marker side in pixels
-constexpr int kDash = 9;               // dash length of causal and roof lines
+constexpr int kMarker = 9;  // marker side in pixels
+constexpr int kDash = 9;    // dash length of causal and roof lines
 
 constexpr Rgb kBackground{255, 255, 255};
 constexpr Rgb kInk{35, 35, 35};
 constexpr Rgb kGrid{225, 225, 225};
-constexpr Rgb kOurs{31, 101, 180};     // blue
-constexpr Rgb kTheirs{230, 110, 20};   // orange
+constexpr Rgb kOurs{31, 101, 180};    // blue
+constexpr Rgb kTheirs{230, 110, 20};  // orange
 constexpr Rgb kRoof{130, 130, 130};
 
 struct Series {
   std::string label;
   Rgb colour;
   bool dashed = false;
-  bool hollow = false;  // hollow square markers (PyTorch) or filled (ours)
+  bool hollow = false;                            // hollow square markers (PyTorch) or filled (ours)
   std::vector<std::pair<double, double>> points;  // (N, GFLOP/s)
 };
 
@@ -120,8 +120,8 @@ void add_point(Series& s, double n, double gflops) {
 }  // namespace
 
 void write_bench_plot(const std::filesystem::path& path, const BenchResults& r, int threads) {
-  const std::string torch_name = r.torch_blas == "onednn" ? "PyTorch 1.13 (sgemm on oneDNN)"
-                                                          : "PyTorch 1.13 (Debian's default BLAS)";
+  const std::string torch_name =
+      r.torch_blas == "onednn" ? "PyTorch 1.13 (sgemm on oneDNN)" : "PyTorch 1.13 (Debian's default BLAS)";
   const bool with_torch = !r.torch_blas.empty();
   // Series order: ours non-causal, ours causal, then (with PyTorch) theirs non-causal, theirs causal.
   auto make_series = [&] {
@@ -180,8 +180,9 @@ void write_bench_plot(const std::filesystem::path& path, const BenchResults& r, 
   const int height = notes_y + static_cast<int>(notes.size()) * kLineHeight + kMargin;
   Canvas canvas(kWidth, height, kBackground);
 
-  canvas.text(kMargin, kMargin, fmt::format("{}: the whole multi-head attention layer, {} thread{}",
-                                            with_torch ? "mha vs PyTorch" : "mha", threads, threads == 1 ? "" : "s"),
+  canvas.text(kMargin, kMargin,
+              fmt::format("{}: the whole multi-head attention layer, {} thread{}",
+                          with_torch ? "mha vs PyTorch" : "mha", threads, threads == 1 ? "" : "s"),
               kInk, kTitleScale);
   canvas.text(kMargin, kMargin + 12 * kTitleScale + 4,
               fmt::format("d_model 512, h 8, d 64, B 1, self-attention, float32.  {} ({}), {}", r.machine.cpu_model,
@@ -207,8 +208,8 @@ void write_bench_plot(const std::filesystem::path& path, const BenchResults& r, 
     } else {
       canvas.line(x, y, x + 44, y, 2, kRoof, kDash);
       canvas.text(x + 56, y - kGlyphHeight / 2,
-                  fmt::format("roof: oneDNN sgemm {0}^3 at {1} thread{2} (median of this run's roofs)", kRoofSize, threads,
-                              threads == 1 ? "" : "s"),
+                  fmt::format("roof: oneDNN sgemm {0}^3 at {1} thread{2} (median of this run's roofs)", kRoofSize,
+                              threads, threads == 1 ? "" : "s"),
                   kInk);
     }
   }

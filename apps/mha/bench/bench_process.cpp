@@ -71,7 +71,8 @@ ProcessResult run_process(const std::vector<std::string>& argv, const std::vecto
   std::string* sinks[2] = {&result.out, &result.err};
   int open_fds = 2;
   while (open_fds > 0) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
       kill(pid, SIGKILL);
       result.timed_out = true;

@@ -19,8 +19,8 @@ namespace mha_cli::bench {
 // One timed call of the attention core, measured in this process.
 struct KernelRate {
   Timing timing;
-  double gflop = 0;    // FLOPs per call / 1e9
-  double gflops = 0;   // gflop / best time
+  double gflop = 0;   // FLOPs per call / 1e9
+  double gflops = 0;  // gflop / best time
   double roof_fraction = 0;
 };
 
@@ -63,10 +63,10 @@ struct LayerResult {
 // 2 threads against 1 at B*h = 1 (q [1, 1, N, d]): does one head keep both cores busy?
 struct ScalingResult {
   std::int64_t n = 0, d = 0;
-  std::vector<int> threads;          // each thread count measured
-  std::vector<Roof> roofs;           // per thread count
-  std::vector<KernelRate> forward;   // per thread count
-  std::vector<KernelRate> backward;  // per thread count
+  std::vector<int> threads;                                            // each thread count measured
+  std::vector<Roof> roofs;                                             // per thread count
+  std::vector<KernelRate> forward;                                     // per thread count
+  std::vector<KernelRate> backward;                                    // per thread count
   double forward_speedup = 0, backward_speedup = 0, roof_speedup = 0;  // last thread count over the first
 };
 
@@ -94,29 +94,29 @@ struct BigResult {
   int threads = 0;
   Roof roof;
   ProcessRun run;
-  double attention_gflop = 0;  // the attention core's FLOPs per call
+  double attention_gflop = 0;   // the attention core's FLOPs per call
   double attention_gflops = 0;  // attention FLOPs over the time (for the layer: including its projections' time)
   double roof_fraction = 0;
 };
 
 struct TargetResult {
-  std::string name;       // what is promised, e.g. "forward attention core >= 75% of the roof at N >= 2048"
-  std::string measured;   // the figure(s), e.g. "worst 71.2% (1 thread, N 16384, causal)"
+  std::string name;         // what is promised, e.g. "forward attention core >= 75% of the roof at N >= 2048"
+  std::string measured;     // the figure(s), e.g. "worst 71.2% (1 thread, N 16384, causal)"
   std::optional<bool> met;  // empty when not measured in this run
-  std::string margin;     // by how much it is met or missed
+  std::string margin;       // by how much it is met or missed
 };
 
 struct BenchResults {
   MachineInfo machine;
-  std::string command;  // the command line of this run
-  std::string source_revision;  // `git describe --always --dirty` of the source tree during the run
+  std::string command;               // the command line of this run
+  std::string source_revision;       // `git describe --always --dirty` of the source tree during the run
   std::string load_start, load_end;  // load averages (1, 5, 15 min) when the run started and ended
   std::string torch_version, python_version;
-  std::string torch_blas;  // the BLAS under PyTorch's products in `layer` (see BenchOptions::torch_blas)
+  std::string torch_blas;   // the BLAS under PyTorch's products in `layer` (see BenchOptions::torch_blas)
   std::vector<Roof> roofs;  // every roof measurement, in order
   std::vector<CoreResult> core;
   std::vector<LayerResult> layer;
-  std::string torch_other_blas;              // the other BLAS, tried at one shape
+  std::string torch_other_blas;                     // the other BLAS, tried at one shape
   std::vector<LayerResult> torch_other_blas_layer;  // that shape, with PyTorch on the other BLAS
   std::optional<ScalingResult> scaling;
   std::vector<LayoutResult> layout;

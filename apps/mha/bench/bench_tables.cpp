@@ -93,8 +93,7 @@ void print_scaling(const ScalingResult& s) {
   for (std::size_t i = 0; i < s.threads.size(); ++i) {
     fmt::print("{:>7} {:>7} | {:>10} {:>7.1f} {:>6} | {:>10} {:>7.1f} {:>6}\n", s.threads[i], roof_cell(s.roofs[i]),
                format_time(s.forward[i].timing.min_s), s.forward[i].gflops, percent(s.forward[i].roof_fraction),
-               format_time(s.backward[i].timing.min_s), s.backward[i].gflops,
-               percent(s.backward[i].roof_fraction));
+               format_time(s.backward[i].timing.min_s), s.backward[i].gflops, percent(s.backward[i].roof_fraction));
   }
   if (s.threads.size() >= 2) {
     fmt::print("speed-up {} threads / {} thread: forward {:.2f}x, backward {:.2f}x (the roof: {:.2f}x)\n",
@@ -140,16 +139,16 @@ void print_layer_header(const std::string& torch_label) {
              "   the time, the same count for both. RSS: peak resident set after the first call (+ over the\n"
              "   process's baseline: program, inputs, parameters).\n",
              torch_label);
-  fmt::print("{:>7} {:>6} {:>6} {:>6} {:>7} | {:>10} {:>7} {:>20} | {:>10} {:>7} {:>22} | {:>8} {:>6}\n", "threads", "N",
-             "causal", "pass", "roof", "mha time", "GFLOP/s", "mha RSS", "torch time", "GFLOP/s", "torch RSS",
+  fmt::print("{:>7} {:>6} {:>6} {:>6} {:>7} | {:>10} {:>7} {:>20} | {:>10} {:>7} {:>22} | {:>8} {:>6}\n", "threads",
+             "N", "causal", "pass", "roof", "mha time", "GFLOP/s", "mha RSS", "torch time", "GFLOP/s", "torch RSS",
              "speed-up", "mem");
   flush();
 }
 
 void print_layer_row(const LayerResult& l) {
   const RunCells ours = run_cells(l.mha), theirs = run_cells(l.torch);
-  fmt::print("{:>7} {:>6} {:>6} {:>6} {:>7} | {:>10} {:>7} {:>20} | {:>10} {:>7} {:>22} | {:>8} {:>6}\n",
-             l.threads, l.n, yes_no(l.causal), l.pass, roof_cell(l.roof), ours.time, ours.rate, ours.memory, theirs.time,
+  fmt::print("{:>7} {:>6} {:>6} {:>6} {:>7} | {:>10} {:>7} {:>20} | {:>10} {:>7} {:>22} | {:>8} {:>6}\n", l.threads,
+             l.n, yes_no(l.causal), l.pass, roof_cell(l.roof), ours.time, ours.rate, ours.memory, theirs.time,
              theirs.rate, theirs.memory, l.speedup ? fmt::format("{:.2f}x", *l.speedup) : "-",
              l.memory_ratio ? fmt::format("{:.3f}", *l.memory_ratio) : "-");
   if (!l.mha.ok()) fmt::print("        mha: {}\n", l.mha.status);

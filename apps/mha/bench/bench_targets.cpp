@@ -11,17 +11,17 @@
 namespace mha_cli::bench {
 namespace {
 
-constexpr std::int64_t kCoreMinN = 2048;       // the roof targets hold from this N up
+constexpr std::int64_t kCoreMinN = 2048;  // the roof targets hold from this N up
 constexpr double kForwardRoofFraction = 0.75;
 constexpr double kBackwardRoofFraction = 0.50;
-constexpr std::int64_t kLayerN = 4096;          // the layer and causal targets' shape
+constexpr std::int64_t kLayerN = 4096;  // the layer and causal targets' shape
 constexpr int kLayerThreads = 2;
-constexpr double kForwardSpeedup = 3.0;         // the layer forward against PyTorch
+constexpr double kForwardSpeedup = 3.0;  // the layer forward against PyTorch
 constexpr double kForwardBackwardSpeedup = 2.5;
-constexpr double kMemoryRatio = 0.25;           // our peak RSS over PyTorch's, forward + backward
+constexpr double kMemoryRatio = 0.25;  // our peak RSS over PyTorch's, forward + backward
 constexpr std::int64_t kBigN = 65536;
 constexpr std::int64_t kBigMemoryBytes = std::int64_t(1) << 30;
-constexpr double kThreadSpeedup = 1.8;          // 2 threads over 1 at B*h = 1
+constexpr double kThreadSpeedup = 1.8;  // 2 threads over 1 at B*h = 1
 constexpr double kCausalSpeedup = 1.7;
 
 std::string not_measured(const std::string& what) { return "not measured in this run (" + what + ")"; }
@@ -72,8 +72,7 @@ const LayerResult* find_layer(const BenchResults& r, bool causal, const std::str
   return nullptr;
 }
 
-TargetResult speedup_target(const BenchResults& r, const std::string& name, const std::string& pass,
-                            double threshold) {
+TargetResult speedup_target(const BenchResults& r, const std::string& name, const std::string& pass, double threshold) {
   TargetResult t{name, "", std::nullopt, ""};
   const LayerResult* l = find_layer(r, false, pass);
   if (!l || !l->speedup) {
@@ -90,9 +89,9 @@ TargetResult speedup_target(const BenchResults& r, const std::string& name, cons
 }
 
 TargetResult memory_target(const BenchResults& r) {
-  TargetResult t{fmt::format("peak memory at N = {} (forward + backward, {} threads) <= 1/4 of PyTorch's", kLayerN,
-                             kLayerThreads),
-                 "", std::nullopt, ""};
+  TargetResult t{
+      fmt::format("peak memory at N = {} (forward + backward, {} threads) <= 1/4 of PyTorch's", kLayerN, kLayerThreads),
+      "", std::nullopt, ""};
   const LayerResult* l = find_layer(r, false, "fwdbwd");
   if (!l || !l->memory_ratio) {
     t.measured = not_measured(fmt::format("needs N {}, {} threads and PyTorch", kLayerN, kLayerThreads));
@@ -124,14 +123,15 @@ TargetResult big_memory_target(const BenchResults& r) {
   }
   t.measured = fmt::format("N {}: {}", worst->n, all);
   t.met = worst->run.peak_rss_first_bytes < kBigMemoryBytes;
-  t.margin = factor_margin(static_cast<double>(worst->run.peak_rss_first_bytes), static_cast<double>(kBigMemoryBytes),
-                           false);
+  t.margin =
+      factor_margin(static_cast<double>(worst->run.peak_rss_first_bytes), static_cast<double>(kBigMemoryBytes), false);
   return t;
 }
 
 TargetResult thread_target(const BenchResults& r) {
-  TargetResult t{fmt::format("2 threads >= {:.1f}x one thread also with B*h = 1 (forward and backward)", kThreadSpeedup),
-                 "", std::nullopt, ""};
+  TargetResult t{
+      fmt::format("2 threads >= {:.1f}x one thread also with B*h = 1 (forward and backward)", kThreadSpeedup), "",
+      std::nullopt, ""};
   if (!r.scaling || r.scaling->threads != std::vector<int>{1, 2}) {
     t.measured = not_measured("needs --threads 1,2");
     return t;
@@ -171,20 +171,23 @@ TargetResult causal_target(const BenchResults& r) {
 
 std::vector<TargetResult> evaluate_targets(const BenchResults& r) {
   return {
-      roof_target(r, fmt::format("forward attention core >= {:.0f}% of the roof at N >= {}, d = 64",
-                                 100 * kForwardRoofFraction, kCoreMinN),
+      roof_target(r,
+                  fmt::format("forward attention core >= {:.0f}% of the roof at N >= {}, d = 64",
+                              100 * kForwardRoofFraction, kCoreMinN),
                   kForwardRoofFraction, [](const CoreResult& c) -> const KernelRate& { return c.forward; }),
-      roof_target(r, fmt::format("backward attention core >= {:.0f}% of the roof at N >= {}, d = 64",
-                                 100 * kBackwardRoofFraction, kCoreMinN),
+      roof_target(r,
+                  fmt::format("backward attention core >= {:.0f}% of the roof at N >= {}, d = 64",
+                              100 * kBackwardRoofFraction, kCoreMinN),
                   kBackwardRoofFraction, [](const CoreResult& c) -> const KernelRate& { return c.backward; }),
       speedup_target(r,
                      fmt::format("whole layer forward >= {:.1f}x faster than PyTorch 1.13 at N = {}, {} threads",
                                  kForwardSpeedup, kLayerN, kLayerThreads),
                      "fwd", kForwardSpeedup),
-      speedup_target(r,
-                     fmt::format("whole layer forward+backward >= {:.1f}x faster than PyTorch 1.13 at N = {}, {} threads",
-                                 kForwardBackwardSpeedup, kLayerN, kLayerThreads),
-                     "fwdbwd", kForwardBackwardSpeedup),
+      speedup_target(
+          r,
+          fmt::format("whole layer forward+backward >= {:.1f}x faster than PyTorch 1.13 at N = {}, {} threads",
+                      kForwardBackwardSpeedup, kLayerN, kLayerThreads),
+          "fwdbwd", kForwardBackwardSpeedup),
       memory_target(r),
       big_memory_target(r),
       thread_target(r),

@@ -30,8 +30,8 @@ Pass parse_pass(const std::string& name) {
 }
 
 double attention_forward_flops(std::int64_t B, std::int64_t h, std::int64_t N, std::int64_t d, bool causal) {
-  const double full = 4.0 * static_cast<double>(B * h) * static_cast<double>(N) * static_cast<double>(N) *
-                      static_cast<double>(d);
+  const double full =
+      4.0 * static_cast<double>(B * h) * static_cast<double>(N) * static_cast<double>(N) * static_cast<double>(d);
   return causal ? full / 2 : full;
 }
 
@@ -69,8 +69,7 @@ void CoreWorkload::backward() {
   if (!result_.out.defined() || !dout_.defined())
     throw std::logic_error("CoreWorkload::backward without with_backward or before forward");
   // The gradients are new tensors, freed at the end of the statement, as a training step would.
-  mha::scaled_dot_product_attention_backward(dout_view_, q_view_, k_view_, v_view_, result_.out, result_.lse,
-                                             options_);
+  mha::scaled_dot_product_attention_backward(dout_view_, q_view_, k_view_, v_view_, result_.out, result_.lse, options_);
 }
 
 LayerWorkload::LayerWorkload(std::int64_t B, std::int64_t N, std::int64_t E, std::int64_t h, bool causal, Pass pass)

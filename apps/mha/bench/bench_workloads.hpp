@@ -45,7 +45,7 @@ class CoreWorkload {
   void backward();  // dq, dk, dv from the last forward()'s out and lse
 
  private:
-  mha::Tensor q_, k_, v_, dout_;                    // storage, in `layout`
+  mha::Tensor q_, k_, v_, dout_;                          // storage, in `layout`
   mha::TensorView q_view_, k_view_, v_view_, dout_view_;  // [B, h, N, d]
   mha::AttentionOptions options_;
   mha::AttentionResult result_;

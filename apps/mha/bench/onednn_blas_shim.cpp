@@ -32,8 +32,8 @@ extern "C" void sgemm_(const char* transa, const char* transb, const int* m, con
       for (int i = 0; i < *m; ++i) c[j * *ldc + i] = *beta == 0.0f ? 0.0f : *beta * c[j * *ldc + i];
     return;
   }
-  const dnnl_status_t status = dnnl_sgemm(transposition(transb), transposition(transa), *n, *m, *k, *alpha, b, *ldb,
-                                          a, *lda, *beta, c, *ldc);
+  const dnnl_status_t status =
+      dnnl_sgemm(transposition(transb), transposition(transa), *n, *m, *k, *alpha, b, *ldb, a, *lda, *beta, c, *ldc);
   if (status != dnnl_success) {
     std::fprintf(stderr, "libmha_onednn_blas: dnnl_sgemm failed (status %d) for m %d n %d k %d\n",
                  static_cast<int>(status), *m, *n, *k);

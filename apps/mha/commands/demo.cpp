@@ -78,8 +78,8 @@ class ProgressBar {
     if (!tty_ && !tenth && p.step != 1) return;
     constexpr int kBarWidth = 24;
     const int filled = static_cast<int>(kBarWidth * p.step / p.steps);
-    fmt::print(stderr, "{}step {:>5}/{} [{}{}] loss {:.3f}  {:.0f} tok/s  {} left{}", tty_ ? "\r" : "", p.step,
-               p.steps, std::string(static_cast<std::size_t>(filled), '#'),
+    fmt::print(stderr, "{}step {:>5}/{} [{}{}] loss {:.3f}  {:.0f} tok/s  {} left{}", tty_ ? "\r" : "", p.step, p.steps,
+               std::string(static_cast<std::size_t>(filled), '#'),
                std::string(static_cast<std::size_t>(kBarWidth - filled), '.'), p.loss, p.tokens_per_second,
                minutes(p.seconds_left), tty_ ? "" : "\n");
     if (tty_ && p.step == p.steps) fmt::print(stderr, "\n");
@@ -110,8 +110,8 @@ std::vector<std::string> labels(const std::vector<int>& ids, const tf::Vocabular
 }
 
 // Head `head` of per-head weights [1, h, L, S] as an AttentionMap.
-AttentionMap head_map(const mha::Tensor& weights, std::int64_t head, std::string title,
-                      std::vector<std::string> rows, std::vector<std::string> cols) {
+AttentionMap head_map(const mha::Tensor& weights, std::int64_t head, std::string title, std::vector<std::string> rows,
+                      std::vector<std::string> cols) {
   AttentionMap map;
   const std::int64_t L = weights.size(2), S = weights.size(3);
   const float* w = weights.data_as<float>() + head * L * S;
@@ -173,9 +173,9 @@ ExampleMaps draw_example(tf::Transformer<float>& model, const tf::Vocabulary& vo
 
 // Held-out examples for the maps: one per format, from the formats whose alignment is most telling.
 std::vector<tf::DateExample> map_examples(std::int64_t count, std::uint64_t seed) {
-  const tf::DateFormat preferred[] = {tf::DateFormat::OrdinalWordsOfMonthYear, tf::DateFormat::WeekdayDayMonthYear,
-                                      tf::DateFormat::SlashDMY, tf::DateFormat::MonthOrdinalDayYear,
-                                      tf::DateFormat::ShortWeekdayDayMonYY, tf::DateFormat::DotYMD};
+  const tf::DateFormat preferred[] = {
+      tf::DateFormat::OrdinalWordsOfMonthYear, tf::DateFormat::WeekdayDayMonthYear,  tf::DateFormat::SlashDMY,
+      tf::DateFormat::MonthOrdinalDayYear,     tf::DateFormat::ShortWeekdayDayMonYY, tf::DateFormat::DotYMD};
   std::vector<tf::DateExample> out;
   tf::DateSampler sampler(tf::Split::HeldOut, seed);
   for (tf::DateFormat format : preferred) {
@@ -195,9 +195,9 @@ std::vector<tf::DateExample> map_examples(std::int64_t count, std::uint64_t seed
 
 struct Evaluation {
   double accuracy = 0;
-  double cached_seconds = 0, full_seconds = 0;  // greedy decoding of every example, both ways
-  bool same_outputs = false;                     // the two ways wrote the same strings
-  std::map<std::string, std::pair<int, int>> by_format;  // format name -> (correct, total)
+  double cached_seconds = 0, full_seconds = 0;                 // greedy decoding of every example, both ways
+  bool same_outputs = false;                                   // the two ways wrote the same strings
+  std::map<std::string, std::pair<int, int>> by_format;        // format name -> (correct, total)
   std::vector<std::pair<tf::DateExample, std::string>> wrong;  // (example, what the model wrote)
 };
 
@@ -242,7 +242,8 @@ std::string settings_rows(const DemoOptions& o, std::int64_t parameters) {
       {"parameters", std::to_string(parameters)},
   };
   std::string html;
-  for (const auto& [name, value] : rows) html += fmt::format("<tr><th>{}</th><td>{}</td></tr>\n", name, xml_escape(value));
+  for (const auto& [name, value] : rows)
+    html += fmt::format("<tr><th>{}</th><td>{}</td></tr>\n", name, xml_escape(value));
   return html;
 }
 
@@ -361,7 +362,8 @@ int run_demo(const DemoOptions& o) {
              static_cast<double>(training.target_tokens) / training.seconds);
   fmt::print("  held-out exact match: {:.1f}% of {} ({} wrong)\n", 100 * ev.accuracy, held_out.size(), ev.wrong.size());
   for (std::size_t i = 0; i < ev.wrong.size() && i < 5; ++i)
-    fmt::print("    \"{}\" -> {} (expected {})\n", ev.wrong[i].first.source, ev.wrong[i].second, ev.wrong[i].first.target);
+    fmt::print("    \"{}\" -> {} (expected {})\n", ev.wrong[i].first.source, ev.wrong[i].second,
+               ev.wrong[i].first.target);
   fmt::print("  greedy decoding of the {} dates: {:.2f} s through the KV cache, {:.2f} s recomputing every prefix; "
              "same outputs: {}\n",
              held_out.size(), ev.cached_seconds, ev.full_seconds, ev.same_outputs ? "yes" : "NO");

@@ -17,7 +17,7 @@ struct DemoOptions {
   std::int64_t d_model = 64;
   std::int64_t heads = 4;
   std::int64_t d_ff = 256;
-  std::int64_t layers = 2;       // encoder and decoder layers each
+  std::int64_t layers = 2;  // encoder and decoder layers each
   bool pre_norm = false;
   double dropout = 0.1;
   double attention_dropout = 0.0;

@@ -29,16 +29,16 @@ using heads::kHeads;
 using heads::Rule;
 using heads::Sequence;
 
-constexpr double kPassWeight = 0.9;        // a head passes when every query puts >= this on its rule's keys
-constexpr double kAverageTolerance = 1e-5; // averaged weights vs the mean of the per-head weights
+constexpr double kPassWeight = 0.9;         // a head passes when every query puts >= this on its rule's keys
+constexpr double kAverageTolerance = 1e-5;  // averaged weights vs the mean of the per-head weights
 
 using Matrix = std::vector<float>;  // [L, S] row-major
 
 // How closely one attention map [L, S] follows one rule.
 struct RuleScore {
-  double mean_weight = 0;         // mean over queries of the weight on the rule's keys
-  double worst_weight = 1;        // the smallest such weight
-  std::int64_t argmax_hits = 0;   // queries whose largest weight falls on one of the rule's keys
+  double mean_weight = 0;        // mean over queries of the weight on the rule's keys
+  double worst_weight = 1;       // the smallest such weight
+  std::int64_t argmax_hits = 0;  // queries whose largest weight falls on one of the rule's keys
 };
 
 // A space is drawn and printed as '_' so that it can be seen.
@@ -48,7 +48,9 @@ std::string shown(const std::string& text) {
   std::transform(out.begin(), out.end(), out.begin(), [](char c) { return shown(c); });
   return out;
 }
-std::string token_at(const Sequence& seq, std::int64_t j) { return fmt::format("{}{}", shown(seq.text[std::size_t(j)]), j); }
+std::string token_at(const Sequence& seq, std::int64_t j) {
+  return fmt::format("{}{}", shown(seq.text[std::size_t(j)]), j);
+}
 
 std::int64_t argmax(const float* row, std::int64_t n) { return std::max_element(row, row + n) - row; }
 
@@ -134,16 +136,16 @@ mha::MultiHeadAttentionOutput self_attention(mha::MultiHeadAttention& layer, con
 struct Results {
   Sequence seq;
   mha::MultiHeadAttentionConfig four_heads, one_head;  // the two layers' configs, defaults resolved
-  mha::Tensor per_head;                    // [h, L, S] four-head weights, average_attn_weights = false
-  Matrix average;                          // [L, S] the same layer's average_attn_weights = true
-  Matrix single;                           // [L, S] the one-head layer's weights
-  std::vector<RuleScore> scores;           // [h] head h against its own rule
-  std::vector<std::string> decoded;        // [h] block h of the four-head output, decoded (L symbols)
-  std::vector<std::string> expected;       // [h] what block h should decode to
-  std::string single_decoded;              // the one-head output, decoded (its four blocks are equal)
-  std::int64_t four_head_answers = 0;      // (query, rule) pairs the four-head output gets right
-  std::int64_t single_answers = 0;         // the same for the one-head output
-  double average_error = 0;                // max |average - mean over heads of per_head|
+  mha::Tensor per_head;                                // [h, L, S] four-head weights, average_attn_weights = false
+  Matrix average;                                      // [L, S] the same layer's average_attn_weights = true
+  Matrix single;                                       // [L, S] the one-head layer's weights
+  std::vector<RuleScore> scores;                       // [h] head h against its own rule
+  std::vector<std::string> decoded;                    // [h] block h of the four-head output, decoded (L symbols)
+  std::vector<std::string> expected;                   // [h] what block h should decode to
+  std::string single_decoded;                          // the one-head output, decoded (its four blocks are equal)
+  std::int64_t four_head_answers = 0;                  // (query, rule) pairs the four-head output gets right
+  std::int64_t single_answers = 0;                     // the same for the one-head output
+  double average_error = 0;                            // max |average - mean over heads of per_head|
 };
 
 Results compute(const Sequence& seq) {
@@ -191,12 +193,14 @@ void print_report(const Results& r) {
   const auto& cfg = r.four_heads;
   fmt::print("mha heads: four attention heads built by hand, each attending by one rule (paper section 3.2.2)\n\n");
   fmt::print("  text    \"{}\"  ({} tokens, one per character; '_' is a space)\n", shown(seq.text), L);
-  fmt::print("  layer   MultiHeadAttention: d_model {} ({} symbol + {} position one-hot), h = {}, d_k = {}, d_v = {},\n",
-             cfg.d_model, heads::kTokenSlots, heads::kPositionSlots, cfg.num_heads, cfg.d_k, cfg.d_v);
+  fmt::print(
+      "  layer   MultiHeadAttention: d_model {} ({} symbol + {} position one-hot), h = {}, d_k = {}, d_v = {},\n",
+      cfg.d_model, heads::kTokenSlots, heads::kPositionSlots, cfg.num_heads, cfg.d_k, cfg.d_v);
   fmt::print("          float32, eval mode, weights set with load_state_dict (constructed, not trained), "
-             "{} threads\n", mha::num_threads());
-  fmt::print("  call    forward(X, X, X), X [{}, {}], need_weights, average_attn_weights = false -> weights {}\n\n",
-             L, cfg.d_model, mha::shape_str(r.per_head.shape()));
+             "{} threads\n",
+             mha::num_threads());
+  fmt::print("  call    forward(X, X, X), X [{}, {}], need_weights, average_attn_weights = false -> weights {}\n\n", L,
+             cfg.d_model, mha::shape_str(r.per_head.shape()));
 
   // Per head: how much weight lands where its rule says, and three example queries "query -> key".
   const std::vector<std::int64_t> examples = {L / 5, L / 2, (4 * L) / 5};
@@ -229,8 +233,9 @@ void print_report(const Results& r) {
     fmt::print("    head {} {:<14}{}\n", h, heads::rule_name(kHeadRules[std::size_t(h)]), row);
   }
 
-  fmt::print("\n  the output out = Concat(head_1, ..., head_4) W^O, W^O = I: each head's {} values decoded to a symbol\n",
-             cfg.d_v);
+  fmt::print(
+      "\n  the output out = Concat(head_1, ..., head_4) W^O, W^O = I: each head's {} values decoded to a symbol\n",
+      cfg.d_v);
   fmt::print("    {:<22}\"{}\"\n", "text", shown(seq.text));
   for (std::int64_t h = 0; h < kHeads; ++h) {
     fmt::print("    head {} {:<15}\"{}\"\n", h, heads::rule_name(kHeadRules[std::size_t(h)]),
@@ -274,12 +279,13 @@ void write_figures(const Results& r, const std::filesystem::path& dir) {
   for (std::int64_t h = 0; h < kHeads; ++h) {
     const Rule rule = kHeadRules[std::size_t(h)];
     const RuleScore& s = r.scores[std::size_t(h)];
-    figures.push_back({fmt::format("head{}_{}", h, heads::rule_slug(rule)),
-                       fmt::format("Head {}, {}: mean weight {:.4f} on the rule's keys (outlined), largest weight "
-                                   "on a rule key for {}/{} queries.",
-                                   h, heads::rule_name(rule), s.mean_weight, s.argmax_hits, L),
-                       {fmt::format("head {}: {}", h, heads::rule_name(rule)), labels, labels,
-                        head_weights(r.per_head, h), rule_cells({rule}, seq), "outlined: the keys its rule designates"}});
+    figures.push_back(
+        {fmt::format("head{}_{}", h, heads::rule_slug(rule)),
+         fmt::format("Head {}, {}: mean weight {:.4f} on the rule's keys (outlined), largest weight "
+                     "on a rule key for {}/{} queries.",
+                     h, heads::rule_name(rule), s.mean_weight, s.argmax_hits, L),
+         {fmt::format("head {}: {}", h, heads::rule_name(rule)), labels, labels, head_weights(r.per_head, h),
+          rule_cells({rule}, seq), "outlined: the keys its rule designates"}});
   }
   const std::vector<Rule> all_rules(kHeadRules.begin(), kHeadRules.end());
   figures.push_back({"heads_average",
@@ -330,8 +336,8 @@ std::vector<std::string> check(const Results& r) {
     }
   }
   if (!(r.average_error <= kAverageTolerance)) {
-    failures.push_back(fmt::format("average_attn_weights = true differs from the mean of the per-head weights by {:.3e}",
-                                   r.average_error));
+    failures.push_back(fmt::format(
+        "average_attn_weights = true differs from the mean of the per-head weights by {:.3e}", r.average_error));
   }
   return failures;
 }

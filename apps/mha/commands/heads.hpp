@@ -7,8 +7,8 @@
 namespace mha_cli {
 
 struct HeadsOptions {
-  std::string out_dir = "mha-heads";              // where the attention maps and index.html go
-  int threads = 0;                               // 0: the library's default
+  std::string out_dir = "mha-heads";            // where the attention maps and index.html go
+  int threads = 0;                              // 0: the library's default
   std::string text = "the cat sat on the mat";  // one token per character
 };
 

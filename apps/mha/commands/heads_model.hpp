@@ -40,11 +40,11 @@
 
 namespace mha_cli::heads {
 
-inline constexpr std::int64_t kTokenSlots = 16;     // V: at most 16 distinct symbols
-inline constexpr std::int64_t kPositionSlots = 48;  // P: at most 48 tokens
+inline constexpr std::int64_t kTokenSlots = 16;                            // V: at most 16 distinct symbols
+inline constexpr std::int64_t kPositionSlots = 48;                         // P: at most 48 tokens
 inline constexpr std::int64_t kModelWidth = kTokenSlots + kPositionSlots;  // E = 64
 inline constexpr std::int64_t kHeads = 4;                                  // h
-inline constexpr double kLogitGap = 12.0;  // logit of a designated key above the others
+inline constexpr double kLogitGap = 12.0;                                  // logit of a designated key above the others
 
 enum class Rule { PreviousToken, NextToken, SameSymbol, FirstToken };
 inline constexpr std::array<Rule, kHeads> kHeadRules = {Rule::PreviousToken, Rule::NextToken, Rule::SameSymbol,
@@ -55,9 +55,9 @@ const char* rule_slug(Rule rule);  // "previous_token", for file names
 
 // A text as a sequence of tokens, one per character.
 struct Sequence {
-  std::string text;                // [L] the tokens
-  std::string symbols;             // the distinct characters, in order of first appearance
-  std::vector<std::int64_t> ids;   // [L] index of each token's character in `symbols`
+  std::string text;               // [L] the tokens
+  std::string symbols;            // the distinct characters, in order of first appearance
+  std::vector<std::int64_t> ids;  // [L] index of each token's character in `symbols`
   std::int64_t length() const { return static_cast<std::int64_t>(text.size()); }
 };
 

@@ -91,7 +91,8 @@ int run_layer(const RunOptions& o) {
   mha::MultiHeadAttentionInputs in;
   mha::Tensor key_padding_mask, attn_mask;
   if (!o.key_padding_mask.empty()) {
-    key_padding_mask = for_flag("--key-padding-mask", o.key_padding_mask, [&] { return mha::read_npy(o.key_padding_mask); });
+    key_padding_mask =
+        for_flag("--key-padding-mask", o.key_padding_mask, [&] { return mha::read_npy(o.key_padding_mask); });
     in.key_padding_mask = key_padding_mask.view();
   }
   if (!o.attn_mask.empty()) {
@@ -103,13 +104,15 @@ int run_layer(const RunOptions& o) {
   in.average_attn_weights = !o.per_head_weights;
 
   // A shape or mask error names its argument ("query: ...", "attn_mask: ..."); say which files.
-  const mha::MultiHeadAttentionOutput result = for_flag("inputs", "(" + o.query + ")", [&] {
-    return layer.forward(query, key, value, in);
-  });
+  const mha::MultiHeadAttentionOutput result =
+      for_flag("inputs", "(" + o.query + ")", [&] { return layer.forward(query, key, value, in); });
   for_flag("--out", o.out, [&] { mha::write_npy(o.out, result.out); });
-  if (!o.weights_out.empty()) for_flag("--weights-out", o.weights_out, [&] { mha::write_npy(o.weights_out, result.weights); });
+  if (!o.weights_out.empty())
+    for_flag("--weights-out", o.weights_out, [&] { mha::write_npy(o.weights_out, result.weights); });
   fmt::print("mha run: out {} -> {}{}\n", mha::shape_str(result.out.shape()), o.out,
-             o.weights_out.empty() ? "" : fmt::format(", weights {} -> {}", mha::shape_str(result.weights.shape()), o.weights_out));
+             o.weights_out.empty()
+                 ? ""
+                 : fmt::format(", weights {} -> {}", mha::shape_str(result.weights.shape()), o.weights_out));
   return 0;
 }
 

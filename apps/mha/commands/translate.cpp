@@ -32,8 +32,8 @@ void check_input(const std::string& text, std::size_t index, bool from_stdin, co
   const std::string where = fmt::format("{} {}", from_stdin ? "line" : "input", index + 1);
   if (text.empty()) throw std::runtime_error(where + " is empty: expected a date such as \"Friday, 5 March 2021\"");
   if (text.size() > kMaxInputLength)
-    throw std::runtime_error(fmt::format("{} has {} characters; at most {} are accepted", where, text.size(),
-                                         kMaxInputLength));
+    throw std::runtime_error(
+        fmt::format("{} has {} characters; at most {} are accepted", where, text.size(), kMaxInputLength));
   try {
     vocab.encode(text);
   } catch (const std::invalid_argument& e) {

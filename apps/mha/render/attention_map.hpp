@@ -28,13 +28,14 @@ struct AttentionMap {
 
 // White (0) to dark blue (1): matplotlib's "Blues" colour map, linear between its five stops.
 inline Rgb weight_colour(float w) {
-  static constexpr std::array<Rgb, 5> kStops = {
-      Rgb{247, 251, 255}, Rgb{198, 219, 239}, Rgb{107, 174, 214}, Rgb{33, 113, 181}, Rgb{8, 48, 107}};
+  static constexpr std::array<Rgb, 5> kStops = {Rgb{247, 251, 255}, Rgb{198, 219, 239}, Rgb{107, 174, 214},
+                                                Rgb{33, 113, 181}, Rgb{8, 48, 107}};
   const float t = std::clamp(w, 0.0f, 1.0f) * static_cast<float>(kStops.size() - 1);
   const auto i = std::min(static_cast<std::size_t>(t), kStops.size() - 2);
   const float f = t - static_cast<float>(i);
   auto mix = [f](std::uint8_t a, std::uint8_t b) {
-    return static_cast<std::uint8_t>(static_cast<float>(a) + f * (static_cast<float>(b) - static_cast<float>(a)) + 0.5f);
+    return static_cast<std::uint8_t>(static_cast<float>(a) + f * (static_cast<float>(b) - static_cast<float>(a)) +
+                                     0.5f);
   };
   return {mix(kStops[i].r, kStops[i + 1].r), mix(kStops[i].g, kStops[i + 1].g), mix(kStops[i].b, kStops[i + 1].b)};
 }

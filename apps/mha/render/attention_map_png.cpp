@@ -10,9 +10,9 @@
 namespace mha_cli {
 namespace {
 
-constexpr int kCell = 22;        // pixels per weight, grid line included
-constexpr int kMargin = 12;      // around everything
-constexpr int kLabelBand = 26;   // width of the query labels, height of the key labels
+constexpr int kCell = 22;       // pixels per weight, grid line included
+constexpr int kMargin = 12;     // around everything
+constexpr int kLabelBand = 26;  // width of the query labels, height of the key labels
 constexpr int kColourBarWidth = 200;
 constexpr int kColourBarHeight = 14;
 
@@ -40,9 +40,10 @@ void write_attention_map_png(const std::filesystem::path& path, const AttentionM
   const int bar_y = grid_y + grid_h + kMargin;
   const int caption_y = bar_y + kColourBarHeight + kMargin;
   const int bar_x = grid_x + text_width(legend_low) + 8;
-  const int width = std::max({grid_x + grid_w, kMargin + text_width(map.title),
-                              bar_x + kColourBarWidth + 8 + text_width(legend_high),
-                              grid_x + text_width(caption), grid_x + text_width(map.note)}) + kMargin;
+  const int width =
+      std::max({grid_x + grid_w, kMargin + text_width(map.title), bar_x + kColourBarWidth + 8 + text_width(legend_high),
+                grid_x + text_width(caption), grid_x + text_width(map.note)}) +
+      kMargin;
   const int note_y = caption_y + kLineHeight;
   const int height = (map.note.empty() ? caption_y : note_y) + kLineHeight + kMargin;
 

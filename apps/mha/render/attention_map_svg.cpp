@@ -14,12 +14,11 @@
 namespace mha_cli {
 namespace {
 
-constexpr int kCell = 22;        // as in the PNG
+constexpr int kCell = 22;  // as in the PNG
 constexpr int kMargin = 12;
 constexpr int kLabelBand = 26;
 constexpr int kTitleHeight = 24;
 constexpr int kFontSize = 15;
-
 
 std::string hex(Rgb c) { return fmt::format("#{:02x}{:02x}{:02x}", c.r, c.g, c.b); }
 
@@ -36,16 +35,18 @@ void write_attention_map_svg(const std::filesystem::path& path, const AttentionM
   const int grid_y = kMargin + kTitleHeight + kLabelBand;
   const int caption_y = grid_y + rows * kCell + kMargin + kFontSize;
   constexpr int kCharWidth = 9;  // of a 15 px monospace font, about 0.6 em
-  const int width = std::max({grid_x + cols * kCell, grid_x + kCharWidth * 52, kMargin + kCharWidth * static_cast<int>(map.title.size()),
-                              grid_x + kCharWidth * static_cast<int>(map.note.size())}) + kMargin;
+  const int width = std::max({grid_x + cols * kCell, grid_x + kCharWidth * 52,
+                              kMargin + kCharWidth * static_cast<int>(map.title.size()),
+                              grid_x + kCharWidth * static_cast<int>(map.note.size())}) +
+                    kMargin;
   const int height = caption_y + (map.note.empty() ? 0 : kFontSize + 6) + kMargin;
 
-  std::string svg = fmt::format(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} {1}\" "
-      "font-family=\"monospace\" font-size=\"{2}\">\n"
-      "<rect width=\"100%\" height=\"100%\" fill=\"#ffffff\"/>\n"
-      "<text x=\"{3}\" y=\"{4}\">{5}</text>\n",
-      width, height, kFontSize, kMargin, kMargin + kFontSize, xml_escape(map.title));
+  std::string svg =
+      fmt::format("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} {1}\" "
+                  "font-family=\"monospace\" font-size=\"{2}\">\n"
+                  "<rect width=\"100%\" height=\"100%\" fill=\"#ffffff\"/>\n"
+                  "<text x=\"{3}\" y=\"{4}\">{5}</text>\n",
+                  width, height, kFontSize, kMargin, kMargin + kFontSize, xml_escape(map.title));
   for (int j = 0; j < cols; ++j) {
     svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", grid_x + j * kCell + kCell / 2,
                        grid_y - 8, xml_escape(map.key_labels[std::size_t(j)]));
@@ -57,12 +58,11 @@ void write_attention_map_svg(const std::filesystem::path& path, const AttentionM
   for (int i = 0; i < rows; ++i) {
     for (int j = 0; j < cols; ++j) {
       const std::size_t at = std::size_t(i) * std::size_t(cols) + std::size_t(j);
-      svg += fmt::format(
-          "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"{}\" stroke=\"#d7d7d7\">"
-          "<title>query {} '{}', key {} '{}': {:.6f}</title></rect>\n",
-          grid_x + j * kCell, grid_y + i * kCell, kCell, kCell, hex(weight_colour(map.weights[at])), i,
-          xml_escape(map.query_labels[std::size_t(i)]), j, xml_escape(map.key_labels[std::size_t(j)]),
-          map.weights[at]);
+      svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"{}\" stroke=\"#d7d7d7\">"
+                         "<title>query {} '{}', key {} '{}': {:.6f}</title></rect>\n",
+                         grid_x + j * kCell, grid_y + i * kCell, kCell, kCell, hex(weight_colour(map.weights[at])), i,
+                         xml_escape(map.query_labels[std::size_t(i)]), j, xml_escape(map.key_labels[std::size_t(j)]),
+                         map.weights[at]);
     }
   }
   // Outlines in a second pass, so that no neighbouring cell paints over them.
@@ -73,7 +73,8 @@ void write_attention_map_svg(const std::filesystem::path& path, const AttentionM
                        "stroke-width=\"2\" pointer-events=\"none\"/>\n",
                        grid_x + j * kCell + 2, grid_y + i * kCell + 2, kCell - 4, kCell - 4, hex(kMarkColour));
   }
-  svg += fmt::format("<text x=\"{}\" y=\"{}\">rows: queries, columns: keys; white: 0, dark blue: 1</text>\n", grid_x, caption_y);
+  svg += fmt::format("<text x=\"{}\" y=\"{}\">rows: queries, columns: keys; white: 0, dark blue: 1</text>\n", grid_x,
+                     caption_y);
   if (!map.note.empty()) {
     svg += fmt::format("<text x=\"{}\" y=\"{}\">{}</text>\n", grid_x, caption_y + kFontSize + 6, xml_escape(map.note));
   }

@@ -44,20 +44,20 @@ void write_learning_curve_svg(const std::filesystem::path& path, const std::vect
     const double f = i / 5.0, yy = kTop + h - f * h;
     svg += fmt::format("<line x1=\"{}\" y1=\"{:.1f}\" x2=\"{}\" y2=\"{:.1f}\" stroke=\"#e1e1e1\"/>\n", kLeft, yy,
                        kLeft + w, yy);
-    svg += fmt::format("<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\" fill=\"{}\">{:.2f}</text>\n", kLeft - 6,
-                       yy + 4, kLossColour, f * max_loss);
+    svg += fmt::format("<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\" fill=\"{}\">{:.2f}</text>\n", kLeft - 6, yy + 4,
+                       kLossColour, f * max_loss);
     svg += fmt::format("<text x=\"{}\" y=\"{:.1f}\" fill=\"{}\">{:.0f}%</text>\n", kLeft + w + 6, yy + 4,
                        kAccuracyColour, f * 100);
   }
   for (int i = 0; i <= 5; ++i) {  // step ticks
     const double step = max_step * i / 5.0;
-    svg += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{:.0f}</text>\n", x(step),
-                       kTop + h + 18, step);
+    svg +=
+        fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{:.0f}</text>\n", x(step), kTop + h + 18, step);
   }
   svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#333\"/>\n", kLeft,
                      kTop, w, h);
-  svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">training step</text>\n", kLeft + w / 2,
-                     kHeight - 18);
+  svg +=
+      fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">training step</text>\n", kLeft + w / 2, kHeight - 18);
 
   std::string loss_points, accuracy_points;
   for (const auto& p : curve) {

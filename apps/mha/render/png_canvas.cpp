@@ -36,8 +36,8 @@ std::vector<Quad> text_quads(const std::string& text) {
   std::string buffer = printable(text);
   // stb_easy_font needs "~270 bytes per character" of vertex buffer; 4 vertices of 16 bytes per quad.
   std::vector<char> vertices(buffer.size() * 512 + 64);
-  const int quads = stb_easy_font_print(0.0f, 0.0f, buffer.data(), nullptr, vertices.data(),
-                                        static_cast<int>(vertices.size()));
+  const int quads =
+      stb_easy_font_print(0.0f, 0.0f, buffer.data(), nullptr, vertices.data(), static_cast<int>(vertices.size()));
   std::vector<Quad> out;
   for (int q = 0; q < quads; ++q) {
     float corner0[2], corner2[2];  // vertex 0 is the top-left, vertex 2 the bottom-right corner

@@ -55,125 +55,165 @@ std::vector<BadCase> bad_cases() {
   c.push_back({"sdpa_v_batch_mismatch", [] { sdpa(T({B, H, L, DK}), T({B, H, S, DK}), T({B + 1, H, S, DV})); }, kV});
   c.push_back({"sdpa_v_heads_mismatch", [] { sdpa(T({B, H, L, DK}), T({B, H, S, DK}), T({B, H + 1, S, DV})); }, kV});
   c.push_back({"sdpa_v_seq_mismatch", [] { sdpa(T({B, H, L, DK}), T({B, H, S, DK}), T({B, H, S - 1, DV})); }, kV});
-  c.push_back({"sdpa_k_float64_with_q_float32", [] {
+  c.push_back({"sdpa_k_float64_with_q_float32",
+               [] {
                  sdpa(T({B, H, L, DK}), T({B, H, S, DK}, DType::Float64), T({B, H, S, DV}));
-               }, kK});
-  c.push_back({"sdpa_v_float64_with_q_float32", [] {
+               },
+               kK});
+  c.push_back({"sdpa_v_float64_with_q_float32",
+               [] {
                  sdpa(T({B, H, L, DK}), T({B, H, S, DK}), T({B, H, S, DV}, DType::Float64));
-               }, kV});
-  c.push_back({"sdpa_all_bool", [] {
+               },
+               kV});
+  c.push_back({"sdpa_all_bool",
+               [] {
                  sdpa(T({B, H, L, DK}, DType::Bool), T({B, H, S, DK}, DType::Bool), T({B, H, S, DV}, DType::Bool));
-               }, kQ});
-  c.push_back({"sdpa_q_negative_stride", [] {
+               },
+               kQ});
+  c.push_back({"sdpa_q_negative_stride",
+               [] {
                  Tensor q = T({B, H, L, DK});
                  const auto* last = q.data_as<float>() + (q.numel() - 1);
                  TensorView qv(last, DType::Float32, {B, H, L, DK}, {-H * L * DK, -L * DK, -DK, -1});
                  (void)scaled_dot_product_attention(qv, T({B, H, S, DK}), T({B, H, S, DV}));
-               }, "stride"});
-  c.push_back({"view_strides_rank_mismatch", [] {
+               },
+               "stride"});
+  c.push_back({"view_strides_rank_mismatch",
+               [] {
                  Tensor q = T({B, H, L, DK});
                  TensorView qv(q.data(), DType::Float32, {B, H, L, DK}, {H * L * DK, L * DK, DK});
                  (void)scaled_dot_product_attention(qv, T({B, H, S, DK}), T({B, H, S, DV}));
-               }, "stride"});
+               },
+               "stride"});
   // ---- masks ----
-  c.push_back({"sdpa_key_padding_mask_wrong_S", [] {
+  c.push_back({"sdpa_key_padding_mask_wrong_S",
+               [] {
                  sdpa_with([](AttentionOptions& o, std::vector<Tensor>& k) {
                    k.push_back(T({B, S + 1}, DType::Bool));
                    o.key_padding_mask = k.back().view();
                  });
-               }, "key_padding_mask"});
-  c.push_back({"sdpa_key_padding_mask_wrong_B", [] {
+               },
+               "key_padding_mask"});
+  c.push_back({"sdpa_key_padding_mask_wrong_B",
+               [] {
                  sdpa_with([](AttentionOptions& o, std::vector<Tensor>& k) {
                    k.push_back(T({B + 1, S}, DType::Bool));
                    o.key_padding_mask = k.back().view();
                  });
-               }, "key_padding_mask"});
-  c.push_back({"sdpa_key_padding_mask_rank3", [] {
+               },
+               "key_padding_mask"});
+  c.push_back({"sdpa_key_padding_mask_rank3",
+               [] {
                  sdpa_with([](AttentionOptions& o, std::vector<Tensor>& k) {
                    k.push_back(T({B, 1, S}, DType::Bool));
                    o.key_padding_mask = k.back().view();
                  });
-               }, "key_padding_mask"});
-  c.push_back({"sdpa_key_padding_mask_float", [] {
+               },
+               "key_padding_mask"});
+  c.push_back({"sdpa_key_padding_mask_float",
+               [] {
                  sdpa_with([](AttentionOptions& o, std::vector<Tensor>& k) {
                    k.push_back(T({B, S}, DType::Float32));
                    o.key_padding_mask = k.back().view();
                  });
-               }, "key_padding_mask"});
-  c.push_back({"sdpa_key_lengths_too_few", [] {
-                 sdpa_with([](AttentionOptions& o, std::vector<Tensor>&) { o.key_lengths = {S}; });
-               }, "key_lengths"});
-  c.push_back({"sdpa_key_lengths_too_many", [] {
-                 sdpa_with([](AttentionOptions& o, std::vector<Tensor>&) { o.key_lengths = {1, 2, 3}; });
-               }, "key_lengths"});
-  c.push_back({"sdpa_key_lengths_negative", [] {
-                 sdpa_with([](AttentionOptions& o, std::vector<Tensor>&) { o.key_lengths = {2, -1}; });
-               }, "key_lengths"});
-  c.push_back({"sdpa_key_lengths_above_S", [] {
-                 sdpa_with([](AttentionOptions& o, std::vector<Tensor>&) { o.key_lengths = {S + 1, 2}; });
-               }, "key_lengths"});
-  c.push_back({"sdpa_attn_mask_wrong_L", [] {
+               },
+               "key_padding_mask"});
+  c.push_back({"sdpa_key_lengths_too_few",
+               [] { sdpa_with([](AttentionOptions& o, std::vector<Tensor>&) { o.key_lengths = {S}; }); },
+               "key_lengths"});
+  c.push_back({"sdpa_key_lengths_too_many",
+               [] { sdpa_with([](AttentionOptions& o, std::vector<Tensor>&) {
+                      o.key_lengths = {1, 2, 3};
+                    }); },
+               "key_lengths"});
+  c.push_back({"sdpa_key_lengths_negative",
+               [] { sdpa_with([](AttentionOptions& o, std::vector<Tensor>&) {
+                      o.key_lengths = {2, -1};
+                    }); },
+               "key_lengths"});
+  c.push_back({"sdpa_key_lengths_above_S",
+               [] { sdpa_with([](AttentionOptions& o, std::vector<Tensor>&) {
+                      o.key_lengths = {S + 1, 2};
+                    }); },
+               "key_lengths"});
+  c.push_back({"sdpa_attn_mask_wrong_L",
+               [] {
                  sdpa_with([](AttentionOptions& o, std::vector<Tensor>& k) {
                    k.push_back(T({L + 1, S}, DType::Bool));
                    o.attn_mask = k.back().view();
                  });
-               }, "attn_mask"});
-  c.push_back({"sdpa_attn_mask_wrong_S", [] {
+               },
+               "attn_mask"});
+  c.push_back({"sdpa_attn_mask_wrong_S",
+               [] {
                  sdpa_with([](AttentionOptions& o, std::vector<Tensor>& k) {
                    k.push_back(T({L, S - 1}, DType::Float32));
                    o.attn_mask = k.back().view();
                  });
-               }, "attn_mask"});
-  c.push_back({"sdpa_attn_mask_3d_first_dim_B_not_Bh", [] {
+               },
+               "attn_mask"});
+  c.push_back({"sdpa_attn_mask_3d_first_dim_B_not_Bh",
+               [] {
                  sdpa_with([](AttentionOptions& o, std::vector<Tensor>& k) {
                    k.push_back(T({B, L, S}, DType::Bool));
                    o.attn_mask = k.back().view();
                  });
-               }, "attn_mask"});
-  c.push_back({"sdpa_attn_mask_rank1", [] {
+               },
+               "attn_mask"});
+  c.push_back({"sdpa_attn_mask_rank1",
+               [] {
                  sdpa_with([](AttentionOptions& o, std::vector<Tensor>& k) {
                    k.push_back(T({S}, DType::Bool));
                    o.attn_mask = k.back().view();
                  });
-               }, "attn_mask"});
-  c.push_back({"sdpa_attn_mask_rank4", [] {
+               },
+               "attn_mask"});
+  c.push_back({"sdpa_attn_mask_rank4",
+               [] {
                  sdpa_with([](AttentionOptions& o, std::vector<Tensor>& k) {
                    k.push_back(T({B, H, L, S}, DType::Bool));
                    o.attn_mask = k.back().view();
                  });
-               }, "attn_mask"});
+               },
+               "attn_mask"});
   // ---- dropout ----
-  c.push_back({"sdpa_dropout_p_one", [] {
-                 sdpa_with([](AttentionOptions& o, std::vector<Tensor>&) { o.dropout_p = 1.0; });
-               }, "dropout"});
-  c.push_back({"sdpa_dropout_p_negative", [] {
-                 sdpa_with([](AttentionOptions& o, std::vector<Tensor>&) { o.dropout_p = -0.1; });
-               }, "dropout"});
-  c.push_back({"sdpa_dropout_p_nan", [nan] {
-                 sdpa_with([nan](AttentionOptions& o, std::vector<Tensor>&) { o.dropout_p = nan; });
-               }, "dropout"});
+  c.push_back({"sdpa_dropout_p_one",
+               [] { sdpa_with([](AttentionOptions& o, std::vector<Tensor>&) { o.dropout_p = 1.0; }); }, "dropout"});
+  c.push_back({"sdpa_dropout_p_negative",
+               [] { sdpa_with([](AttentionOptions& o, std::vector<Tensor>&) { o.dropout_p = -0.1; }); }, "dropout"});
+  c.push_back({"sdpa_dropout_p_nan",
+               [nan] { sdpa_with([nan](AttentionOptions& o, std::vector<Tensor>&) { o.dropout_p = nan; }); },
+               "dropout"});
   // ---- backward ----
-  c.push_back({"sdpa_backward_dout_wrong_shape", [] {
+  c.push_back({"sdpa_backward_dout_wrong_shape",
+               [] {
                  Tensor q = T({B, H, L, DK}), k = T({B, H, S, DK}), v = T({B, H, S, DV});
                  AttentionOptions o;
                  o.need_lse = true;
                  const auto f = scaled_dot_product_attention(q, k, v, o);
                  (void)mha::scaled_dot_product_attention_backward(T({B, H, L, DV + 1}), q, k, v, f.out, f.lse, o);
-               }, "dout"});
-  c.push_back({"sdpa_backward_lse_wrong_shape", [] {
-                 Tensor q = T({B, H, L, DK}), k = T({B, H, S, DK}), v = T({B, H, S, DV});
-                 AttentionOptions o;
-                 o.need_lse = true;
-                 const auto f = scaled_dot_product_attention(q, k, v, o);
-                 (void)mha::scaled_dot_product_attention_backward(T({B, H, L, DV}), q, k, v, f.out, T({B, H, L + 1}), o);
-               }, "lse"});
-  c.push_back({"sdpa_backward_out_wrong_shape", [] {
-                 Tensor q = T({B, H, L, DK}), k = T({B, H, S, DK}), v = T({B, H, S, DV});
-                 AttentionOptions o;
-                 o.need_lse = true;
-                 const auto f = scaled_dot_product_attention(q, k, v, o);
-                 (void)mha::scaled_dot_product_attention_backward(T({B, H, L, DV}), q, k, v, T({B, H, L, DK}), f.lse, o);
-               }, R"(\b(out|o)\b)"});
+               },
+               "dout"});
+  c.push_back(
+      {"sdpa_backward_lse_wrong_shape",
+       [] {
+         Tensor q = T({B, H, L, DK}), k = T({B, H, S, DK}), v = T({B, H, S, DV});
+         AttentionOptions o;
+         o.need_lse = true;
+         const auto f = scaled_dot_product_attention(q, k, v, o);
+         (void)mha::scaled_dot_product_attention_backward(T({B, H, L, DV}), q, k, v, f.out, T({B, H, L + 1}), o);
+       },
+       "lse"});
+  c.push_back(
+      {"sdpa_backward_out_wrong_shape",
+       [] {
+         Tensor q = T({B, H, L, DK}), k = T({B, H, S, DK}), v = T({B, H, S, DV});
+         AttentionOptions o;
+         o.need_lse = true;
+         const auto f = scaled_dot_product_attention(q, k, v, o);
+         (void)mha::scaled_dot_product_attention_backward(T({B, H, L, DV}), q, k, v, T({B, H, L, DK}), f.lse, o);
+       },
+       R"(\b(out|o)\b)"});
   return c;
 }
 
@@ -250,8 +290,7 @@ TEST(Underspecified, FloatAttnMaskOfTheOtherFloatDtype) {
   expect_error_if_thrown(
       [&] {
         const auto r = scaled_dot_product_attention(q, k, v, o);
-        const NaiveResult want =
-            naive_attention(to_doubles(q), to_doubles(k), to_doubles(v), 4, 4, 0.5, m);
+        const NaiveResult want = naive_attention(to_doubles(q), to_doubles(k), to_doubles(v), 4, 4, 0.5, m);
         EXPECT_TRUE(all_close(to_doubles(r.out), want.out, 1e-5, 1e-5));
       },
       "attn_mask", "float64 attn_mask with float32 q");
@@ -272,8 +311,11 @@ TEST(Underspecified, ZeroBatchZeroWidth) {
         EXPECT_EQ(r.out.shape(), (Shape{1, 1, 3, 0}));
       },
       R"(\b(v|value)\b|d_v)", "d_v = 0");
-  expect_error_if_thrown([&] { (void)scaled_dot_product_attention(T({1, 1, 3, 0}), T({1, 1, 5, 0}), T({1, 1, 5, 2})); },
-                         R"(\b(q|query|k|key)\b|d_k)", "d_k = 0 (default scale 1/sqrt(0))");
+  expect_error_if_thrown(
+      [&] {
+        (void)scaled_dot_product_attention(T({1, 1, 3, 0}), T({1, 1, 5, 0}), T({1, 1, 5, 2}));
+      },
+      R"(\b(q|query|k|key)\b|d_k)", "d_k = 0 (default scale 1/sqrt(0))");
 }
 
 TEST(Underspecified, SetNumThreadsZeroOrNegative) {

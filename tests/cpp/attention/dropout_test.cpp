@@ -59,7 +59,8 @@ TEST_P(AttentionDropout, ZeroesAboutPAndRescalesTheRest) {
   std::size_t candidates = 0, zeroed = 0, wrong = 0;
   for (std::size_t i = 0; i < w0.size(); ++i) {
     if (w0[i] == 0.0) {
-      EXPECT_EQ(w1[i], 0.0) << "a masked weight must stay 0, at " << index_str(ref.weights.shape(), static_cast<std::int64_t>(i));
+      EXPECT_EQ(w1[i], 0.0) << "a masked weight must stay 0, at "
+                            << index_str(ref.weights.shape(), static_cast<std::int64_t>(i));
       continue;
     }
     ++candidates;
@@ -85,7 +86,8 @@ TEST_P(AttentionDropout, ZeroesAboutPAndRescalesTheRest) {
       for (std::int64_t j = 0; j < S; ++j)
         for (std::int64_t cc = 0; cc < d_v; ++cc)
           expect[static_cast<std::size_t>((bh * L + i) * d_v + cc)] +=
-              w1[static_cast<std::size_t>((bh * L + i) * S + j)] * vv[static_cast<std::size_t>((bh * S + j) * d_v + cc)];
+              w1[static_cast<std::size_t>((bh * L + i) * S + j)] *
+              vv[static_cast<std::size_t>((bh * S + j) * d_v + cc)];
   EXPECT_TRUE(all_close(out, expect, tol, tol, drop.out.shape())) << "out vs weights @ v";
 
   // The lse is taken before dropout.
@@ -144,12 +146,15 @@ const DropoutCase kDropoutCases[] = {
 INSTANTIATE_TEST_SUITE_P(Dropout, AttentionDropout,
                          ::testing::Combine(::testing::ValuesIn(kDropoutCases), ::testing::ValuesIn(kAllKernels)),
                          [](const ::testing::TestParamInfo<AttentionDropout::ParamType>& info) {
-                           return std::string(std::get<0>(info.param).name) + "_" + kernel_name(std::get<1>(info.param));
+                           return std::string(std::get<0>(info.param).name) + "_" +
+                                  kernel_name(std::get<1>(info.param));
                          });
 
 class AttentionPerKernel : public ::testing::TestWithParam<mha::Kernel> {};
 INSTANTIATE_TEST_SUITE_P(Kernels, AttentionPerKernel, ::testing::ValuesIn(kAllKernels),
-                         [](const ::testing::TestParamInfo<mha::Kernel>& info) { return std::string(kernel_name(info.param)); });
+                         [](const ::testing::TestParamInfo<mha::Kernel>& info) {
+                           return std::string(kernel_name(info.param));
+                         });
 
 // dropout_p = 0 ignores the seed.
 TEST_P(AttentionPerKernel, SeedIsIgnoredWhenDropoutIsZero) {

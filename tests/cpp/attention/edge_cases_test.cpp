@@ -65,7 +65,8 @@ TEST_P(AttentionEdge, HandComputedTwoKeys) {
 TEST_P(AttentionEdge, CausalIsBottomRightAligned) {
   const DType dt = dtype();
   Rng rng(7);
-  for (const auto& [L, S] : std::vector<std::pair<std::int64_t, std::int64_t>>{{2, 5}, {5, 2}, {4, 4}, {1, 6}, {6, 1}}) {
+  for (const auto& [L, S] :
+       std::vector<std::pair<std::int64_t, std::int64_t>>{{2, 5}, {5, 2}, {4, 4}, {1, 6}, {6, 1}}) {
     SCOPED_TRACE("L=" + std::to_string(L) + " S=" + std::to_string(S));
     Tensor q = random_tensor(dt, {1, 1, L, 3}, rng);
     Tensor k = random_tensor(dt, {1, 1, S, 3}, rng);
@@ -153,8 +154,8 @@ TEST_P(AttentionEdge, FullyMaskedRowsAreZeroNotNaN) {
   Tensor q = random_tensor(dt, {B, h, L, d_k}, rng);
   Tensor k = random_tensor(dt, {B, h, S, d_k}, rng);
   Tensor v = random_tensor(dt, {B, h, S, d_v}, rng);
-  const char* kinds[] = {"key_padding_all", "key_lengths_zero", "bool_row", "float_row_neg_inf", "causal_L_gt_S",
-                         "bool3d_row_and_padding"};
+  const char* kinds[] = {"key_padding_all",   "key_lengths_zero", "bool_row",
+                         "float_row_neg_inf", "causal_L_gt_S",    "bool3d_row_and_padding"};
   for (const char* kind : kinds) {
     SCOPED_TRACE(kind);
     const std::string s = kind;
@@ -181,7 +182,7 @@ TEST_P(AttentionEdge, FullyMaskedRowsAreZeroNotNaN) {
     }
     std::vector<Tensor> storage;
     AttentionOptions o = options_for(m, dt, storage);
-  o.kernel = kernel();
+    o.kernel = kernel();
     o.kernel = kernel();
     o.need_weights = true;
     o.need_lse = true;
@@ -196,7 +197,8 @@ TEST_P(AttentionEdge, FullyMaskedRowsAreZeroNotNaN) {
       if (want.lse[row] != -kInf) continue;
       ++masked_rows;
       EXPECT_EQ(lse[row], -kInf) << "row " << row;
-      for (std::int64_t c = 0; c < d_v; ++c) EXPECT_EQ(out[row * d_v + static_cast<std::size_t>(c)], 0.0) << "row " << row;
+      for (std::int64_t c = 0; c < d_v; ++c)
+        EXPECT_EQ(out[row * d_v + static_cast<std::size_t>(c)], 0.0) << "row " << row;
       for (std::int64_t j = 0; j < S; ++j) EXPECT_EQ(w[row * S + static_cast<std::size_t>(j)], 0.0) << "row " << row;
     }
     EXPECT_GT(masked_rows, 0u) << "the case must mask at least one row";
@@ -326,20 +328,21 @@ TEST_P(AttentionPoison, MaskedKeysAreNeverRead) {
 }
 
 const PoisonCase kPoisonCases[] = {
-    {"f64_nan_key_padding", DType::Float64, kNaN, 0},       {"f64_inf_key_padding", DType::Float64, kInf, 0},
-    {"f64_1e10_key_padding", DType::Float64, 1e10, 0},      {"f64_nan_key_lengths", DType::Float64, kNaN, 1},
-    {"f64_nan_lengths_causal", DType::Float64, kNaN, 2},    {"f64_1e10_lengths_causal", DType::Float64, 1e10, 2},
-    {"f64_nan_bool3d_columns", DType::Float64, kNaN, 3},    {"f32_nan_key_padding", DType::Float32, kNaN, 0},
-    {"f32_1e10_key_lengths", DType::Float32, 1e10, 1},      {"f32_nan_lengths_causal", DType::Float32, kNaN, 2},
-    {"f32_inf_bool3d_columns", DType::Float32, -kInf, 3},   {"f32_1e10_bool3d_columns", DType::Float32, 1e10, 3},
-    {"f32_nan_bool3d_columns", DType::Float32, kNaN, 3},    {"f32_nan_bool2d_columns", DType::Float32, kNaN, 4},
-    {"f64_inf_bool2d_columns", DType::Float64, kInf, 4},    {"f32_inf_key_padding", DType::Float32, kInf, 0},
+    {"f64_nan_key_padding", DType::Float64, kNaN, 0},     {"f64_inf_key_padding", DType::Float64, kInf, 0},
+    {"f64_1e10_key_padding", DType::Float64, 1e10, 0},    {"f64_nan_key_lengths", DType::Float64, kNaN, 1},
+    {"f64_nan_lengths_causal", DType::Float64, kNaN, 2},  {"f64_1e10_lengths_causal", DType::Float64, 1e10, 2},
+    {"f64_nan_bool3d_columns", DType::Float64, kNaN, 3},  {"f32_nan_key_padding", DType::Float32, kNaN, 0},
+    {"f32_1e10_key_lengths", DType::Float32, 1e10, 1},    {"f32_nan_lengths_causal", DType::Float32, kNaN, 2},
+    {"f32_inf_bool3d_columns", DType::Float32, -kInf, 3}, {"f32_1e10_bool3d_columns", DType::Float32, 1e10, 3},
+    {"f32_nan_bool3d_columns", DType::Float32, kNaN, 3},  {"f32_nan_bool2d_columns", DType::Float32, kNaN, 4},
+    {"f64_inf_bool2d_columns", DType::Float64, kInf, 4},  {"f32_inf_key_padding", DType::Float32, kInf, 0},
     {"f32_inf_lengths_causal", DType::Float32, kInf, 2},
 };
 INSTANTIATE_TEST_SUITE_P(Poison, AttentionPoison,
                          ::testing::Combine(::testing::ValuesIn(kPoisonCases), ::testing::ValuesIn(kAllKernels)),
                          [](const ::testing::TestParamInfo<AttentionPoison::ParamType>& info) {
-                           return std::string(std::get<0>(info.param).name) + "_" + kernel_name(std::get<1>(info.param));
+                           return std::string(std::get<0>(info.param).name) + "_" +
+                                  kernel_name(std::get<1>(info.param));
                          });
 
 // Strided inputs give the same bits as contiguous copies made here (not by the library):

@@ -109,7 +109,8 @@ TEST_P(PaddedKeysNeverRead, Kernel) {
 INSTANTIATE_TEST_SUITE_P(Cases, PaddedKeysNeverRead,
                          ::testing::Combine(::testing::ValuesIn(kPoisonCases), ::testing::ValuesIn(kAllKernels)),
                          [](const ::testing::TestParamInfo<PaddedKeysNeverRead::ParamType>& info) {
-                           return std::string(kernel_name(std::get<1>(info.param))) + "_" + std::get<0>(info.param).name;
+                           return std::string(kernel_name(std::get<1>(info.param))) + "_" +
+                                  std::get<0>(info.param).name;
                          });
 
 // ---- (b) determinism -----------------------------------------------------------------------------
@@ -196,9 +197,10 @@ TEST(FlashExp, WithinTwoUlpOfStdExpOverTheKernelsRange) {
   for (float x = -87.0f; x >= -104.0f; x -= 1.0f / 64) sweep.check(x);
   RecordProperty("points", std::to_string(sweep.points));
   RecordProperty("worst_ulp", std::to_string(sweep.worst_ulp));
-  EXPECT_LE(sweep.worst_ulp, 2) << "worst at x = " << sweep.worst_x << " (flash_exp " << mha::detail::flash_exp(sweep.worst_x)
-                                << ", std::exp " << static_cast<float>(std::exp(static_cast<double>(sweep.worst_x)))
-                                << ") over " << sweep.points << " points";
+  EXPECT_LE(sweep.worst_ulp, 2) << "worst at x = " << sweep.worst_x << " (flash_exp "
+                                << mha::detail::flash_exp(sweep.worst_x) << ", std::exp "
+                                << static_cast<float>(std::exp(static_cast<double>(sweep.worst_x))) << ") over "
+                                << sweep.points << " points";
 }
 
 TEST(FlashExp, SpecialValues) {
@@ -216,7 +218,8 @@ TEST(FlashExp, SpecialValues) {
 // ---- (d) edge cases ------------------------------------------------------------------------------
 
 TEST(FlashEdgeCases, CausalWithMoreQueriesThanKeys) {
-  for (const auto& [L, S] : {std::pair<std::int64_t, std::int64_t>{5, 2}, {kSanitized ? 40 : 200, kSanitized ? 13 : 70}}) {
+  for (const auto& [L, S] :
+       {std::pair<std::int64_t, std::int64_t>{5, 2}, {kSanitized ? 40 : 200, kSanitized ? 13 : 70}}) {
     KernelCase c;
     c.seed = 8;
     c.B = 2, c.h = 2, c.L = L, c.S = S, c.d_k = 32, c.d_v = 16;

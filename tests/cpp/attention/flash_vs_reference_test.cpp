@@ -42,14 +42,14 @@ std::vector<KernelCase> hand_picked_cases() {
     bool causal;
   };
   const Shape6 shapes[] = {
-      {1, 1, 300, 300, 64, 64, 0u, true},                         // self-attention, several blocks
-      {1, 1, 300, 129, 59, 111, kCmpKeyPadding, true},            // causal with L > S: leading rows empty
-      {1, 1, kBlockQ + 1, 300, 111, 59, kCmpLengths, true},       // causal with L < S
-      {300, 1, 3, 5, 5, 1, kCmpBool3d, false},                    // many batches
-      {1, 300, 2, 7, 16, 5, kCmpFloat3d, true},                   // many heads
+      {1, 1, 300, 300, 64, 64, 0u, true},                    // self-attention, several blocks
+      {1, 1, 300, 129, 59, 111, kCmpKeyPadding, true},       // causal with L > S: leading rows empty
+      {1, 1, kBlockQ + 1, 300, 111, 59, kCmpLengths, true},  // causal with L < S
+      {300, 1, 3, 5, 5, 1, kCmpBool3d, false},               // many batches
+      {1, 300, 2, 7, 16, 5, kCmpFloat3d, true},              // many heads
       {2, 1, kBlockQ / 2 + 1, kBlockK + 1, 256, 1, kCmpKeyPadding | kCmpFloat2d, false},
-      {1, 1, 1, 300, 1, 256, kCmpLengths | kCmpBool2d, false},    // one query, many keys
-      {1, 1, 300, 1, 256, 1, kCmpKeyPadding, true},               // one key: only the last row sees it
+      {1, 1, 1, 300, 1, 256, kCmpLengths | kCmpBool2d, false},  // one query, many keys
+      {1, 1, 300, 1, 256, 1, kCmpKeyPadding, true},             // one key: only the last row sees it
       {2, 1, kBlockQ, kBlockK, 64, 64, kCmpKeyPadding | kCmpLengths | kCmpBool2d, true},  // exact blocks
       {1, 1, 2 * kBlockQ + 1, kBlockK - 1, 80, 48, kCmpLengths | kCmpFloat3d, false},
       // several blocks both ways, the last ones partial

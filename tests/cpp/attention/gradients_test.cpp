@@ -139,10 +139,10 @@ TEST_P(FlashBackwardVsReference, WithinThriceTheFloat32ReferenceError) {
   const KernelRun ref32 = run_kernel(c, d, DType::Float32, mha::Kernel::Reference, true);
   const KernelRun ref64 = run_kernel(c, d, DType::Float64, mha::Kernel::Reference, true);
   EXPECT_TRUE(within_rule("out", fused.out, ref32.out, ref64.out, 2.0, {c.B, c.h, c.L, c.d_v}));
-  EXPECT_TRUE(within_rule("dq", fused.dq, ref32.dq, ref64.dq, 3.0, {c.B, c.h, c.L, c.d_k},
-                          cancellation_slack(c, d, false)));
-  EXPECT_TRUE(within_rule("dk", fused.dk, ref32.dk, ref64.dk, 3.0, {c.B, c.h, c.S, c.d_k},
-                          cancellation_slack(c, d, true)));
+  EXPECT_TRUE(
+      within_rule("dq", fused.dq, ref32.dq, ref64.dq, 3.0, {c.B, c.h, c.L, c.d_k}, cancellation_slack(c, d, false)));
+  EXPECT_TRUE(
+      within_rule("dk", fused.dk, ref32.dk, ref64.dk, 3.0, {c.B, c.h, c.S, c.d_k}, cancellation_slack(c, d, true)));
   EXPECT_TRUE(within_rule("dv", fused.dv, ref32.dv, ref64.dv, 3.0, {c.B, c.h, c.S, c.d_v}));
   EXPECT_TRUE(masked_parts_exact(c, d.masks, fused)) << "fused";
   EXPECT_TRUE(masked_parts_exact(c, d.masks, ref64)) << "reference, float64";

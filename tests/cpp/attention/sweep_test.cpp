@@ -28,7 +28,7 @@ enum MaskBits : unsigned {
   kFloat2d = 1u << 4,     // additive attn_mask [L, S], some -inf
   kFloat3d = 1u << 5,     // additive attn_mask [B*h, L, S], some -inf
   kCausal = 1u << 6,
-  kScale = 1u << 7,       // an explicit scale instead of 1/sqrt(d_k)
+  kScale = 1u << 7,  // an explicit scale instead of 1/sqrt(d_k)
 };
 
 struct SweepShape {
@@ -42,9 +42,9 @@ struct SweepCase {
 };
 
 std::string case_name(const SweepCase& c) {
-  std::string n = std::string(short_name(c.dtype)) + "_B" + std::to_string(c.s.B) + "_h" +
-                  std::to_string(c.s.h) + "_L" + std::to_string(c.s.L) + "_S" + std::to_string(c.s.S) +
-                  "_dk" + std::to_string(c.s.d_k) + "_dv" + std::to_string(c.s.d_v);
+  std::string n = std::string(short_name(c.dtype)) + "_B" + std::to_string(c.s.B) + "_h" + std::to_string(c.s.h) +
+                  "_L" + std::to_string(c.s.L) + "_S" + std::to_string(c.s.S) + "_dk" + std::to_string(c.s.d_k) +
+                  "_dv" + std::to_string(c.s.d_v);
   if (c.masks == 0) n += "_nomask";
   if (c.masks & kKeyPadding) n += "_kpm";
   if (c.masks & kLengths) n += "_lengths";
@@ -60,8 +60,8 @@ std::string case_name(const SweepCase& c) {
 std::vector<SweepCase> sweep_cases() {
   // Small shapes, each with every mask combination.
   const SweepShape small[] = {
-      {1, 1, 1, 1, 1, 1},    {2, 3, 5, 13, 13, 5}, {3, 2, 13, 5, 5, 1},  {1, 3, 40, 37, 8, 13},
-      {3, 3, 17, 1, 1, 13},  {2, 2, 1, 40, 13, 8}, {2, 1, 24, 24, 16, 16}, {1, 2, 33, 40, 5, 7},
+      {1, 1, 1, 1, 1, 1},   {2, 3, 5, 13, 13, 5}, {3, 2, 13, 5, 5, 1},    {1, 3, 40, 37, 8, 13},
+      {3, 3, 17, 1, 1, 13}, {2, 2, 1, 40, 13, 8}, {2, 1, 24, 24, 16, 16}, {1, 2, 33, 40, 5, 7},
   };
   const unsigned all_combos[] = {
       0u,
@@ -82,10 +82,10 @@ std::vector<SweepCase> sweep_cases() {
   // Shapes larger than a tiled kernel's blocks (partial last blocks, several blocks per row), with a
   // few combinations; one of them under sanitizers.
   const std::vector<SweepShape> large =
-      kUnderSanitizers ? std::vector<SweepShape>{{1, 1, kBlockQ + 1, kBlockK + 1, 5, 3}}
-                       : std::vector<SweepShape>{{1, 2, 150, 270, 64, 32},
-                                                 {2, 1, 200, 130, 16, 24},
-                                                 {1, 1, kBlockQ + 1, kBlockK + 1, 13, 7}};
+      kUnderSanitizers
+          ? std::vector<SweepShape>{{1, 1, kBlockQ + 1, kBlockK + 1, 5, 3}}
+          : std::vector<SweepShape>{
+                {1, 2, 150, 270, 64, 32}, {2, 1, 200, 130, 16, 24}, {1, 1, kBlockQ + 1, kBlockK + 1, 13, 7}};
   const unsigned some_combos[] = {0u, kCausal, kCausal | kKeyPadding, kLengths | kFloat3d, kBool2d | kCausal};
   std::vector<SweepCase> cases;
   for (DType dtype : {DType::Float64, DType::Float32}) {
@@ -151,8 +151,7 @@ TEST_P(AttentionSweep, MatchesFp64Oracle) {
 
   const Tolerance tol = tolerance_for(c.dtype);
   EXPECT_TRUE(all_close(to_doubles(got.out), want.out, tol.atol, tol.rtol, got.out.shape())) << "out";
-  EXPECT_TRUE(all_close(to_doubles(got.weights), want.weights, tol.atol, tol.rtol, got.weights.shape()))
-      << "weights";
+  EXPECT_TRUE(all_close(to_doubles(got.weights), want.weights, tol.atol, tol.rtol, got.weights.shape())) << "weights";
   EXPECT_TRUE(all_close(to_doubles(got.lse), want.lse, tol.atol, tol.rtol, got.lse.shape())) << "lse";
 
   // Without weights and lse requested: same output, and those results are left undefined.
@@ -169,7 +168,8 @@ TEST_P(AttentionSweep, MatchesFp64Oracle) {
 INSTANTIATE_TEST_SUITE_P(Kernels, AttentionSweep,
                          ::testing::Combine(::testing::ValuesIn(sweep_cases()), ::testing::ValuesIn(kAllKernels)),
                          [](const ::testing::TestParamInfo<AttentionSweep::ParamType>& info) {
-                           return std::string(kernel_name(std::get<1>(info.param))) + "_" + case_name(std::get<0>(info.param));
+                           return std::string(kernel_name(std::get<1>(info.param))) + "_" +
+                                  case_name(std::get<0>(info.param));
                          });
 
 }  // namespace

@@ -58,8 +58,8 @@ Operands<T> make_operands(const GemmCase& c, std::uint32_t seed) {
 
 template <class T>
 GemmArgs<T> args_for(const GemmCase& c, Operands<T>& o) {
-  return {c.trans_a, c.trans_b, c.M, c.N, c.K, static_cast<T>(c.alpha), o.A.data(), o.lda, o.B.data(), o.ldb,
-          c.accumulate, o.C.data(), o.ldc};
+  return {c.trans_a,  c.trans_b, c.M,          c.N,        c.K,  static_cast<T>(c.alpha), o.A.data(), o.lda,
+          o.B.data(), o.ldb,     c.accumulate, o.C.data(), o.ldc};
 }
 
 // C as the product defines it, in float64 from the same operands; also sum |alpha a b| per element.
@@ -109,7 +109,8 @@ TEST_P(GemmTest, Float32WithinRoundingOfTheFloat64Product) {
     for (std::int64_t n = 0; n < c.N; ++n)
       ASSERT_NEAR(o.C[m * o.ldc + n], want[m * c.N + n], eps * magnitude[m * c.N + n] + 1e-30)
           << "C[" << m << ", " << n << "]";
-    for (std::int64_t n = c.N; n < o.ldc; ++n) ASSERT_EQ(o.C[m * o.ldc + n], before[m * o.ldc + n]) << "padding written";
+    for (std::int64_t n = c.N; n < o.ldc; ++n)
+      ASSERT_EQ(o.C[m * o.ldc + n], before[m * o.ldc + n]) << "padding written";
   }
 }
 

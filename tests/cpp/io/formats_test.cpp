@@ -8,12 +8,12 @@
 
 #include <cmath>
 #include <cstdio>
-#include <tuple>
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "support/io_bytes.hpp"
@@ -45,7 +45,8 @@ TEST(IoSafetensors, RoundTripEveryDtypeAndRank) {
   std::uint64_t seed = 1;
   for (DType dtype : kDTypes)
     for (const Shape& shape : kShapes)
-      originals.emplace(std::string(mha::dtype_name(dtype)) + "/" + mha::shape_str(shape), sample(dtype, shape, seed++));
+      originals.emplace(std::string(mha::dtype_name(dtype)) + "/" + mha::shape_str(shape),
+                        sample(dtype, shape, seed++));
   std::map<std::string, TensorView> views;
   for (const auto& [name, t] : originals) views.emplace(name, t.view());
   const std::string path = dir / "all.safetensors";
@@ -118,8 +119,8 @@ TEST(IoSafetensors, WriterLayoutIsExact) {
                            R"("b":{"dtype":"BOOL","shape":[2],"data_offsets":[12,14]}})";
   std::string header = json;
   header.append((8 - header.size() % 8) % 8, ' ');
-  const Bytes expected = safetensors_bytes(header, cat({elements<double>({2.0}), elements<float>({1.0f}),
-                                                        Bytes{std::byte{1}, std::byte{0}}}));
+  const Bytes expected = safetensors_bytes(
+      header, cat({elements<double>({2.0}), elements<float>({1.0f}), Bytes{std::byte{1}, std::byte{0}}}));
   EXPECT_EQ(to_string(bytes), to_string(expected));
 }
 
@@ -167,10 +168,10 @@ const HalfCase kHalfCases[] = {
     {0x3c00, 1.0},
     {0xc000, -2.0},
     {0x3555, 0.333251953125},
-    {0x7bff, 65504.0},                  // largest finite
-    {0x0400, std::ldexp(1.0, -14)},     // smallest normal
+    {0x7bff, 65504.0},                      // largest finite
+    {0x0400, std::ldexp(1.0, -14)},         // smallest normal
     {0x03ff, 1023 * std::ldexp(1.0, -24)},  // largest subnormal
-    {0x0001, std::ldexp(1.0, -24)},     // smallest subnormal
+    {0x0001, std::ldexp(1.0, -24)},         // smallest subnormal
     {0x8001, -std::ldexp(1.0, -24)},
     {0x7c00, kInf},
     {0xfc00, -kInf},
@@ -186,9 +187,9 @@ const HalfCase kBfloat16Cases[] = {
     {0x3f80, 1.0},
     {0xc040, -3.0},
     {0x3eaa, 0.33203125},
-    {0x7f7f, 255 * std::ldexp(1.0, 120)},   // largest finite: (2 - 2^-7) * 2^127
-    {0x0080, std::ldexp(1.0, -126)},        // smallest normal
-    {0x0001, std::ldexp(1.0, -133)},        // smallest subnormal
+    {0x7f7f, 255 * std::ldexp(1.0, 120)},  // largest finite: (2 - 2^-7) * 2^127
+    {0x0080, std::ldexp(1.0, -126)},       // smallest normal
+    {0x0001, std::ldexp(1.0, -133)},       // smallest subnormal
     {0x7f80, kInf},
     {0xff80, -kInf},
     {0x7fc0, kNaN},
@@ -250,7 +251,8 @@ TEST(IoSafetensors, Float16AllBitPatterns) {
     else if (e == 0) expected = std::ldexp(m / 1024.0, -14);
     else expected = std::ldexp(1.0 + m / 1024.0, e - 15);
     if (s) expected = -expected;
-    const bool ok = std::isnan(expected) ? std::isnan(got[i]) : (got[i] == expected && std::signbit(got[i]) == std::signbit(expected));
+    const bool ok = std::isnan(expected) ? std::isnan(got[i])
+                                         : (got[i] == expected && std::signbit(got[i]) == std::signbit(expected));
     if (!ok && bad++ < 5) ADD_FAILURE() << "bits " << i << ": got " << got[i] << ", expected " << expected;
   }
   EXPECT_EQ(bad, 0u);
@@ -297,7 +299,8 @@ TEST(IoNpy, RoundTripEveryDtypeAndRank) {
       const Bytes bytes = read_file(path);
       EXPECT_TRUE(bytes == mha::serialize_npy(t));
       ASSERT_GE(bytes.size(), 10u);
-      const std::size_t header_length = std::to_integer<std::size_t>(bytes[8]) + 256 * std::to_integer<std::size_t>(bytes[9]);
+      const std::size_t header_length =
+          std::to_integer<std::size_t>(bytes[8]) + 256 * std::to_integer<std::size_t>(bytes[9]);
       EXPECT_EQ((10 + header_length) % 64, 0u) << "data not 64-byte aligned";
       EXPECT_EQ(static_cast<char>(bytes[10 + header_length - 1]), '\n');
       EXPECT_TRUE(bitwise_equal(mha::read_npy(path), t));
@@ -327,8 +330,8 @@ TEST(IoNpy, ReadsVersions2And3AndOldHeaderStyles) {
   const Bytes data = elements<float>({1, 2, 3, 4, 5, 6});
   const std::vector<std::string> headers = {
       "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }",
-      "{\"descr\": \"<f4\", \"fortran_order\": False, \"shape\": (2, 3)}",  // double quotes, no trailing comma
-      "{'shape': (2,3), 'fortran_order': False, 'descr': '<f4'}      ",     // any key order
+      "{\"descr\": \"<f4\", \"fortran_order\": False, \"shape\": (2, 3)}",         // double quotes, no trailing comma
+      "{'shape': (2,3), 'fortran_order': False, 'descr': '<f4'}      ",            // any key order
       "{\n  'descr': '<f4',\n  'fortran_order': False,\n  'shape': (2L, 3L),\n}",  // Python 2's longs
   };
   for (const auto& h : headers)
@@ -346,7 +349,8 @@ TEST(IoNpy, FortranOrderIsConvertedToCOrder) {
   for (int k = 0; k < 4; ++k)
     for (int j = 0; j < 3; ++j)
       for (int i = 0; i < 2; ++i) data = cat({data, le<double>(100 * i + 10 * j + k)});
-  const Tensor t = mha::parse_npy(npy_bytes("{'descr': '<f8', 'fortran_order': True, 'shape': (2, 3, 4), }", data), "x");
+  const Tensor t =
+      mha::parse_npy(npy_bytes("{'descr': '<f8', 'fortran_order': True, 'shape': (2, 3, 4), }", data), "x");
   ASSERT_EQ(t.shape(), (Shape{2, 3, 4}));
   std::vector<double> expected;
   for (int i = 0; i < 2; ++i)
@@ -464,7 +468,8 @@ TEST(IoLayerConfig, FileWithoutOurMetadataNeedsAConfig) {
     mha::load_multi_head_attention(path);
     FAIL() << "loaded without a config";
   } catch (const mha::Error& e) {
-    EXPECT_EQ(std::string(e.what()).rfind(path + ": __metadata__ holds no MultiHeadAttention config", 0), 0u) << e.what();
+    EXPECT_EQ(std::string(e.what()).rfind(path + ": __metadata__ holds no MultiHeadAttention config", 0), 0u)
+        << e.what();
   }
   auto c = config(8, 2);
   c.dtype = DType::Float64;  // loading converts to the config's dtype

@@ -9,15 +9,15 @@
 // a regression test even if its table entry changes.
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <limits>
 #include <optional>
-#include <cctype>
-#include <typeinfo>
 #include <set>
 #include <string>
+#include <typeinfo>
 #include <vector>
 
 #include "support/io_bytes.hpp"
@@ -29,7 +29,7 @@ namespace {
 namespace fs = std::filesystem;
 
 struct HostileCase {
-  const char* file;      // file name; the extension says which reader
+  const char* file;  // file name; the extension says which reader
   Bytes bytes;
   const char* expected;  // a substring of the error message
 };
@@ -61,8 +61,7 @@ std::vector<HostileCase> safetensors_cases() {
       {"st_header_trailing_garbage.safetensors", safetensors_bytes("{} x"), "not valid JSON"},
       {"st_header_nul_padding.safetensors", safetensors_bytes(std::string("{}\0\0\0\0\0\0", 8)), "not valid JSON"},
       {"st_header_unterminated.safetensors", safetensors_bytes(R"({"w":{"dtype":"F32")"), "not valid JSON"},
-      {"st_deep_nesting.safetensors", safetensors_bytes("{\"w\":" + std::string(4096, '[')),
-       "expected an object"},
+      {"st_deep_nesting.safetensors", safetensors_bytes("{\"w\":" + std::string(4096, '[')), "expected an object"},
       {"st_entry_not_object.safetensors", safetensors_bytes(R"({"w": 3})"), "expected an object"},
       {"st_missing_offsets.safetensors", safetensors_bytes(R"({"w":{"dtype":"F32","shape":[1]}})", zeros(4)),
        "missing \"data_offsets\""},
@@ -97,21 +96,17 @@ std::vector<HostileCase> safetensors_cases() {
        safetensors_bytes(tensor_header("\"F32\"", "[9223372036854775808]", "[0,4]"), zeros(4)),
        "does not fit 64-bit sizes"},
       {"st_shape_product_overflow.safetensors",
-       safetensors_bytes(tensor_header("\"F32\"", "[4294967296,4294967296]", "[0,4]"), zeros(4)),
-       "overflows 64 bits"},
+       safetensors_bytes(tensor_header("\"F32\"", "[4294967296,4294967296]", "[0,4]"), zeros(4)), "overflows 64 bits"},
       {"st_byte_size_overflow.safetensors",
-       safetensors_bytes(tensor_header("\"F64\"", "[1152921504606846976]", "[0,8]"), zeros(8)),
-       "overflows 64 bits"},
+       safetensors_bytes(tensor_header("\"F64\"", "[1152921504606846976]", "[0,8]"), zeros(8)), "overflows 64 bits"},
       {"st_huge_shape_small_file.safetensors",
        safetensors_bytes(tensor_header("\"F32\"", "[1000000000,1000000000]", "[0,4]"), zeros(4)),
        "needs 4000000000000000000"},
       {"st_offsets_one_integer.safetensors", safetensors_bytes(tensor_header("\"F32\"", "[1]", "[0]"), zeros(4)),
        "data_offsets must be two integers [begin, end], got 1"},
-      {"st_offsets_three_integers.safetensors",
-       safetensors_bytes(tensor_header("\"F32\"", "[1]", "[0,4,8]"), zeros(8)),
+      {"st_offsets_three_integers.safetensors", safetensors_bytes(tensor_header("\"F32\"", "[1]", "[0,4,8]"), zeros(8)),
        "data_offsets must be two integers [begin, end], got more"},
-      {"st_offsets_not_integers.safetensors",
-       safetensors_bytes(tensor_header("\"F32\"", "[1]", "[0,\"4\"]"), zeros(4)),
+      {"st_offsets_not_integers.safetensors", safetensors_bytes(tensor_header("\"F32\"", "[1]", "[0,\"4\"]"), zeros(4)),
        "data_offsets must be two non-negative integers"},
       {"st_offsets_negative.safetensors", safetensors_bytes(tensor_header("\"F32\"", "[1]", "[-4,0]"), zeros(4)),
        "data_offsets must be two non-negative integers"},
@@ -124,8 +119,7 @@ std::vector<HostileCase> safetensors_cases() {
        "run past the end of the data buffer"},
       {"st_truncated_data.safetensors", safetensors_bytes(tensor_header("\"F32\"", "[4]", "[0,16]"), zeros(10)),
        "is the file truncated?"},
-      {"st_offsets_size_mismatch.safetensors",
-       safetensors_bytes(tensor_header("\"F32\"", "[3]", "[0,8]"), zeros(8)),
+      {"st_offsets_size_mismatch.safetensors", safetensors_bytes(tensor_header("\"F32\"", "[3]", "[0,8]"), zeros(8)),
        "hold 8 bytes, but F32 [3] needs 12"},
       {"st_offsets_overlap.safetensors",
        safetensors_bytes(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
@@ -151,10 +145,10 @@ std::vector<HostileCase> safetensors_cases() {
       {"st_duplicate_name.safetensors",
        safetensors_bytes(R"({"w":)" + ok_w + R"(,"w":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", zeros(8)),
        "duplicate tensor name 'w'"},
-      {"st_duplicate_metadata.safetensors",
-       safetensors_bytes(R"({"__metadata__":{},"__metadata__":{}})"), "duplicate key \"__metadata__\""},
-      {"st_metadata_duplicate_key.safetensors",
-       safetensors_bytes(R"({"__metadata__":{"a":"1","a":"2"}})"), "__metadata__: duplicate key 'a'"},
+      {"st_duplicate_metadata.safetensors", safetensors_bytes(R"({"__metadata__":{},"__metadata__":{}})"),
+       "duplicate key \"__metadata__\""},
+      {"st_metadata_duplicate_key.safetensors", safetensors_bytes(R"({"__metadata__":{"a":"1","a":"2"}})"),
+       "__metadata__: duplicate key 'a'"},
       {"st_metadata_not_strings.safetensors", safetensors_bytes(R"({"__metadata__":{"a":1}})"),
        "the value of 'a' must be a string"},
       {"st_metadata_not_object.safetensors", safetensors_bytes(R"({"__metadata__":[1]})"),
@@ -172,15 +166,14 @@ std::vector<HostileCase> npy_cases() {
       {"npy_bad_magic.npy", cat({raw("\x93NUMPZ\x01"), zeros(1), le<std::uint16_t>(0)}), "not a .npy file"},
       {"npy_text_file.npy", raw("hello, world\n"), "not a .npy file"},
       {"npy_magic_only.npy", raw("\x93NUMPY"), "ends inside the format version"},
-      {"npy_truncated_length.npy", cat({raw("\x93NUMPY\x01"), zeros(1), raw("\x05")}),
-       "ends inside the header length"},
+      {"npy_truncated_length.npy", cat({raw("\x93NUMPY\x01"), zeros(1), raw("\x05")}), "ends inside the header length"},
       {"npy_version_4_0.npy", npy_bytes(f4_1, zeros(4), 4, 0), "unsupported .npy format version 4.0"},
       {"npy_version_1_1.npy", npy_bytes(f4_1, zeros(4), 1, 1), "unsupported .npy format version 1.1"},
       {"npy_version_0_0.npy", npy_bytes(f4_1, zeros(4), 0, 0), "unsupported .npy format version 0.0"},
       {"npy_header_past_end.npy", cat({raw("\x93NUMPY\x01"), zeros(1), le<std::uint16_t>(1000), raw("{}")}),
        "runs past the end of the file"},
-      {"npy_header_over_limit.npy",
-       cat({raw("\x93NUMPY\x02"), zeros(1), le<std::uint32_t>(0xffffffffu), raw("{}")}), "exceeds the limit"},
+      {"npy_header_over_limit.npy", cat({raw("\x93NUMPY\x02"), zeros(1), le<std::uint32_t>(0xffffffffu), raw("{}")}),
+       "exceeds the limit"},
       {"npy_header_not_dict.npy", npy_bytes("[1, 2]", {}), "dict literal"},
       {"npy_header_empty.npy", npy_bytes("", {}), "dict literal"},
       {"npy_header_unterminated_dict.npy", npy_bytes("{'descr': '<f4'", {}), "expected ',' or '}'"},
@@ -197,15 +190,13 @@ std::vector<HostileCase> npy_cases() {
       {"npy_unterminated_string.npy", npy_bytes("{'descr': '<f4", zeros(4)), "unterminated string"},
       {"npy_string_escape.npy", npy_bytes(header("'<f\\x34'", "False", "(1,)"), zeros(4)), "escape sequences"},
       {"npy_header_trailing_garbage.npy", npy_bytes(f4_1 + " x", zeros(4)), "after the dict"},
-      {"npy_header_eval_attempt.npy",
-       npy_bytes(header("__import__('os').system('true')", "False", "(1,)"), zeros(4)),
+      {"npy_header_eval_attempt.npy", npy_bytes(header("__import__('os').system('true')", "False", "(1,)"), zeros(4)),
        "expected descr as a quoted string"},
       {"npy_header_non_ascii.npy", npy_bytes(header("'<f\xe9'", "False", "(1,)"), zeros(4)), "inside a string"},
       {"npy_descr_int64.npy", npy_bytes(header("'<i8'", "False", "(1,)"), zeros(8)), "unsupported descr '<i8'"},
       {"npy_descr_object.npy", npy_bytes(header("'|O'", "False", "(1,)"), zeros(8)), "unsupported descr '|O'"},
       {"npy_descr_big_endian.npy", npy_bytes(header("'>f4'", "False", "(1,)"), zeros(4)), "big-endian"},
-      {"npy_descr_structured.npy", npy_bytes(header("[('a', '<f4')]", "False", "(1,)"), zeros(4)),
-       "structured dtypes"},
+      {"npy_descr_structured.npy", npy_bytes(header("[('a', '<f4')]", "False", "(1,)"), zeros(4)), "structured dtypes"},
       {"npy_shape_negative.npy", npy_bytes(header("'<f4'", "False", "(-1,)"), zeros(4)), "negative size"},
       {"npy_shape_list.npy", npy_bytes(header("'<f4'", "False", "[1]"), zeros(4)), "shape must be a tuple"},
       {"npy_shape_float.npy", npy_bytes(header("'<f4'", "False", "(1.0,)"), zeros(4)),
@@ -216,15 +207,14 @@ std::vector<HostileCase> npy_cases() {
        "expected ',' or ')' in shape"},
       {"npy_shape_beyond_int64.npy", npy_bytes(header("'<f4'", "False", "(99999999999999999999,)"), zeros(4)),
        "does not fit 64 bits"},
-      {"npy_shape_product_overflow.npy",
-       npy_bytes(header("'<f4'", "False", "(4294967296, 4294967296)"), zeros(4)), "overflows 64 bits"},
-      {"npy_huge_shape_small_file.npy",
-       npy_bytes(header("'<f4'", "False", "(1000000000, 1000000000)"), zeros(4)), "needs 4000000000000000000"},
+      {"npy_shape_product_overflow.npy", npy_bytes(header("'<f4'", "False", "(4294967296, 4294967296)"), zeros(4)),
+       "overflows 64 bits"},
+      {"npy_huge_shape_small_file.npy", npy_bytes(header("'<f4'", "False", "(1000000000, 1000000000)"), zeros(4)),
+       "needs 4000000000000000000"},
       {"npy_truncated_data.npy", npy_bytes(header("'<f4'", "False", "(4,)"), zeros(8)),
        "the data is 8 bytes, but shape [4] of <f4 needs 16 (is the file truncated?)"},
       {"npy_data_too_long.npy", npy_bytes(f4_1, zeros(8)), "the data is 8 bytes, but shape [1] of <f4 needs 4"},
-      {"npy_fortran_shape_mismatch.npy", npy_bytes(header("'<f8'", "True", "(2, 3)"), zeros(40)),
-       "needs 48"},
+      {"npy_fortran_shape_mismatch.npy", npy_bytes(header("'<f8'", "True", "(2, 3)"), zeros(40)), "needs 48"},
   };
 }
 
@@ -345,7 +335,8 @@ TEST(IoHostileMutations, EveryByteFlipAndTruncationOfValidFiles) {
   for (const auto& [file, valid] : {std::pair{std::string("m.safetensors"), st}, std::pair{std::string("m.npy"), np}}) {
     for (std::size_t cut = 0; cut < valid.size(); ++cut) {
       const Bytes truncated(valid.begin(), valid.begin() + static_cast<std::ptrdiff_t>(cut));
-      EXPECT_FALSE(parse_error(file, truncated, file).empty()) << file << " truncated to " << cut << " bytes was accepted";
+      EXPECT_FALSE(parse_error(file, truncated, file).empty())
+          << file << " truncated to " << cut << " bytes was accepted";
     }
     for (std::size_t i = 0; i < valid.size(); ++i)
       for (unsigned char flip : {0x01, 0x80, 0xff}) {

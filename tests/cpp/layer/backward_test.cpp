@@ -297,7 +297,8 @@ struct LayerPoisonCase {
 const LayerPoisonCase kLayerPoisonCases[] = {
     {"nan_key_padding_packed", kNaN, kCmpKeyPadding, false, false, InputLayout::BatchFirst, true},
     {"nan_lengths_separate_sequence_first", kNaN, kCmpLengths, false, false, InputLayout::SequenceFirst, false},
-    {"nan_padding_lengths_bias_kv_zero_attn", kNaN, kCmpKeyPadding | kCmpLengths, true, true, InputLayout::BatchFirst, true},
+    {"nan_padding_lengths_bias_kv_zero_attn", kNaN, kCmpKeyPadding | kCmpLengths, true, true, InputLayout::BatchFirst,
+     true},
     {"big_key_padding_separate", 1e10, kCmpKeyPadding, false, false, InputLayout::BatchFirst, false},
     {"big_lengths_packed_sequence_first", 1e10, kCmpLengths, false, false, InputLayout::SequenceFirst, true},
     {"big_lengths_zero_attn", 1e10, kCmpLengths, false, true, InputLayout::BatchFirst, false},
@@ -339,7 +340,8 @@ TEST(PaddedKeysNeverReadLayer, PoisonedInputsChangeNothing) {
     };
     for (const char* name : {"key", "value"}) {
       const std::int64_t width = std::string(name) == "key" ? c.kd() : c.vd();
-      EXPECT_TRUE(same_bits(rows_where(r.grads.at(name), width, unpadded), rows_where(a.grads.at(name), width, unpadded)))
+      EXPECT_TRUE(
+          same_bits(rows_where(r.grads.at(name), width, unpadded), rows_where(a.grads.at(name), width, unpadded)))
           << "d " << name << " at unpadded positions";
     }
     const std::int64_t qk = c.h * c.dk();

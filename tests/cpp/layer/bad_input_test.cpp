@@ -66,12 +66,11 @@ std::vector<BadCase> bad_cases() {
   c.push_back({"mha_num_heads_negative", [] { construct([](auto& c) { c.num_heads = -2; }); }, "num_heads"});
   c.push_back({"mha_d_model_zero", [] { construct([](auto& c) { c.d_model = 0; }); }, "d_model"});
   c.push_back({"mha_d_model_negative", [] { construct([](auto& c) { c.d_model = -8; }); }, "d_model"});
-  c.push_back({"mha_d_model_not_divisible_default_d_k", [] {
-                 construct([](auto& c) { c.d_model = 10, c.num_heads = 3; });
-               }, "d_model|num_heads|d_k"});
-  c.push_back({"mha_d_model_not_divisible_default_d_v_only", [] {
-                 construct([](auto& c) { c.d_model = 10, c.num_heads = 3, c.d_k = 4; });
-               }, "d_model|num_heads|d_v"});
+  c.push_back({"mha_d_model_not_divisible_default_d_k",
+               [] { construct([](auto& c) { c.d_model = 10, c.num_heads = 3; }); }, "d_model|num_heads|d_k"});
+  c.push_back({"mha_d_model_not_divisible_default_d_v_only",
+               [] { construct([](auto& c) { c.d_model = 10, c.num_heads = 3, c.d_k = 4; }); },
+               "d_model|num_heads|d_v"});
   c.push_back({"mha_d_k_negative", [] { construct([](auto& c) { c.d_k = -4; }); }, "d_k"});
   c.push_back({"mha_d_v_negative", [] { construct([](auto& c) { c.d_v = -1; }); }, "d_v"});
   c.push_back({"mha_kdim_negative", [] { construct([](auto& c) { c.kdim = -3; }); }, "kdim"});
@@ -90,128 +89,175 @@ std::vector<BadCase> bad_cases() {
   c.push_back({"mha_value_width_not_vdim", [] { forward({2, 3, 8}, {2, 4, 8}, {2, 4, 5}); }, "value"});
   c.push_back({"mha_value_seq_mismatch", [] { forward({2, 3, 8}, {2, 4, 8}, {2, 5, 8}); }, "value"});
   c.push_back({"mha_value_batch_mismatch", [] { forward({2, 3, 8}, {2, 4, 8}, {1, 4, 8}); }, "value"});
-  c.push_back({"mha_query_float64_in_float32_module", [] {
+  c.push_back({"mha_query_float64_in_float32_module",
+               [] {
                  MultiHeadAttention m(cfg8());
                  (void)m.forward(T({2, 3, 8}, DType::Float64), T({2, 4, 8}), T({2, 4, 8}));
-               }, "query"});
-  c.push_back({"mha_key_float64_in_float32_module", [] {
+               },
+               "query"});
+  c.push_back({"mha_key_float64_in_float32_module",
+               [] {
                  MultiHeadAttention m(cfg8());
                  (void)m.forward(T({2, 3, 8}), T({2, 4, 8}, DType::Float64), T({2, 4, 8}));
-               }, "key"});
-  c.push_back({"mha_all_float32_in_float64_module", [] {
+               },
+               "key"});
+  c.push_back({"mha_all_float32_in_float64_module",
+               [] {
                  MultiHeadAttentionConfig cfg = cfg8();
                  cfg.dtype = DType::Float64;
                  MultiHeadAttention m(cfg);
                  (void)m.forward(T({2, 3, 8}), T({2, 4, 8}), T({2, 4, 8}));
-               }, "query"});
+               },
+               "query"});
   c.push_back({"mha_query_bool", [] { forward({2, 3, 8}, {2, 4, 8}, {2, 4, 8}, DType::Bool); }, "query"});
-  c.push_back({"mha_key_padding_mask_wrong_S", [] {
+  c.push_back({"mha_key_padding_mask_wrong_S",
+               [] {
                  forward_with([](MultiHeadAttentionInputs& in, std::vector<Tensor>& k) {
                    k.push_back(T({2, 5}, DType::Bool));
                    in.key_padding_mask = k.back().view();
                  });
-               }, "key_padding_mask"});
-  c.push_back({"mha_key_padding_mask_float", [] {
+               },
+               "key_padding_mask"});
+  c.push_back({"mha_key_padding_mask_float",
+               [] {
                  forward_with([](MultiHeadAttentionInputs& in, std::vector<Tensor>& k) {
                    k.push_back(T({2, 4}, DType::Float32));
                    in.key_padding_mask = k.back().view();
                  });
-               }, "key_padding_mask"});
-  c.push_back({"mha_unbatched_key_padding_mask_2d", [] {
-                 forward({3, 8}, {4, 8}, {4, 8}, DType::Float32, [](MultiHeadAttentionInputs& in, std::vector<Tensor>& k) {
-                   k.push_back(T({2, 4}, DType::Bool));
-                   in.key_padding_mask = k.back().view();
-                 });
-               }, "key_padding_mask"});
-  c.push_back({"mha_key_lengths_count", [] {
-                 forward_with([](MultiHeadAttentionInputs& in, std::vector<Tensor>&) { in.key_lengths = {4}; });
-               }, "key_lengths"});
-  c.push_back({"mha_key_lengths_above_S", [] {
+               },
+               "key_padding_mask"});
+  c.push_back({"mha_unbatched_key_padding_mask_2d",
+               [] {
+                 forward({3, 8}, {4, 8}, {4, 8}, DType::Float32,
+                         [](MultiHeadAttentionInputs& in, std::vector<Tensor>& k) {
+                           k.push_back(T({2, 4}, DType::Bool));
+                           in.key_padding_mask = k.back().view();
+                         });
+               },
+               "key_padding_mask"});
+  c.push_back({"mha_key_lengths_count",
+               [] { forward_with([](MultiHeadAttentionInputs& in, std::vector<Tensor>&) { in.key_lengths = {4}; }); },
+               "key_lengths"});
+  c.push_back({"mha_key_lengths_above_S",
+               [] {
                  forward_with([](MultiHeadAttentionInputs& in, std::vector<Tensor>&) { in.key_lengths = {4, 5}; });
-               }, "key_lengths"});
-  c.push_back({"mha_attn_mask_wrong_S", [] {
+               },
+               "key_lengths"});
+  c.push_back({"mha_attn_mask_wrong_S",
+               [] {
                  forward_with([](MultiHeadAttentionInputs& in, std::vector<Tensor>& k) {
                    k.push_back(T({3, 5}, DType::Bool));
                    in.attn_mask = k.back().view();
                  });
-               }, "attn_mask"});
-  c.push_back({"mha_attn_mask_3d_wrong_first_dim", [] {
+               },
+               "attn_mask"});
+  c.push_back({"mha_attn_mask_3d_wrong_first_dim",
+               [] {
                  forward_with([](MultiHeadAttentionInputs& in, std::vector<Tensor>& k) {
                    k.push_back(T({2 * 2 + 1, 3, 4}, DType::Bool));
                    in.attn_mask = k.back().view();
                  });
-               }, "attn_mask"});
+               },
+               "attn_mask"});
   // ---- parameters ----
-  c.push_back({"mha_parameter_unknown", [] {
+  c.push_back({"mha_parameter_unknown",
+               [] {
                  MultiHeadAttention m(cfg8());
                  (void)m.parameter("no_such_param");
-               }, "no_such_param"});
-  c.push_back({"mha_set_parameter_unknown", [] {
+               },
+               "no_such_param"});
+  c.push_back({"mha_set_parameter_unknown",
+               [] {
                  MultiHeadAttention m(cfg8());
                  m.set_parameter("weight_typo", T({8, 8}));
-               }, "weight_typo"});
-  c.push_back({"mha_set_parameter_separate_name_on_packed", [] {
+               },
+               "weight_typo"});
+  c.push_back({"mha_set_parameter_separate_name_on_packed",
+               [] {
                  MultiHeadAttention m(cfg8());
                  m.set_parameter("q_proj_weight", T({8, 8}));
-               }, "q_proj_weight"});
-  c.push_back({"mha_set_parameter_bias_when_bias_false", [] {
+               },
+               "q_proj_weight"});
+  c.push_back({"mha_set_parameter_bias_when_bias_false",
+               [] {
                  MultiHeadAttentionConfig cfg = cfg8();
                  cfg.bias = false;
                  MultiHeadAttention m(cfg);
                  m.set_parameter("in_proj_bias", T({24}));
-               }, "in_proj_bias"});
-  c.push_back({"mha_set_parameter_wrong_shape", [] {
+               },
+               "in_proj_bias"});
+  c.push_back({"mha_set_parameter_wrong_shape",
+               [] {
                  MultiHeadAttention m(cfg8());
                  m.set_parameter("in_proj_weight", T({24, 7}));
-               }, "in_proj_weight"});
-  c.push_back({"mha_set_parameter_wrong_rank", [] {
+               },
+               "in_proj_weight"});
+  c.push_back({"mha_set_parameter_wrong_rank",
+               [] {
                  MultiHeadAttention m(cfg8());
                  m.set_parameter("out_proj.bias", T({1, 8}));
-               }, "out_proj\\.bias"});
-  c.push_back({"mha_set_parameter_bool", [] {
+               },
+               "out_proj\\.bias"});
+  c.push_back({"mha_set_parameter_bool",
+               [] {
                  MultiHeadAttention m(cfg8());
                  m.set_parameter("out_proj.weight", T({8, 8}, DType::Bool));
-               }, "out_proj\\.weight"});
-  c.push_back({"mha_load_state_dict_missing", [] {
+               },
+               "out_proj\\.weight"});
+  c.push_back({"mha_load_state_dict_missing",
+               [] {
                  MultiHeadAttention m(cfg8());
                  auto s = full_state(m);
                  s.erase("in_proj_bias");
                  m.load_state_dict(views(s));
-               }, "in_proj_bias"});
-  c.push_back({"mha_load_state_dict_unknown", [] {
+               },
+               "in_proj_bias"});
+  c.push_back({"mha_load_state_dict_unknown",
+               [] {
                  MultiHeadAttention m(cfg8());
                  auto s = full_state(m);
                  s.emplace("extra.weight", T({2}));
                  m.load_state_dict(views(s));
-               }, "extra\\.weight"});
-  c.push_back({"mha_load_state_dict_misshaped", [] {
+               },
+               "extra\\.weight"});
+  c.push_back({"mha_load_state_dict_misshaped",
+               [] {
                  MultiHeadAttention m(cfg8());
                  auto s = full_state(m);
                  s.erase("out_proj.weight");
                  s.emplace("out_proj.weight", T({8, 9}));
                  m.load_state_dict(views(s));
-               }, "out_proj\\.weight"});
+               },
+               "out_proj\\.weight"});
   // ---- backward ----
-  c.push_back({"mha_backward_without_forward", [] {
+  c.push_back({"mha_backward_without_forward",
+               [] {
                  MultiHeadAttention m(cfg8());
                  (void)m.backward(T({2, 3, 8}));
-               }, "forward"});
-  c.push_back({"mha_backward_after_eval_forward", [] {
+               },
+               "forward"});
+  c.push_back({"mha_backward_after_eval_forward",
+               [] {
                  MultiHeadAttention m(cfg8());
                  m.eval();
                  (void)m.forward(T({2, 3, 8}), T({2, 4, 8}), T({2, 4, 8}));
                  (void)m.backward(T({2, 3, 8}));
-               }, "forward|train"});
-  c.push_back({"mha_backward_dout_wrong_shape", [] {
+               },
+               "forward|train"});
+  c.push_back({"mha_backward_dout_wrong_shape",
+               [] {
                  MultiHeadAttention m(cfg8());
                  (void)m.forward(T({2, 3, 8}), T({2, 4, 8}), T({2, 4, 8}));
                  (void)m.backward(T({2, 4, 8}));
-               }, "dout"});
-  c.push_back({"mha_backward_dout_wrong_dtype", [] {
+               },
+               "dout"});
+  c.push_back({"mha_backward_dout_wrong_dtype",
+               [] {
                  MultiHeadAttention m(cfg8());
                  (void)m.forward(T({2, 3, 8}), T({2, 4, 8}), T({2, 4, 8}));
                  (void)m.backward(T({2, 3, 8}, DType::Float64));
-               }, "dout"});
+               },
+               "dout"});
   return c;
 }
 

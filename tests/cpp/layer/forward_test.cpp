@@ -22,12 +22,12 @@ using mha::MultiHeadAttentionOutput;
 enum class Layout { BatchFirst, SeqFirst, Unbatched };
 
 enum FwdMask : unsigned {
-  kKpm = 1u << 0,       // bool key_padding_mask
-  kLens = 1u << 1,      // key_lengths
-  kBool2d = 1u << 2,    // bool attn_mask [L, S]
-  kFloat2d = 1u << 3,   // float attn_mask [L, S] (module dtype), some -inf
-  kBool3d = 1u << 4,    // bool attn_mask [B*h, L, S]
-  kFloat3d = 1u << 5,   // float attn_mask [B*h, L, S], some -inf
+  kKpm = 1u << 0,      // bool key_padding_mask
+  kLens = 1u << 1,     // key_lengths
+  kBool2d = 1u << 2,   // bool attn_mask [L, S]
+  kFloat2d = 1u << 3,  // float attn_mask [L, S] (module dtype), some -inf
+  kBool3d = 1u << 4,   // bool attn_mask [B*h, L, S]
+  kFloat3d = 1u << 5,  // float attn_mask [B*h, L, S], some -inf
   kCausal = 1u << 6,
 };
 
@@ -44,7 +44,8 @@ struct FwdCase {
 };
 
 // [B, L, C] (batch first) -> the layout's order: [L, B, C] or [L, C] (B == 1).
-std::vector<double> to_layout(const std::vector<double>& x, std::int64_t B, std::int64_t L, std::int64_t C, Layout layout) {
+std::vector<double> to_layout(const std::vector<double>& x, std::int64_t B, std::int64_t L, std::int64_t C,
+                              Layout layout) {
   if (layout != Layout::SeqFirst) return x;
   std::vector<double> y(x.size());
   for (std::int64_t b = 0; b < B; ++b)
@@ -128,8 +129,7 @@ TEST_P(MhaForward, MatchesFp64Oracle) {
   }
   ms.causal = in.causal = (c.masks & kCausal) != 0;
 
-  const MultiHeadAttentionOutput got =
-      c.self_attention ? m.forward(tq, tq, tq, in) : m.forward(tq, tk, tv, in);
+  const MultiHeadAttentionOutput got = c.self_attention ? m.forward(tq, tq, tq, in) : m.forward(tq, tk, tv, in);
   const NaiveMhaResult want = naive_mha(rs.weights, xq, xk, xv, B, L, S, ms);
   const std::int64_t Sx = want.S_ext;
   EXPECT_EQ(Sx, S + (c.add_bias_kv ? 1 : 0) + (c.add_zero_attn ? 1 : 0));
@@ -169,42 +169,58 @@ constexpr auto UB = Layout::Unbatched;
 const FwdCase kFwdCases[] = {
     {"f64_batch_first_packed", F64, 12, 3, 0, 0, 0, 0, true, false, false, BF, 2, 5, 7, 0, true, true, false},
     {"f64_seq_first_packed", F64, 12, 3, 0, 0, 0, 0, true, false, false, SF, 2, 5, 7, 0, true, true, false},
-    {"f64_unbatched_packed_kpm_per_head", F64, 12, 3, 0, 0, 0, 0, true, false, false, UB, 1, 4, 6, kKpm, true, false, false},
-    {"f64_unbatched_lengths_causal", F64, 8, 2, 0, 0, 0, 0, true, false, false, UB, 1, 5, 5, kLens | kCausal, true, true, false},
-    {"f64_self_attention_causal_per_head", F64, 12, 4, 0, 0, 0, 0, true, false, false, BF, 3, 6, 6, kCausal, true, false, true},
-    {"f64_cross_kdim5_vdim7_dk4_dv6_kpm_bool2d", F64, 8, 2, 4, 6, 5, 7, true, false, false, BF, 2, 3, 9, kKpm | kBool2d, true, true, false},
+    {"f64_unbatched_packed_kpm_per_head", F64, 12, 3, 0, 0, 0, 0, true, false, false, UB, 1, 4, 6, kKpm, true, false,
+     false},
+    {"f64_unbatched_lengths_causal", F64, 8, 2, 0, 0, 0, 0, true, false, false, UB, 1, 5, 5, kLens | kCausal, true,
+     true, false},
+    {"f64_self_attention_causal_per_head", F64, 12, 4, 0, 0, 0, 0, true, false, false, BF, 3, 6, 6, kCausal, true,
+     false, true},
+    {"f64_cross_kdim5_vdim7_dk4_dv6_kpm_bool2d", F64, 8, 2, 4, 6, 5, 7, true, false, false, BF, 2, 3, 9, kKpm | kBool2d,
+     true, true, false},
     {"f64_packed_hdk_ne_E_lengths", F64, 12, 2, 5, 5, 0, 0, true, false, false, BF, 2, 4, 6, kLens, true, false, false},
-    {"f64_E10_h3_dk4_dv2_float3d", F64, 10, 3, 4, 2, 0, 0, true, false, false, SF, 2, 5, 3, kFloat3d, true, false, false},
+    {"f64_E10_h3_dk4_dv2_float3d", F64, 10, 3, 4, 2, 0, 0, true, false, false, SF, 2, 5, 3, kFloat3d, true, false,
+     false},
     {"f64_float2d_B3", F64, 8, 2, 0, 0, 0, 0, true, false, false, BF, 3, 4, 6, kFloat2d, true, true, false},
-    {"f64_bool3d_causal_L_lt_S", F64, 8, 2, 0, 0, 0, 0, true, false, false, BF, 2, 3, 8, kBool3d | kCausal, true, false, false},
+    {"f64_bool3d_causal_L_lt_S", F64, 8, 2, 0, 0, 0, 0, true, false, false, BF, 2, 3, 8, kBool3d | kCausal, true, false,
+     false},
     {"f64_causal_L_gt_S", F64, 8, 2, 0, 0, 0, 0, true, false, false, BF, 2, 7, 4, kCausal, true, false, false},
     {"f64_bias_kv", F64, 12, 3, 0, 0, 0, 0, true, true, false, BF, 2, 4, 5, 0, true, false, false},
-    {"f64_bias_kv_kpm_float3d", F64, 12, 3, 0, 0, 0, 0, true, true, false, BF, 2, 4, 5, kKpm | kFloat3d, true, false, false},
+    {"f64_bias_kv_kpm_float3d", F64, 12, 3, 0, 0, 0, 0, true, true, false, BF, 2, 4, 5, kKpm | kFloat3d, true, false,
+     false},
     {"f64_bias_kv_causal", F64, 8, 2, 0, 0, 0, 0, true, true, false, BF, 2, 4, 6, kCausal, true, false, false},
     {"f64_zero_attn_lengths", F64, 8, 2, 0, 0, 0, 0, true, false, true, BF, 3, 4, 5, kLens, true, true, false},
-    {"f64_bias_kv_zero_attn_seq_first_bool2d", F64, 8, 4, 3, 5, 6, 9, true, true, true, SF, 2, 5, 4, kBool2d, true, false, false},
-    {"f64_unbatched_bias_kv_zero_attn_kpm", F64, 8, 2, 0, 0, 0, 0, true, true, true, UB, 1, 3, 6, kKpm, true, true, false},
+    {"f64_bias_kv_zero_attn_seq_first_bool2d", F64, 8, 4, 3, 5, 6, 9, true, true, true, SF, 2, 5, 4, kBool2d, true,
+     false, false},
+    {"f64_unbatched_bias_kv_zero_attn_kpm", F64, 8, 2, 0, 0, 0, 0, true, true, true, UB, 1, 3, 6, kKpm, true, true,
+     false},
     {"f64_nobias_separate_dk3_dv5", F64, 8, 2, 3, 5, 0, 0, false, false, false, BF, 2, 4, 6, kKpm, true, true, false},
     {"f64_no_weights", F64, 12, 3, 0, 0, 0, 0, true, false, false, BF, 2, 5, 7, kLens, false, true, false},
     {"f64_L1_S1", F64, 4, 1, 0, 0, 0, 0, true, false, false, BF, 1, 1, 1, 0, true, true, false},
     {"f32_batch_first_packed_kpm", F32, 16, 4, 0, 0, 0, 0, true, false, false, BF, 2, 6, 9, kKpm, true, true, false},
-    {"f32_seq_first_cross_float3d", F32, 8, 2, 4, 6, 5, 7, true, false, false, SF, 3, 4, 6, kFloat3d, true, false, false},
-    {"f32_unbatched_bias_kv_zero_attn_causal", F32, 12, 3, 0, 0, 0, 0, true, true, true, UB, 1, 5, 7, kCausal, true, false, false},
-    {"f32_self_attention_lengths_bool2d", F32, 12, 2, 0, 0, 0, 0, true, false, false, BF, 2, 7, 7, kLens | kBool2d, true, true, true},
-    {"f32_long_L130_S150_kpm_causal", F32, 16, 2, 0, 0, 0, 0, true, false, false, BF, 1, 130, 150, kKpm | kCausal, true, false, false},
+    {"f32_seq_first_cross_float3d", F32, 8, 2, 4, 6, 5, 7, true, false, false, SF, 3, 4, 6, kFloat3d, true, false,
+     false},
+    {"f32_unbatched_bias_kv_zero_attn_causal", F32, 12, 3, 0, 0, 0, 0, true, true, true, UB, 1, 5, 7, kCausal, true,
+     false, false},
+    {"f32_self_attention_lengths_bool2d", F32, 12, 2, 0, 0, 0, 0, true, false, false, BF, 2, 7, 7, kLens | kBool2d,
+     true, true, true},
+    {"f32_long_L130_S150_kpm_causal", F32, 16, 2, 0, 0, 0, 0, true, false, false, BF, 1, 130, 150, kKpm | kCausal, true,
+     false, false},
     {"f32_nobias_no_weights", F32, 8, 2, 0, 0, 0, 0, false, false, false, SF, 2, 3, 4, 0, false, true, false},
 };
 INSTANTIATE_TEST_SUITE_P(Configs, MhaForward,
                          ::testing::Combine(::testing::ValuesIn(kFwdCases), ::testing::ValuesIn(kAllKernels)),
                          [](const ::testing::TestParamInfo<MhaForward::ParamType>& info) {
-                           return std::string(std::get<0>(info.param).name) + "_" + kernel_name(std::get<1>(info.param));
+                           return std::string(std::get<0>(info.param).name) + "_" +
+                                  kernel_name(std::get<1>(info.param));
                          });
 
 class MhaForwardDtype : public KernelParamTest<DType> {};
 INSTANTIATE_TEST_SUITE_P(Dtypes, MhaForwardDtype,
-                         ::testing::Combine(::testing::Values(DType::Float64, DType::Float32), ::testing::ValuesIn(kAllKernels)),
+                         ::testing::Combine(::testing::Values(DType::Float64, DType::Float32),
+                                            ::testing::ValuesIn(kAllKernels)),
                          [](const ::testing::TestParamInfo<MhaForwardDtype::ParamType>& info) {
-                           return std::string(short_name(std::get<0>(info.param))) + "_" + kernel_name(std::get<1>(info.param));
+                           return std::string(short_name(std::get<0>(info.param))) + "_" +
+                                  kernel_name(std::get<1>(info.param));
                          });
 
 // A query row with every key forbidden attends to nothing, so its output is out_proj.bias exactly

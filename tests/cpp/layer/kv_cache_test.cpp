@@ -111,8 +111,8 @@ struct CacheCase {
   std::int64_t E = 8, h = 2, d_k = 4, d_v = 4, kdim = 8, vdim = 8;
   bool bias = true, add_bias_kv = false, add_zero_attn = false;
   std::int64_t B = 2, S = 10;
-  bool chunks = false;   // false: one position per step; true: random chunks of 1..6 positions
-  bool average = true;   // average_attn_weights
+  bool chunks = false;  // false: one position per step; true: random chunks of 1..6 positions
+  bool average = true;  // average_attn_weights
   std::uint64_t seed = 0;
 };
 
@@ -131,8 +131,8 @@ TestLayer make_layer(const CacheCase& c, mha::Kernel kernel, Rng& rng) {
   cfg.batch_first = c.layout != Layout::SeqFirst;
   cfg.dtype = c.dtype;
   cfg.dropout = 0.25;  // must not apply: forward_cached never drops, and the reference is in eval mode
-  TestLayer t{MultiHeadAttention(cfg, 3), random_state(c.E, c.h, c.d_k, c.d_v, c.kdim, c.vdim, c.bias,
-                                                       c.add_bias_kv, c.add_zero_attn, c.dtype, rng)};
+  TestLayer t{MultiHeadAttention(cfg, 3), random_state(c.E, c.h, c.d_k, c.d_v, c.kdim, c.vdim, c.bias, c.add_bias_kv,
+                                                       c.add_zero_attn, c.dtype, rng)};
   t.layer.load_state_dict(t.state.views());
   t.layer.set_kernel(kernel);
   t.layer.eval();
@@ -168,9 +168,9 @@ std::vector<CacheCase> random_cases() {
         c.S = draw == 0 ? rng.integer(1, 4) : rng.integer(10, 40);
         c.average = rng.bernoulli(0.5);
         std::ostringstream name;
-        name << short_name(dt) << "_" << layout_name(layout) << (chunks ? "_chunks" : "_steps") << "_B" << c.B
-             << "_S" << c.S << "_E" << c.E << "_h" << c.h << "_dk" << c.d_k << "_dv" << c.d_v << "_kdim" << c.kdim
-             << "_vdim" << c.vdim << (c.bias ? "" : "_nobias") << (c.add_bias_kv ? "_bias_kv" : "")
+        name << short_name(dt) << "_" << layout_name(layout) << (chunks ? "_chunks" : "_steps") << "_B" << c.B << "_S"
+             << c.S << "_E" << c.E << "_h" << c.h << "_dk" << c.d_k << "_dv" << c.d_v << "_kdim" << c.kdim << "_vdim"
+             << c.vdim << (c.bias ? "" : "_nobias") << (c.add_bias_kv ? "_bias_kv" : "")
              << (c.add_zero_attn ? "_zero_attn" : "") << (c.average ? "_avg" : "_per_head");
         c.name = name.str();
         cases.push_back(c);
@@ -197,10 +197,9 @@ TEST_P(KvCacheIncremental, EqualsCausalFullForward) {
   MultiHeadAttentionInputs full_in;
   full_in.causal = true;
   full_in.average_attn_weights = c.average;
-  const MultiHeadAttentionOutput full =
-      m.forward(positions_tensor(c.dtype, xq, B, S, E, 0, S, c.layout),
-                positions_tensor(c.dtype, xk, B, S, c.kdim, 0, S, c.layout),
-                positions_tensor(c.dtype, xv, B, S, c.vdim, 0, S, c.layout), full_in);
+  const MultiHeadAttentionOutput full = m.forward(positions_tensor(c.dtype, xq, B, S, E, 0, S, c.layout),
+                                                  positions_tensor(c.dtype, xk, B, S, c.kdim, 0, S, c.layout),
+                                                  positions_tensor(c.dtype, xv, B, S, c.vdim, 0, S, c.layout), full_in);
 
   // Incrementally: append positions [t0, t1), attend for those queries.
   KeyValueCache cache;
@@ -218,7 +217,8 @@ TEST_P(KvCacheIncremental, EqualsCausalFullForward) {
     MultiHeadAttentionInputs in;
     in.causal = c.chunks || step % 2 == 0;  // one query sees the whole cache either way
     in.average_attn_weights = c.average;
-    const MultiHeadAttentionOutput r = m.forward_cached(positions_tensor(c.dtype, xq, B, S, E, t0, t1, c.layout), cache, in);
+    const MultiHeadAttentionOutput r =
+        m.forward_cached(positions_tensor(c.dtype, xq, B, S, E, t0, t1, c.layout), cache, in);
     ASSERT_EQ(r.out.shape(), layout_shape(B, t1 - t0, E, c.layout));
     const bool unbatched = c.layout == Layout::Unbatched;
     Shape weights_shape = c.average ? Shape{B, t1 - t0, t1 + extra} : Shape{B, h, t1 - t0, t1 + extra};
@@ -246,9 +246,11 @@ INSTANTIATE_TEST_SUITE_P(Configs, KvCacheIncremental,
 class KvCacheDtype : public KernelParamTest<DType> {};
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, KvCacheDtype,
-                         ::testing::Combine(::testing::Values(DType::Float64, DType::Float32), ::testing::ValuesIn(kAllKernels)),
+                         ::testing::Combine(::testing::Values(DType::Float64, DType::Float32),
+                                            ::testing::ValuesIn(kAllKernels)),
                          [](const ::testing::TestParamInfo<KvCacheDtype::ParamType>& info) {
-                           return std::string(short_name(std::get<0>(info.param))) + "_" + kernel_name(std::get<1>(info.param));
+                           return std::string(short_name(std::get<0>(info.param))) + "_" +
+                                  kernel_name(std::get<1>(info.param));
                          });
 
 CacheCase small_case(DType dt, Layout layout = Layout::BatchFirst) {
@@ -268,7 +270,7 @@ TEST_P(KvCacheDtype, CrossAttentionStepByStepEqualsForwardWithMasks) {
     TestLayer t = make_layer(c, kernel(), rng);
     MultiHeadAttention& m = t.layer;
     const std::int64_t B = c.B, L = 6, S = 9, E = c.E, h = c.h;
-    const auto xq = rounded_to(dt, random_values(B * L * E, rng));       // [B, L, E]
+    const auto xq = rounded_to(dt, random_values(B * L * E, rng));        // [B, L, E]
     const auto src = rounded_to(dt, random_values(B * S * c.kdim, rng));  // [B, S, kdim], kdim == vdim
     const Tensor source = positions_tensor(dt, src, B, S, c.kdim, 0, S, layout);
     KeyValueCache cache;
@@ -300,14 +302,15 @@ TEST_P(KvCacheDtype, CrossAttentionStepByStepEqualsForwardWithMasks) {
             m.forward(positions_tensor(dt, xq, B, L, E, 0, L, layout), source, source, in);
 
         const std::int64_t W = average ? B : B * h;
-        std::vector<double> out(static_cast<std::size_t>(B * L * E), kNaN), weights(static_cast<std::size_t>(W * L * S));
+        std::vector<double> out(static_cast<std::size_t>(B * L * E), kNaN),
+            weights(static_cast<std::size_t>(W * L * S));
         for (std::int64_t i = 0; i < L; ++i) {
           std::vector<double> row(static_cast<std::size_t>(N * S));  // attn_mask[:, i, :] -> [N, 1, S]
-          for (std::int64_t n = 0; n < N; ++n)
-            std::copy_n(am.begin() + (n * L + i) * S, S, row.begin() + n * S);
+          for (std::int64_t n = 0; n < N; ++n) std::copy_n(am.begin() + (n * L + i) * S, S, row.begin() + n * S);
           const Tensor step_mask = make_tensor(am_dt, variant == 0 ? Shape{1, S} : Shape{N, 1, S}, row);
           in.attn_mask = step_mask.view();
-          const MultiHeadAttentionOutput r = m.forward_cached(positions_tensor(dt, xq, B, L, E, i, i + 1, layout), cache, in);
+          const MultiHeadAttentionOutput r =
+              m.forward_cached(positions_tensor(dt, xq, B, L, E, i, i + 1, layout), cache, in);
           put_positions(r.out, B, L, E, i, layout, out);
           put_weight_rows(r.weights, W, L, S, 0, i, S, weights);
         }
@@ -354,7 +357,8 @@ TEST_P(KvCacheDtype, WeightsPerHeadAndAveragedMatchForward) {
   no_weights.need_weights = false;
   const MultiHeadAttentionOutput r = m.forward_cached(q, cache, no_weights);
   EXPECT_FALSE(r.weights.defined());
-  EXPECT_TRUE(all_close(to_doubles(r.out), to_doubles(m.forward(q, k, v, no_weights).out), tolerance(dt), tolerance(dt)));
+  EXPECT_TRUE(
+      all_close(to_doubles(r.out), to_doubles(m.forward(q, k, v, no_weights).out), tolerance(dt), tolerance(dt)));
 }
 
 // Strided (non-contiguous) key, value and query views give the same cache and output as copies.
@@ -493,67 +497,165 @@ std::vector<BadCacheCall> bad_calls() {
   using In = MultiHeadAttentionInputs;
   using Keep = std::vector<Tensor>;
   std::vector<BadCacheCall> c;
-  c.push_back({"attend_empty_cache", [] {
+  c.push_back({"attend_empty_cache",
+               [] {
                  MultiHeadAttention m(bad_config());
                  KeyValueCache cache;
                  (void)m.forward_cached(T({2, 1, 8}), cache);
-               }, R"(\bcache\b.*empty)"});
-  c.push_back({"attend_cleared_cache", [] {
+               },
+               R"(\bcache\b.*empty)"});
+  c.push_back({"attend_cleared_cache",
+               [] {
                  Filled f;
                  f.cache.clear();
                  (void)f.layer.forward_cached(T({2, 1, 8}), f.cache);
-               }, R"(\bcache\b.*empty)"});
-  c.push_back({"attend_batch_mismatch", [] { Filled f; (void)f.layer.forward_cached(T({3, 1, 8}), f.cache); }, R"(\bquery\b.*batch)"});
-  c.push_back({"attend_unbatched_query_with_batch_2", [] { Filled f; (void)f.layer.forward_cached(T({1, 8}), f.cache); }, R"(\bquery\b)"});
-  c.push_back({"attend_query_width", [] { Filled f; (void)f.layer.forward_cached(T({2, 1, 7}), f.cache); }, R"(\bquery\b.*d_model)"});
-  c.push_back({"attend_query_rank4", [] { Filled f; (void)f.layer.forward_cached(T({1, 2, 1, 8}), f.cache); }, R"(\bquery\b.*rank)"});
-  c.push_back({"attend_query_dtype", [] { Filled f; (void)f.layer.forward_cached(T({2, 1, 8}, DType::Float64), f.cache); }, R"(\bquery\b.*float32)"});
-  c.push_back({"append_batch_mismatch", [] { Filled f; f.layer.append_to_cache(f.cache, T({3, 1, 6}), T({3, 1, 7})); }, R"(\bkey\b.*batch)"});
-  c.push_back({"append_key_width", [] { Filled f; f.layer.append_to_cache(f.cache, T({2, 1, 8}), T({2, 1, 7})); }, R"(\bkey\b.*kdim)"});
-  c.push_back({"append_value_width", [] { Filled f; f.layer.append_to_cache(f.cache, T({2, 1, 6}), T({2, 1, 6})); }, R"(\bvalue\b.*vdim)"});
-  c.push_back({"append_key_dtype", [] { Filled f; f.layer.append_to_cache(f.cache, T({2, 1, 6}, DType::Float64), T({2, 1, 7})); }, R"(\bkey\b.*float32)"});
-  c.push_back({"append_value_bool", [] { Filled f; f.layer.append_to_cache(f.cache, T({2, 1, 6}), T({2, 1, 7}, DType::Bool)); }, R"(\bvalue\b.*float32)"});
-  c.push_back({"append_value_positions", [] { Filled f; f.layer.append_to_cache(f.cache, T({2, 2, 6}), T({2, 3, 7})); }, R"(\bvalue\b.*positions)"});
-  c.push_back({"append_value_batch", [] { Filled f; f.layer.append_to_cache(f.cache, T({2, 2, 6}), T({1, 2, 7})); }, R"(\bvalue\b.*batch)"});
-  c.push_back({"append_value_rank", [] { Filled f; f.layer.append_to_cache(f.cache, T({2, 2, 6}), T({2, 7})); }, R"(\bvalue\b.*rank)"});
-  c.push_back({"append_key_rank1", [] { Filled f; f.layer.append_to_cache(f.cache, T({6}), T({7})); }, R"(\bkey\b.*rank)"});
-  c.push_back({"append_no_positions", [] { Filled f; f.layer.append_to_cache(f.cache, T({2, 0, 6}), T({2, 0, 7})); }, R"(\bkey\b.*position)"});
-  c.push_back({"append_with_other_layer", [] {
+               },
+               R"(\bcache\b.*empty)"});
+  c.push_back({"attend_batch_mismatch",
+               [] {
+                 Filled f;
+                 (void)f.layer.forward_cached(T({3, 1, 8}), f.cache);
+               },
+               R"(\bquery\b.*batch)"});
+  c.push_back({"attend_unbatched_query_with_batch_2",
+               [] {
+                 Filled f;
+                 (void)f.layer.forward_cached(T({1, 8}), f.cache);
+               },
+               R"(\bquery\b)"});
+  c.push_back({"attend_query_width",
+               [] {
+                 Filled f;
+                 (void)f.layer.forward_cached(T({2, 1, 7}), f.cache);
+               },
+               R"(\bquery\b.*d_model)"});
+  c.push_back({"attend_query_rank4",
+               [] {
+                 Filled f;
+                 (void)f.layer.forward_cached(T({1, 2, 1, 8}), f.cache);
+               },
+               R"(\bquery\b.*rank)"});
+  c.push_back({"attend_query_dtype",
+               [] {
+                 Filled f;
+                 (void)f.layer.forward_cached(T({2, 1, 8}, DType::Float64), f.cache);
+               },
+               R"(\bquery\b.*float32)"});
+  c.push_back({"append_batch_mismatch",
+               [] {
+                 Filled f;
+                 f.layer.append_to_cache(f.cache, T({3, 1, 6}), T({3, 1, 7}));
+               },
+               R"(\bkey\b.*batch)"});
+  c.push_back({"append_key_width",
+               [] {
+                 Filled f;
+                 f.layer.append_to_cache(f.cache, T({2, 1, 8}), T({2, 1, 7}));
+               },
+               R"(\bkey\b.*kdim)"});
+  c.push_back({"append_value_width",
+               [] {
+                 Filled f;
+                 f.layer.append_to_cache(f.cache, T({2, 1, 6}), T({2, 1, 6}));
+               },
+               R"(\bvalue\b.*vdim)"});
+  c.push_back({"append_key_dtype",
+               [] {
+                 Filled f;
+                 f.layer.append_to_cache(f.cache, T({2, 1, 6}, DType::Float64), T({2, 1, 7}));
+               },
+               R"(\bkey\b.*float32)"});
+  c.push_back({"append_value_bool",
+               [] {
+                 Filled f;
+                 f.layer.append_to_cache(f.cache, T({2, 1, 6}), T({2, 1, 7}, DType::Bool));
+               },
+               R"(\bvalue\b.*float32)"});
+  c.push_back({"append_value_positions",
+               [] {
+                 Filled f;
+                 f.layer.append_to_cache(f.cache, T({2, 2, 6}), T({2, 3, 7}));
+               },
+               R"(\bvalue\b.*positions)"});
+  c.push_back({"append_value_batch",
+               [] {
+                 Filled f;
+                 f.layer.append_to_cache(f.cache, T({2, 2, 6}), T({1, 2, 7}));
+               },
+               R"(\bvalue\b.*batch)"});
+  c.push_back({"append_value_rank",
+               [] {
+                 Filled f;
+                 f.layer.append_to_cache(f.cache, T({2, 2, 6}), T({2, 7}));
+               },
+               R"(\bvalue\b.*rank)"});
+  c.push_back({"append_key_rank1",
+               [] {
+                 Filled f;
+                 f.layer.append_to_cache(f.cache, T({6}), T({7}));
+               },
+               R"(\bkey\b.*rank)"});
+  c.push_back({"append_no_positions",
+               [] {
+                 Filled f;
+                 f.layer.append_to_cache(f.cache, T({2, 0, 6}), T({2, 0, 7}));
+               },
+               R"(\bkey\b.*position)"});
+  c.push_back({"append_with_other_layer",
+               [] {
                  Filled f;
                  MultiHeadAttentionConfig cfg = bad_config();
                  cfg.d_k = 4;
                  MultiHeadAttention other(cfg);
                  other.append_to_cache(f.cache, T({2, 1, 6}), T({2, 1, 7}));
-               }, R"(\bcache\b.*d_k = 3)"});
-  c.push_back({"attend_with_other_dtype_layer", [] {
+               },
+               R"(\bcache\b.*d_k = 3)"});
+  c.push_back({"attend_with_other_dtype_layer",
+               [] {
                  Filled f;
                  MultiHeadAttentionConfig cfg = bad_config();
                  cfg.dtype = DType::Float64;
                  MultiHeadAttention other(cfg);
                  (void)other.forward_cached(T({2, 1, 8}, DType::Float64), f.cache);
-               }, R"(\bcache\b.*float64)"});
-  c.push_back({"attend_with_layer_without_bias_kv", [] {
+               },
+               R"(\bcache\b.*float64)"});
+  c.push_back({"attend_with_layer_without_bias_kv",
+               [] {
                  Filled f;
                  MultiHeadAttentionConfig cfg = bad_config();
                  cfg.add_bias_kv = true;
                  MultiHeadAttention other(cfg);
                  (void)other.forward_cached(T({2, 1, 8}), f.cache);
-               }, R"(\bcache\b.*add_bias_kv)"});
-  c.push_back({"attend_with_other_bias_kv_values", [] {
+               },
+               R"(\bcache\b.*add_bias_kv)"});
+  c.push_back({"attend_with_other_bias_kv_values",
+               [] {
                  MultiHeadAttentionConfig cfg = bad_config();
                  cfg.add_bias_kv = true;
                  MultiHeadAttention a(cfg, 1), b(cfg, 2);  // the same config, other bias_k / bias_v
                  KeyValueCache cache;
                  a.append_to_cache(cache, T({2, 4, 6}), T({2, 4, 7}));
                  (void)b.forward_cached(T({2, 1, 8}), cache);
-               }, R"(\bcache\b.*bias_k)"});
-  c.push_back({"attend_kpm_positions", [] {
-                 attend_with([](In& in, Keep& k) { k.push_back(T({2, 5}, DType::Bool)); in.key_padding_mask = k.back().view(); });
-               }, R"(\bkey_padding_mask\b.*\[2, 4\])"});
-  c.push_back({"attend_kpm_float", [] {
-                 attend_with([](In& in, Keep& k) { k.push_back(T({2, 4})); in.key_padding_mask = k.back().view(); });
-               }, R"(\bkey_padding_mask\b)"});
-  c.push_back({"attend_unbatched_kpm", [] {
+               },
+               R"(\bcache\b.*bias_k)"});
+  c.push_back({"attend_kpm_positions",
+               [] {
+                 attend_with([](In& in, Keep& k) {
+                   k.push_back(T({2, 5}, DType::Bool));
+                   in.key_padding_mask = k.back().view();
+                 });
+               },
+               R"(\bkey_padding_mask\b.*\[2, 4\])"});
+  c.push_back({"attend_kpm_float",
+               [] {
+                 attend_with([](In& in, Keep& k) {
+                   k.push_back(T({2, 4}));
+                   in.key_padding_mask = k.back().view();
+                 });
+               },
+               R"(\bkey_padding_mask\b)"});
+  c.push_back({"attend_unbatched_kpm",
+               [] {
                  MultiHeadAttention m(bad_config());
                  KeyValueCache cache;
                  m.append_to_cache(cache, T({4, 6}), T({4, 7}));
@@ -561,18 +663,38 @@ std::vector<BadCacheCall> bad_calls() {
                  const Tensor kpm = T({5}, DType::Bool);
                  in.key_padding_mask = kpm.view();
                  (void)m.forward_cached(T({1, 8}), cache, in);
-               }, R"(\bkey_padding_mask\b.*\[4\])"});
-  c.push_back({"attend_key_lengths_count", [] { attend_with([](In& in, Keep&) { in.key_lengths = {4}; }); }, R"(\bkey_lengths\b)"});
-  c.push_back({"attend_key_lengths_past_cache", [] { attend_with([](In& in, Keep&) { in.key_lengths = {4, 5}; }); }, R"(\bkey_lengths\b.*S = 4)"});
-  c.push_back({"attend_attn_mask_2d_columns", [] {
-                 attend_with([](In& in, Keep& k) { k.push_back(T({1, 3}, DType::Bool)); in.attn_mask = k.back().view(); });
-               }, R"(\battn_mask\b.*\[1, 4\])"});
-  c.push_back({"attend_attn_mask_2d_rows", [] {
-                 attend_with([](In& in, Keep& k) { k.push_back(T({4, 4}, DType::Bool)); in.attn_mask = k.back().view(); });
-               }, R"(\battn_mask\b)"});
-  c.push_back({"attend_attn_mask_3d", [] {
-                 attend_with([](In& in, Keep& k) { k.push_back(T({2, 1, 4})); in.attn_mask = k.back().view(); });
-               }, R"(\battn_mask\b.*\[4, 1, 4\])"});
+               },
+               R"(\bkey_padding_mask\b.*\[4\])"});
+  c.push_back({"attend_key_lengths_count", [] { attend_with([](In& in, Keep&) { in.key_lengths = {4}; }); },
+               R"(\bkey_lengths\b)"});
+  c.push_back({"attend_key_lengths_past_cache", [] { attend_with([](In& in, Keep&) {
+                                                       in.key_lengths = {4, 5};
+                                                     }); },
+               R"(\bkey_lengths\b.*S = 4)"});
+  c.push_back({"attend_attn_mask_2d_columns",
+               [] {
+                 attend_with([](In& in, Keep& k) {
+                   k.push_back(T({1, 3}, DType::Bool));
+                   in.attn_mask = k.back().view();
+                 });
+               },
+               R"(\battn_mask\b.*\[1, 4\])"});
+  c.push_back({"attend_attn_mask_2d_rows",
+               [] {
+                 attend_with([](In& in, Keep& k) {
+                   k.push_back(T({4, 4}, DType::Bool));
+                   in.attn_mask = k.back().view();
+                 });
+               },
+               R"(\battn_mask\b)"});
+  c.push_back({"attend_attn_mask_3d",
+               [] {
+                 attend_with([](In& in, Keep& k) {
+                   k.push_back(T({2, 1, 4}));
+                   in.attn_mask = k.back().view();
+                 });
+               },
+               R"(\battn_mask\b.*\[4, 1, 4\])"});
   return c;
 }
 
@@ -590,7 +712,9 @@ TEST_P(KvCacheBadInput, ThrowsErrorNamingTheArgument) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, KvCacheBadInput, ::testing::ValuesIn(bad_calls()),
-                         [](const ::testing::TestParamInfo<BadCacheCall>& info) { return std::string(info.param.name); });
+                         [](const ::testing::TestParamInfo<BadCacheCall>& info) {
+                           return std::string(info.param.name);
+                         });
 
 // A failed append changes nothing: the cache keeps its length and contents.
 TEST(KvCacheErrors, FailedAppendLeavesTheCacheUnchanged) {
@@ -598,7 +722,8 @@ TEST(KvCacheErrors, FailedAppendLeavesTheCacheUnchanged) {
   m.eval();
   Rng rng(16);
   KeyValueCache cache;
-  m.append_to_cache(cache, random_tensor(DType::Float32, {2, 4, 6}, rng), random_tensor(DType::Float32, {2, 4, 7}, rng));
+  m.append_to_cache(cache, random_tensor(DType::Float32, {2, 4, 6}, rng),
+                    random_tensor(DType::Float32, {2, 4, 7}, rng));
   const Tensor q = random_tensor(DType::Float32, {2, 3, 8}, rng);
   const Tensor before = m.forward_cached(q, cache).out;
   EXPECT_THROW(m.append_to_cache(cache, T({3, 1, 6}), T({3, 1, 7})), mha::Error);

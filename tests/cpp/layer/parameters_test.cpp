@@ -125,8 +125,7 @@ TEST_P(MhaParams, StateDictRoundTrip) {
   MultiHeadAttention a(c.config(), 1);
   MultiHeadAttention b(c.config(), 2);
   b.load_state_dict(a.state_dict());
-  for (const auto& name : a.parameter_names())
-    EXPECT_TRUE(bitwise_equal(a.parameter(name), b.parameter(name))) << name;
+  for (const auto& name : a.parameter_names()) EXPECT_TRUE(bitwise_equal(a.parameter(name), b.parameter(name))) << name;
 }
 
 // A snapshot of every parameter, to check that a failed call changed nothing.

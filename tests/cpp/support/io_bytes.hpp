@@ -64,9 +64,7 @@ inline Bytes npy_bytes(std::string_view header, const Bytes& data, int major = 1
   return cat({raw("\x93NUMPY"), Bytes{std::byte(major), std::byte(minor)}, length, raw(text), data});
 }
 
-inline std::string to_string(const Bytes& b) {
-  return std::string(reinterpret_cast<const char*>(b.data()), b.size());
-}
+inline std::string to_string(const Bytes& b) { return std::string(reinterpret_cast<const char*>(b.data()), b.size()); }
 
 inline void write_file(const std::filesystem::path& path, const Bytes& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);

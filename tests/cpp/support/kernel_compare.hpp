@@ -88,7 +88,7 @@ struct KernelCase {
   bool causal = false;
   bool need_weights = false;
   double dropout_p = 0.0;
-  double scale = 0.0;  // 0: the default 1 / sqrt(d_k)
+  double scale = 0.0;      // 0: the default 1 / sqrt(d_k)
   double amplitude = 1.0;  // q, k, v uniform in [-amplitude, amplitude]
   Layout layout = Layout::Contiguous;
 
@@ -102,8 +102,7 @@ struct KernelCase {
 
 inline std::string case_name(const KernelCase& c) {
   std::ostringstream s;
-  s << "c" << c.index << "_B" << c.B << "_h" << c.h << "_L" << c.L << "_S" << c.S << "_dk" << c.d_k << "_dv"
-    << c.d_v;
+  s << "c" << c.index << "_B" << c.B << "_h" << c.h << "_L" << c.L << "_S" << c.S << "_dk" << c.d_k << "_dv" << c.d_v;
   if (c.masks == 0) s << "_nomask";
   if (c.masks & kCmpKeyPadding) s << "_kpm";
   if (c.masks & kCmpLengths) s << "_lengths";
@@ -126,14 +125,24 @@ inline void PrintTo(const KernelCase& c, std::ostream* os) { *os << case_name(c)
 // Sizes that sit on and next to the fused kernel's block boundaries (src/attention/flash_config.hpp:
 // kBlockQ query rows, kBlockK keys, rows aligned to kRowAlign floats), in and past a half-full query
 // block, and the ends of the sweeps' range (1..300). random_kernel_cases() draws those up to its max_dim.
-inline constexpr std::int64_t kBoundarySizes[] = {
-    1, 2,
-    kRowAlign - 1, kRowAlign, kRowAlign + 1,
-    kBlockQ / 2 - 1, kBlockQ / 2, kBlockQ / 2 + 1,
-    kBlockQ - 1, kBlockQ, kBlockQ + 1,
-    kBlockQ + kBlockQ / 2 - 1, kBlockQ + kBlockQ / 2,
-    kBlockK - 1, kBlockK, kBlockK + 1,
-    299, 300};
+inline constexpr std::int64_t kBoundarySizes[] = {1,
+                                                  2,
+                                                  kRowAlign - 1,
+                                                  kRowAlign,
+                                                  kRowAlign + 1,
+                                                  kBlockQ / 2 - 1,
+                                                  kBlockQ / 2,
+                                                  kBlockQ / 2 + 1,
+                                                  kBlockQ - 1,
+                                                  kBlockQ,
+                                                  kBlockQ + 1,
+                                                  kBlockQ + kBlockQ / 2 - 1,
+                                                  kBlockQ + kBlockQ / 2,
+                                                  kBlockK - 1,
+                                                  kBlockK,
+                                                  kBlockK + 1,
+                                                  299,
+                                                  300};
 inline constexpr std::int64_t kHeadDims[] = {1, 5, 16, 32, 59, 64, 80, 96, 111, 128, 256};
 
 // `count` seeded configurations: B, h, L, S in [1, max_dim], head dims from kHeadDims, every mask
@@ -372,7 +381,8 @@ inline ::testing::AssertionResult within_rule(const char* what, const std::vecto
     if (e.at < 0) return std::string("-");
     const auto i = static_cast<std::size_t>(e.at);
     std::ostringstream s;
-    s << (shape.empty() ? "element " + std::to_string(e.at) : index_str(shape, e.at)) << " (fused " << fused[i] << ", ref32 " << ref32[i] << ", ref64 " << ref64[i] << ")";
+    s << (shape.empty() ? "element " + std::to_string(e.at) : index_str(shape, e.at)) << " (fused " << fused[i]
+      << ", ref32 " << ref32[i] << ", ref64 " << ref64[i] << ")";
     return s.str();
   };
   if (!std::isfinite(e_ref.value))
@@ -380,10 +390,9 @@ inline ::testing::AssertionResult within_rule(const char* what, const std::vecto
                                          << "reference on a non-finite value at " << where(e_ref);
   const double bound = factor * e_ref.value + slack;
   if (e_fused.value <= bound) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << what << ": fused error " << e_fused.value << " at " << where(e_fused)
-                                       << " > " << factor << " x reference float32 error " << e_ref.value << " + "
-                                       << slack << " = " << bound << " (reference's worst at " << where(e_ref)
-                                       << ")";
+  return ::testing::AssertionFailure() << what << ": fused error " << e_fused.value << " at " << where(e_fused) << " > "
+                                       << factor << " x reference float32 error " << e_ref.value << " + " << slack
+                                       << " = " << bound << " (reference's worst at " << where(e_ref) << ")";
 }
 
 // The gradient rule's slack for the cancellation in dS = P (dP - D). The backward's D = rowsum(dO * O)
@@ -402,7 +411,8 @@ inline double cancellation_slack(const KernelCase& c, const CaseData& d, bool fo
   };
   const double scale = c.scale > 0 ? c.scale : 1.0 / std::sqrt(static_cast<double>(c.d_k));
   const double eps32 = 0x1.0p-23;
-  const double dp_error = std::sqrt(static_cast<double>(c.d_v)) * eps32 * max_abs(d.dout) * max_abs(d.v) / (1.0 - c.dropout_p);
+  const double dp_error =
+      std::sqrt(static_cast<double>(c.d_v)) * eps32 * max_abs(d.dout) * max_abs(d.v) / (1.0 - c.dropout_p);
   const double fan = for_dk ? static_cast<double>(c.L) * max_abs(d.q) : max_abs(d.k);
   return kRuleSlack + 4.0 * dp_error * scale * fan;  // 4: headroom over the typical random walk
 }
@@ -434,11 +444,13 @@ inline ::testing::AssertionResult masked_parts_exact(const KernelCase& c, const 
         const bool has_keys = row_has_keys(m, b, hh, i);
         if (!has_keys) {
           if (r.lse[static_cast<std::size_t>(row)] != -kInf)
-            fail("lse" + index_str({c.B, c.h, c.L}, row) + " = " + std::to_string(r.lse[static_cast<std::size_t>(row)]) +
+            fail("lse" + index_str({c.B, c.h, c.L}, row) + " = " +
+                 std::to_string(r.lse[static_cast<std::size_t>(row)]) +
                  " for a row with no allowed key, expected -inf");
           for (std::int64_t e = 0; e < c.d_v; ++e)
             if (r.out[static_cast<std::size_t>(row * c.d_v + e)] != 0.0)
-              fail("out" + index_str({c.B, c.h, c.L, c.d_v}, row * c.d_v + e) + " nonzero in a row with no allowed key");
+              fail("out" + index_str({c.B, c.h, c.L, c.d_v}, row * c.d_v + e) +
+                   " nonzero in a row with no allowed key");
           for (std::int64_t e = 0; e < c.d_k && !r.dq.empty(); ++e)
             if (r.dq[static_cast<std::size_t>(row * c.d_k + e)] != 0.0)
               fail("dq" + index_str({c.B, c.h, c.L, c.d_k}, row * c.d_k + e) + " nonzero in a row with no allowed key");

@@ -74,10 +74,10 @@ inline std::int64_t input_row(const LayerCase& c, std::int64_t T, std::int64_t b
 }
 
 struct LayerData {
-  std::vector<double> query, key, value, dout;         // in the shapes input_shape() gives
-  std::map<std::string, std::vector<double>> params;   // by parameter name
+  std::vector<double> query, key, value, dout;        // in the shapes input_shape() gives
+  std::map<std::string, std::vector<double>> params;  // by parameter name
   std::map<std::string, Shape> param_shapes;
-  NaiveMaskSpec masks;                                 // over the S input keys (B, h, L, S set)
+  NaiveMaskSpec masks;  // over the S input keys (B, h, L, S set)
 };
 
 inline LayerData make_layer_data(const LayerCase& c, std::uint64_t seed) {
@@ -124,7 +124,8 @@ inline LayerMasks layer_masks(const LayerCase& c, const NaiveMaskSpec& m, DType 
   in.key_lengths = m.key_lengths;
   if (!m.key_padding.empty()) {
     const Shape shape = c.layout == InputLayout::Unbatched ? Shape{c.S} : Shape{c.B, c.S};
-    out.storage.push_back(make_tensor(DType::Bool, shape, std::vector<double>(m.key_padding.begin(), m.key_padding.end())));
+    out.storage.push_back(
+        make_tensor(DType::Bool, shape, std::vector<double>(m.key_padding.begin(), m.key_padding.end())));
     in.key_padding_mask = out.storage.back().view();
   }
   if (!m.bool_mask.empty()) {

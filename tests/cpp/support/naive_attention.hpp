@@ -29,7 +29,7 @@ struct NaiveMaskSpec {
   std::vector<std::int64_t> key_lengths;  // [B]; empty: none
   std::vector<std::uint8_t> bool_mask;    // [L, S] or [B*h, L, S] (bool_mask_batched); 1 = forbidden
   bool bool_mask_batched = false;
-  std::vector<double> float_mask;         // [L, S] or [B*h, L, S] (float_mask_batched); added
+  std::vector<double> float_mask;  // [L, S] or [B*h, L, S] (float_mask_batched); added
   bool float_mask_batched = false;
 
   bool allowed(std::int64_t b, std::int64_t hh, std::int64_t i, std::int64_t j) const {
@@ -64,9 +64,9 @@ using AdditiveFn = std::function<double(std::int64_t, std::int64_t, std::int64_t
 // allowed logits are all -inf) gets out 0, weights 0, lse -inf. Softmax subtracts the row maximum,
 // so logits of any finite size are fine.
 inline NaiveResult naive_attention(const std::vector<double>& q, const std::vector<double>& k,
-                                   const std::vector<double>& v, std::int64_t B, std::int64_t h,
-                                   std::int64_t L, std::int64_t S, std::int64_t d_k, std::int64_t d_v,
-                                   double scale, const AllowedFn& allowed, const AdditiveFn& additive) {
+                                   const std::vector<double>& v, std::int64_t B, std::int64_t h, std::int64_t L,
+                                   std::int64_t S, std::int64_t d_k, std::int64_t d_v, double scale,
+                                   const AllowedFn& allowed, const AdditiveFn& additive) {
   NaiveResult r;
   r.out.assign(static_cast<std::size_t>(B * h * L * d_v), 0.0);
   r.weights.assign(static_cast<std::size_t>(B * h * L * S), 0.0);
@@ -110,8 +110,8 @@ inline NaiveResult naive_attention(const std::vector<double>& q, const std::vect
 }
 
 inline NaiveResult naive_attention(const std::vector<double>& q, const std::vector<double>& k,
-                                   const std::vector<double>& v, std::int64_t d_k, std::int64_t d_v,
-                                   double scale, const NaiveMaskSpec& masks) {
+                                   const std::vector<double>& v, std::int64_t d_k, std::int64_t d_v, double scale,
+                                   const NaiveMaskSpec& masks) {
   return naive_attention(
       q, k, v, masks.B, masks.h, masks.L, masks.S, d_k, d_v, scale,
       [&](std::int64_t b, std::int64_t hh, std::int64_t i, std::int64_t j) { return masks.allowed(b, hh, i, j); },
@@ -121,8 +121,7 @@ inline NaiveResult naive_attention(const std::vector<double>& q, const std::vect
 // The library-side form of a NaiveMaskSpec: AttentionOptions whose views point into tensors kept in
 // `storage` (a Tensor's heap buffer does not move when the Tensor object does). At most one of
 // bool_mask / float_mask may be set; the float mask is stored as `float_dtype`.
-inline mha::AttentionOptions options_for(const NaiveMaskSpec& m, DType float_dtype,
-                                         std::vector<Tensor>& storage) {
+inline mha::AttentionOptions options_for(const NaiveMaskSpec& m, DType float_dtype, std::vector<Tensor>& storage) {
   mha::AttentionOptions o;
   o.causal = m.causal;
   o.key_lengths = m.key_lengths;

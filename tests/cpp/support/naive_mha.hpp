@@ -23,8 +23,8 @@ namespace mha_test {
 
 struct NaiveMhaWeights {
   std::int64_t E = 0, h = 0, d_k = 0, d_v = 0, kdim = 0, vdim = 0;
-  std::vector<double> wq, wk, wv;  // [h*d_k, E], [h*d_k, kdim], [h*d_v, vdim]
-  std::vector<double> bq, bk, bv;  // [h*d_k], [h*d_k], [h*d_v]; empty: no bias
+  std::vector<double> wq, wk, wv;      // [h*d_k, E], [h*d_k, kdim], [h*d_v, vdim]
+  std::vector<double> bq, bk, bv;      // [h*d_k], [h*d_k], [h*d_v]; empty: no bias
   std::vector<double> bias_k, bias_v;  // [h*d_k], [h*d_v]; empty: no add_bias_kv
   std::vector<double> wo, bo;          // [E, h*d_v], [E]; bo empty: no bias
   bool add_zero_attn = false;
@@ -39,8 +39,7 @@ struct NaiveMhaResult {
 
 // y[n, o] = b[o] + sum_i x[n, i] w[o, i]   (x: [n, in], w: [out, in])
 inline std::vector<double> naive_linear(const std::vector<double>& x, std::int64_t n, std::int64_t in,
-                                        const std::vector<double>& w, const std::vector<double>& b,
-                                        std::int64_t out) {
+                                        const std::vector<double>& w, const std::vector<double>& b, std::int64_t out) {
   std::vector<double> y(static_cast<std::size_t>(n * out), 0.0);
   for (std::int64_t r = 0; r < n; ++r)
     for (std::int64_t o = 0; o < out; ++o) {
@@ -55,11 +54,11 @@ inline std::vector<double> naive_linear(const std::vector<double>& x, std::int64
 // query [B, L, E], key [B, S, kdim], value [B, S, vdim] (batch first, C order). `masks` describes the
 // masks over the S input keys (its B, h, L, S must be set).
 inline NaiveMhaResult naive_mha(const NaiveMhaWeights& p, const std::vector<double>& query,
-                                const std::vector<double>& key, const std::vector<double>& value,
-                                std::int64_t B, std::int64_t L, std::int64_t S, const NaiveMaskSpec& masks) {
+                                const std::vector<double>& key, const std::vector<double>& value, std::int64_t B,
+                                std::int64_t L, std::int64_t S, const NaiveMaskSpec& masks) {
   const std::int64_t h = p.h, d_k = p.d_k, d_v = p.d_v;
-  const std::vector<double> Q = naive_linear(query, B * L, p.E, p.wq, p.bq, h * d_k);  // [B, L, h*d_k]
-  const std::vector<double> K = naive_linear(key, B * S, p.kdim, p.wk, p.bk, h * d_k);  // [B, S, h*d_k]
+  const std::vector<double> Q = naive_linear(query, B * L, p.E, p.wq, p.bq, h * d_k);     // [B, L, h*d_k]
+  const std::vector<double> K = naive_linear(key, B * S, p.kdim, p.wk, p.bk, h * d_k);    // [B, S, h*d_k]
   const std::vector<double> V = naive_linear(value, B * S, p.vdim, p.wv, p.bv, h * d_v);  // [B, S, h*d_v]
   const std::int64_t extra = (p.bias_k.empty() ? 0 : 1) + (p.add_zero_attn ? 1 : 0);
   const std::int64_t Sx = S + extra;
@@ -128,8 +127,8 @@ struct ExpectedParam {
   Shape shape;
 };
 inline std::vector<ExpectedParam> expected_parameters(std::int64_t E, std::int64_t h, std::int64_t d_k,
-                                                      std::int64_t d_v, std::int64_t kdim, std::int64_t vdim,
-                                                      bool bias, bool add_bias_kv) {
+                                                      std::int64_t d_v, std::int64_t kdim, std::int64_t vdim, bool bias,
+                                                      bool add_bias_kv) {
   std::vector<ExpectedParam> ps;
   const bool packed = kdim == E && vdim == E && d_k == d_v;
   if (packed) {
@@ -162,9 +161,9 @@ struct RandomState {
   }
 };
 
-inline RandomState random_state(std::int64_t E, std::int64_t h, std::int64_t d_k, std::int64_t d_v,
-                                std::int64_t kdim, std::int64_t vdim, bool bias, bool add_bias_kv,
-                                bool add_zero_attn, DType dtype, Rng& rng) {
+inline RandomState random_state(std::int64_t E, std::int64_t h, std::int64_t d_k, std::int64_t d_v, std::int64_t kdim,
+                                std::int64_t vdim, bool bias, bool add_bias_kv, bool add_zero_attn, DType dtype,
+                                Rng& rng) {
   RandomState s;
   NaiveMhaWeights& w = s.weights;
   w.E = E, w.h = h, w.d_k = d_k, w.d_v = d_v, w.kdim = kdim, w.vdim = vdim;

@@ -10,8 +10,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <ostream>
 #include <limits>
+#include <ostream>
 #include <random>
 #include <sstream>
 #include <string>
@@ -56,9 +56,7 @@ inline constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 class Rng {
  public:
   explicit Rng(std::uint64_t seed) : gen_(seed) {}
-  double uniform(double lo = -1.0, double hi = 1.0) {
-    return std::uniform_real_distribution<double>(lo, hi)(gen_);
-  }
+  double uniform(double lo = -1.0, double hi = 1.0) { return std::uniform_real_distribution<double>(lo, hi)(gen_); }
   bool bernoulli(double p) { return uniform(0.0, 1.0) < p; }
   std::int64_t integer(std::int64_t lo, std::int64_t hi) {  // inclusive
     return std::uniform_int_distribution<std::int64_t>(lo, hi)(gen_);
@@ -148,9 +146,8 @@ inline ::testing::AssertionResult bitwise_equal(const Tensor& a, const Tensor& b
   for (std::size_t i = 0; i < a.nbytes(); i += elem) {
     if (std::memcmp(pa + i, pb + i, elem) != 0) {
       const auto e = static_cast<std::int64_t>(i / elem);
-      return ::testing::AssertionFailure() << "first differing element " << e << ": "
-                                           << load(a.data(), a.dtype(), e) << " vs "
-                                           << load(b.data(), b.dtype(), e);
+      return ::testing::AssertionFailure() << "first differing element " << e << ": " << load(a.data(), a.dtype(), e)
+                                           << " vs " << load(b.data(), b.dtype(), e);
     }
   }
   return ::testing::AssertionSuccess();
@@ -173,9 +170,8 @@ inline std::string index_str(const Shape& shape, std::int64_t flat) {
 
 // |actual - expected| <= atol + rtol * |expected| everywhere; infinities must match exactly and a
 // NaN passes only where NaN is expected. Reports the count, the worst and the first few mismatches.
-inline ::testing::AssertionResult all_close(const std::vector<double>& actual,
-                                            const std::vector<double>& expected, double atol,
-                                            double rtol, const Shape& shape = {}) {
+inline ::testing::AssertionResult all_close(const std::vector<double>& actual, const std::vector<double>& expected,
+                                            double atol, double rtol, const Shape& shape = {}) {
   if (actual.size() != expected.size())
     return ::testing::AssertionFailure() << "size " << actual.size() << " vs expected " << expected.size();
   std::ostringstream msg;
@@ -198,15 +194,13 @@ inline ::testing::AssertionResult all_close(const std::vector<double>& actual,
     }
   }
   if (bad == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << bad << " of " << actual.size()
-                                       << " elements differ (atol " << atol << ", rtol " << rtol
-                                       << ", worst abs error " << worst << ")" << msg.str();
+  return ::testing::AssertionFailure() << bad << " of " << actual.size() << " elements differ (atol " << atol
+                                       << ", rtol " << rtol << ", worst abs error " << worst << ")" << msg.str();
 }
 
 inline ::testing::AssertionResult all_finite(const std::vector<double>& values) {
   for (std::size_t i = 0; i < values.size(); ++i)
-    if (!std::isfinite(values[i]))
-      return ::testing::AssertionFailure() << "element " << i << " is " << values[i];
+    if (!std::isfinite(values[i])) return ::testing::AssertionFailure() << "element " << i << " is " << values[i];
   return ::testing::AssertionSuccess();
 }
 

@@ -78,17 +78,22 @@ TEST_P(TensorAlloc, ShapeStridesAlignmentAndZeroInit) {
 }
 
 const TensorShapeCase kShapes[] = {
-    {"scalar", {}},        {"n1", {1}},         {"n3", {3}},          {"n17", {17}},
-    {"7x5", {7, 5}},       {"1x1x1", {1, 1, 1}}, {"2x3x5x13", {2, 3, 5, 13}}, {"65x3", {65, 3}},
+    {"scalar", {}},
+    {"n1", {1}},
+    {"n3", {3}},
+    {"n17", {17}},
+    {"7x5", {7, 5}},
+    {"1x1x1", {1, 1, 1}},
+    {"2x3x5x13", {2, 3, 5, 13}},
+    {"65x3", {65, 3}},
 };
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, TensorAlloc,
-    ::testing::Combine(::testing::ValuesIn(kShapes),
-                       ::testing::Values(DType::Float32, DType::Float64, DType::Bool)),
-    [](const ::testing::TestParamInfo<TensorAlloc::ParamType>& info) {
-      return std::string(std::get<0>(info.param).name) + "_" + short_name(std::get<1>(info.param));
-    });
+INSTANTIATE_TEST_SUITE_P(Shapes, TensorAlloc,
+                         ::testing::Combine(::testing::ValuesIn(kShapes),
+                                            ::testing::Values(DType::Float32, DType::Float64, DType::Bool)),
+                         [](const ::testing::TestParamInfo<TensorAlloc::ParamType>& info) {
+                           return std::string(std::get<0>(info.param).name) + "_" + short_name(std::get<1>(info.param));
+                         });
 
 TEST(Tensor, DefaultIsUndefined) {
   Tensor t;
@@ -158,8 +163,7 @@ TEST(Tensor, CopyOfConvertsFloat32ToFloat64Exactly) {
   Tensor d = Tensor::copy_of(v, DType::Float64);
   EXPECT_EQ(d.dtype(), DType::Float64);
   EXPECT_EQ(d.shape(), (Shape{2, 3}));
-  for (std::size_t i = 0; i < mem.size(); ++i)
-    EXPECT_EQ(d.data_as<double>()[i], static_cast<double>(mem[i])) << i;
+  for (std::size_t i = 0; i < mem.size(); ++i) EXPECT_EQ(d.data_as<double>()[i], static_cast<double>(mem[i])) << i;
   EXPECT_TRUE(std::signbit(d.data_as<double>()[4]));
 }
 
@@ -168,8 +172,7 @@ TEST(Tensor, CopyOfConvertsFloat64ToFloat32ByRounding) {
   TensorView v(mem.data(), DType::Float64, {6});
   Tensor f = Tensor::copy_of(v, DType::Float32);
   EXPECT_EQ(f.dtype(), DType::Float32);
-  for (std::size_t i = 0; i < mem.size(); ++i)
-    EXPECT_EQ(f.data_as<float>()[i], static_cast<float>(mem[i])) << i;
+  for (std::size_t i = 0; i < mem.size(); ++i) EXPECT_EQ(f.data_as<float>()[i], static_cast<float>(mem[i])) << i;
 }
 
 TEST(Tensor, CopyOfDefaultKeepsDtypeAndIsContiguous) {
@@ -224,7 +227,7 @@ TEST(Tensor, CopyOfBroadcastViewMaterialisesRepeats) {
 }
 
 TEST(Tensor, CopyOfBoolStaysBool) {
-  std::vector<std::uint8_t> mem = {0, 1, 0, 7, 1, 0};  // nonzero = true
+  std::vector<std::uint8_t> mem = {0, 1, 0, 7, 1, 0};     // nonzero = true
   TensorView v(mem.data(), DType::Bool, {3, 2}, {1, 3});  // transposed
   Tensor c = Tensor::copy_of(v);
   EXPECT_EQ(c.dtype(), DType::Bool);

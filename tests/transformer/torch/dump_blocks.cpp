@@ -244,8 +244,8 @@ Dump dump_residual(bool pre_norm) {
   const M x = random_matrix(5, 6, rng), dout = random_matrix(5, 6, rng);
   const M out = residual.forward(x, [&](const M& u) { return ffn.forward(u); });
   const M dx = residual.backward(dout, [&](const M& g) { return ffn.backward(g); });
-  Dump d = one_input_dump(pre_norm ? "residual_ffn_pre_norm" : "residual_ffn_post_norm", "residual_ffn", x, out,
-                          dout, dx, params);
+  Dump d = one_input_dump(pre_norm ? "residual_ffn_pre_norm" : "residual_ffn_post_norm", "residual_ffn", x, out, dout,
+                          dx, params);
   d.meta("d_model", std::int64_t{6});
   d.meta("d_ff", std::int64_t{10});
   d.meta("pre_norm", pre_norm);

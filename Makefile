@@ -51,7 +51,7 @@ clean:
 	rm -rf $(BUILD) $(BUILD_ASAN)
 
 # clang-format (Debian's, 14) with .clang-format on every tracked .cpp/.hpp/.h/.cc: scripts/format.sh
-# rewrites the files; scripts/check-format.sh lists those that differ and fails (make test runs it first:
+# rewrites the files; scripts/format.sh --check lists those that differ and fails (make test runs it first:
 # it takes a second or two).
 format:
 	@bash scripts/install-deps.sh clang-format
@@ -59,7 +59,7 @@ format:
 
 format-check:
 	@bash scripts/install-deps.sh clang-format
-	@bash scripts/check-format.sh
+	@bash scripts/format.sh --check
 
 # The limits on the library's code that docs/DESIGN.md sets (files <= 450 lines and functions <= 80
 # lines in src/, one call of oneDNN's sgemm): scripts/check-structure.py, a second; make test runs it.

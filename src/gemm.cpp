@@ -14,52 +14,53 @@ namespace {
 
 // oneDNN's sgemm; inside one of our OpenMP regions (or with one thread allowed) it runs on the
 // calling thread.
-void sgemm_on_this_thread(const GemmArgs<float>& g) {
-  dnnl_sgemm(g.trans_a ? 'T' : 'N', g.trans_b ? 'T' : 'N', g.M, g.N, g.K, g.alpha, g.A, g.lda, g.B, g.ldb,
-             g.accumulate ? 1.0f : 0.0f, g.C, g.ldc);
-}
-
-// C = 0 for a product with nothing to sum (K = 0), unless accumulating.
-template <class T>
-void clear_unless_accumulating(const GemmArgs<T>& g) {
-  if (g.accumulate) return;
-  for (std::int64_t m = 0; m < g.M; ++m) std::fill_n(g.C + m * g.ldc, g.N, T(0));
+void sgemm_on_this_thread(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<float> A, GemmInput<float> B,
+                          GemmOutput<float> C, float alpha) {
+  dnnl_sgemm(A.transposed ? 'T' : 'N', B.transposed ? 'T' : 'N', M, N, K, alpha, A.data, A.ld, B.data, B.ld,
+             C.accumulate ? 1.0f : 0.0f, C.data, C.ld);
 }
 
 }  // namespace
 
 template <>
-void gemm<float>(const GemmArgs<float>& g) {
-  if (g.M == 0 || g.N == 0) return;
-  if (g.K == 0) return clear_unless_accumulating(g);
-  const std::int64_t blocks = (g.M + kGemmRowsPerBlock - 1) / kGemmRowsPerBlock;
-  const SerialIfSmall serial_if_small(2.0 * g.M * g.N * g.K);
+void gemm<float>(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<float> A, GemmInput<float> B,
+                 GemmOutput<float> C, float alpha) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {  // nothing to sum: C = 0, unless accumulating
+    if (!C.accumulate)
+      for (std::int64_t m = 0; m < M; ++m) std::fill_n(C.data + m * C.ld, N, 0.0f);
+    return;
+  }
+  const std::int64_t blocks = (M + kGemmRowsPerBlock - 1) / kGemmRowsPerBlock;
+  const SerialIfSmall serial_if_small(2.0 * M * N * K);
 #pragma omp parallel for schedule(dynamic, 1)
-  for (std::int64_t block = 0; block < blocks; ++block) {
-    GemmArgs<float> rows = g;  // rows [m0, m0 + M) of C, whole
-    const std::int64_t m0 = block * kGemmRowsPerBlock;
-    rows.M = std::min(kGemmRowsPerBlock, g.M - m0);
-    rows.A = g.trans_a ? g.A + m0 : g.A + m0 * g.lda;  // rows of A' = columns of A when transposed
-    rows.C = g.C + m0 * g.ldc;
-    sgemm_on_this_thread(rows);
+  for (std::int64_t block = 0; block < blocks; ++block) {  // rows [m0, m0 + rows) of C, whole
+    const std::int64_t m0 = block * kGemmRowsPerBlock, rows = std::min(kGemmRowsPerBlock, M - m0);
+    GemmInput<float> A_rows = A;  // rows of op(A): columns of A when transposed
+    A_rows.data += A.transposed ? m0 : m0 * A.ld;
+    sgemm_on_this_thread(rows, N, K, A_rows, B, {C.data + m0 * C.ld, C.ld, C.accumulate}, alpha);
   }
 }
 
 template <>
-void gemm<double>(const GemmArgs<double>& g) {
-  const SerialIfSmall serial_if_small(2.0 * g.M * g.N * g.K);
+void gemm<double>(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<double> A, GemmInput<double> B,
+                  GemmOutput<double> C, double alpha) {
+  const SerialIfSmall serial_if_small(2.0 * M * N * K);
 #pragma omp parallel for schedule(static)
-  for (std::int64_t m = 0; m < g.M; ++m)
-    for (std::int64_t n = 0; n < g.N; ++n) {
-      double acc = 0;
-      for (std::int64_t c = 0; c < g.K; ++c)
-        acc += (g.trans_a ? g.A[c * g.lda + m] : g.A[m * g.lda + c]) *
-               (g.trans_b ? g.B[n * g.ldb + c] : g.B[c * g.ldb + n]);
-      double& out = g.C[m * g.ldc + n];
-      out = g.accumulate ? out + g.alpha * acc : g.alpha * acc;
+  for (std::int64_t m = 0; m < M; ++m)
+    for (std::int64_t n = 0; n < N; ++n) {
+      double sum = 0;
+      for (std::int64_t k = 0; k < K; ++k)
+        sum += (A.transposed ? A.data[k * A.ld + m] : A.data[m * A.ld + k]) *
+               (B.transposed ? B.data[n * B.ld + k] : B.data[k * B.ld + n]);
+      double& c = C.data[m * C.ld + n];
+      c = C.accumulate ? c + alpha * sum : alpha * sum;
     }
 }
 
-void gemm_tile(const GemmArgs<float>& args) { sgemm_on_this_thread(args); }
+void gemm_tile(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<float> A, GemmInput<float> B,
+               GemmOutput<float> C, float alpha) {
+  sgemm_on_this_thread(M, N, K, A, B, C, alpha);
+}
 
 }  // namespace mha::detail

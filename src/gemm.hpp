@@ -3,29 +3,50 @@
 // (the only call of it in the tree); float64, the verification dtype that oneDNN's CPU matmul does
 // not support, runs plain loops. A new dtype's product is added here.
 //
-// Every product is C [M, N] = alpha A' B' (+ C when accumulate), row-major, where
-//   A' = A [M, K], or A^T for A [K, M] when trans_a;   B' = B [K, N], or B^T for B [N, K] when trans_b;
-// lda, ldb, ldc are row strides in elements (C may be a column slice of a wider matrix).
+// A product is C [M, N] = alpha op(A) op(B), or C += alpha op(A) op(B), with op(A) [M, K] and
+// op(B) [K, N]. Every matrix is row-major with its own row stride in elements (ld), so an operand or
+// the result may be a block or a column slice of a wider matrix:
+//   gemm<float>(M, N, K, plain(x, ldx), transposed(w, K), overwrite(y, ldy));   // y = x W^T
 #pragma once
 
 #include <cstdint>
 
 namespace mha::detail {
 
-// The arguments of one product, named (the BLAS argument list, with its order kept).
+// A matrix a product reads: X [rows, cols] at `data`, rows `ld` elements apart; op(X) is X, or X^T
+// when `transposed`.
 template <class T>
-struct GemmArgs {
-  bool trans_a = false, trans_b = false;
-  std::int64_t M = 0, N = 0, K = 0;
-  T alpha = 1;
-  const T* A = nullptr;
-  std::int64_t lda = 0;
-  const T* B = nullptr;
-  std::int64_t ldb = 0;
-  bool accumulate = false;  // C += ... instead of C = ...
-  T* C = nullptr;
-  std::int64_t ldc = 0;
+struct GemmInput {
+  const T* data;
+  std::int64_t ld;
+  bool transposed;
 };
+
+template <class T>
+GemmInput<T> plain(const T* x, std::int64_t ld) {
+  return {x, ld, false};
+}
+template <class T>
+GemmInput<T> transposed(const T* x, std::int64_t ld) {
+  return {x, ld, true};
+}
+
+// Where a product writes: C [M, N] at `data`, rows `ld` elements apart, overwritten or added to.
+template <class T>
+struct GemmOutput {
+  T* data;
+  std::int64_t ld;
+  bool accumulate;
+};
+
+template <class T>
+GemmOutput<T> overwrite(T* c, std::int64_t ld) {
+  return {c, ld, false};
+}
+template <class T>
+GemmOutput<T> accumulate_into(T* c, std::int64_t ld) {
+  return {c, ld, true};
+}
 
 // Rows of C per work item of gemm(). Each block of C rows is computed whole (its full K reduction) by
 // one thread, so the result does not depend on the number of threads: oneDNN's own threading may
@@ -35,12 +56,13 @@ struct GemmArgs {
 inline constexpr std::int64_t kGemmRowsPerBlock = 128;
 
 // A whole product on the library's threads: blocks of kGemmRowsPerBlock rows of C shared among them
-// (on the calling thread alone when the product is small, see parallel.hpp). K = 0 gives C = 0
-// (or leaves C as it is when accumulating). Results are bitwise independent of the thread count.
+// (on the calling thread alone when the product is small, see parallel.hpp). K = 0 gives C = 0 (or
+// leaves C as it is when accumulating). Results are bitwise independent of the thread count.
 template <class T>
-void gemm(const GemmArgs<T>& args);
+void gemm(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<T> A, GemmInput<T> B, GemmOutput<T> C, T alpha = 1);
 
 // One tile of a kernel, on the calling thread only (for use inside the kernel's own parallel region).
-void gemm_tile(const GemmArgs<float>& args);
+void gemm_tile(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<float> A, GemmInput<float> B,
+               GemmOutput<float> C, float alpha = 1);
 
 }  // namespace mha::detail

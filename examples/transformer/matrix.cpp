@@ -14,18 +14,8 @@ void product(MatrixView<T> a, bool transpose_a, MatrixView<T> b, bool transpose_
   const std::int64_t M = transpose_a ? a.cols : a.rows, K = transpose_a ? a.rows : a.cols;
   const std::int64_t N = transpose_b ? b.rows : b.cols;
   assert((transpose_b ? b.cols : b.rows) == K && c.rows == M && c.cols == N);
-  mha::detail::gemm<T>({.trans_a = transpose_a,
-                        .trans_b = transpose_b,
-                        .M = M,
-                        .N = N,
-                        .K = K,
-                        .A = a.data,
-                        .lda = a.cols,
-                        .B = b.data,
-                        .ldb = b.cols,
-                        .accumulate = accumulate,
-                        .C = c.data.data(),
-                        .ldc = c.cols});
+  mha::detail::gemm<T>(M, N, K, {a.data, a.cols, transpose_a}, {b.data, b.cols, transpose_b},
+                       {c.data.data(), c.cols, accumulate});
 }
 
 }  // namespace

@@ -52,17 +52,7 @@ constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
 // precision.
 void ScaledLogits(const AttentionInputs<float>& p, const float* q_rows, std::int64_t rows, const float* k_block,
                   std::int64_t ldk, std::int64_t cols, float* s) {
-  gemm_tile({.trans_b = true,
-             .M = rows,
-             .N = cols,
-             .K = p.d_k,
-             .alpha = p.scale,
-             .A = q_rows,
-             .lda = p.q.stride[2],
-             .B = k_block,
-             .ldb = ldk,
-             .C = s,
-             .ldc = kBlockK});
+  gemm_tile(rows, cols, p.d_k, plain(q_rows, p.q.stride[2]), transposed(k_block, ldk), overwrite(s, kBlockK), p.scale);
 }
 
 // Probabilities of a tile: s [rows, cols] (row stride kBlockK) holds scale * Q K^T; masks are applied
@@ -116,16 +106,7 @@ void OnlineSoftmaxTile(const ForwardBlock& w, std::int64_t rows, std::int64_t co
 void AccumulateValues(const AttentionParams<float>& p, const ForwardBlock& w, std::int64_t b, std::int64_t head,
                       std::int64_t rows, std::int64_t j0, std::int64_t cols) {
   const SafeBlock v_block = safe_block(p, p.v, b, head, j0, cols, p.d_v, w.kv_copy, w.nonfinite);
-  gemm_tile({.M = rows,
-             .N = p.d_v,
-             .K = cols,
-             .A = w.s,
-             .lda = kBlockK,
-             .B = v_block.data,
-             .ldb = v_block.ld,
-             .accumulate = true,
-             .C = w.acc,
-             .ldc = w.ld_acc});
+  gemm_tile(rows, p.d_v, cols, plain(w.s, kBlockK), plain(v_block.data, v_block.ld), accumulate_into(w.acc, w.ld_acc));
   for (std::int64_t n = 0; n < v_block.nonfinite_count; ++n) {
     const std::int64_t c = w.nonfinite[n];
     for (std::int64_t r = 0; r < rows; ++r) {
@@ -276,16 +257,8 @@ void TileGradients(const BackwardContext& ctx, const BackwardTiles& t, std::int6
   const std::int64_t row0 = (b * p.h + head) * p.L + i0;
   ScaledLogits(p, &p.q(b, head, i0, 0), rows, kv.k.data, kv.k.ld, cols, t.s);
   ProbabilitiesFromLse(p, b, head, i0, rows, j0, cols, ctx.lse + row0, t.s);
-  gemm_tile({.trans_b = true,
-             .M = rows,
-             .N = cols,
-             .K = p.d_v,
-             .A = &p.dout(b, head, i0, 0),
-             .lda = p.dout.stride[2],
-             .B = kv.v.data,
-             .ldb = kv.v.ld,
-             .C = t.dp,
-             .ldc = kBlockK});
+  gemm_tile(rows, cols, p.d_v, plain(&p.dout(b, head, i0, 0), p.dout.stride[2]), transposed(kv.v.data, kv.v.ld),
+            overwrite(t.dp, kBlockK));
   SoftmaxBackwardTile(p, b, head, i0, rows, j0, cols, t.s, ctx.D + row0, t.dp);
   for (auto [list, count] :
        {std::pair{t.nonfinite_k, kv.k.nonfinite_count}, std::pair{t.nonfinite_v, kv.v.nonfinite_count}})
@@ -314,29 +287,10 @@ void KeyBlockGradients(const BackwardContext& ctx, std::int64_t b, std::int64_t 
       pd = t.pd;
     }
     // dV_j += dropout(P)^T dO_i;  dK_j += scale dS^T Q_i
-    gemm_tile({.trans_a = true,
-               .M = cols,
-               .N = p.d_v,
-               .K = rows,
-               .A = pd,
-               .lda = kBlockK,
-               .B = &p.dout(b, head, i0, 0),
-               .ldb = p.dout.stride[2],
-               .accumulate = true,
-               .C = &p.dv(b, head, j0, 0),
-               .ldc = p.dv.stride[2]});
-    gemm_tile({.trans_a = true,
-               .M = cols,
-               .N = p.d_k,
-               .K = rows,
-               .alpha = p.scale,
-               .A = t.dp,
-               .lda = kBlockK,
-               .B = &p.q(b, head, i0, 0),
-               .ldb = p.q.stride[2],
-               .accumulate = true,
-               .C = &p.dk(b, head, j0, 0),
-               .ldc = p.dk.stride[2]});
+    gemm_tile(cols, p.d_v, rows, transposed(pd, kBlockK), plain(&p.dout(b, head, i0, 0), p.dout.stride[2]),
+              accumulate_into(&p.dv(b, head, j0, 0), p.dv.stride[2]));
+    gemm_tile(cols, p.d_k, rows, transposed(t.dp, kBlockK), plain(&p.q(b, head, i0, 0), p.q.stride[2]),
+              accumulate_into(&p.dk(b, head, j0, 0), p.dk.stride[2]), p.scale);
   }
 }
 
@@ -350,17 +304,8 @@ void QueryBlockGradients(const BackwardContext& ctx, std::int64_t b, std::int64_
     const std::int64_t cols = std::min(kBlockK, key_end - j0);
     const KeyBlocks kv = ctx.key_blocks(t, b, head, j0, cols);
     TileGradients(ctx, t, b, head, i0, rows, j0, cols, kv);
-    gemm_tile({.M = rows,
-               .N = p.d_k,
-               .K = cols,
-               .alpha = p.scale,
-               .A = t.dp,
-               .lda = kBlockK,
-               .B = kv.k.data,
-               .ldb = kv.k.ld,
-               .accumulate = true,
-               .C = &p.dq(b, head, i0, 0),
-               .ldc = p.dq.stride[2]});
+    gemm_tile(rows, p.d_k, cols, plain(t.dp, kBlockK), plain(kv.k.data, kv.k.ld),
+              accumulate_into(&p.dq(b, head, i0, 0), p.dq.stride[2]), p.scale);
   }
 }
 

@@ -174,25 +174,9 @@ MultiHeadAttentionGradients MultiHeadAttention::backward(const TensorView& dout)
     const T* dy_p = dy.data_as<T>();
     // Output projection. Forward: out = context W_o^T + b_o.
     if (c.bias) column_sums(dy_p, E, B * L, E, grad("out_proj.bias"));
-    gemm<T>({.trans_a = true,
-             .M = E,
-             .N = vw,
-             .K = B * L,
-             .A = dy_p,
-             .lda = E,
-             .B = f.context.data_as<T>(),
-             .ldb = vw,
-             .C = grad("out_proj.weight"),
-             .ldc = vw});
-    gemm<T>({.M = B * L,
-             .N = vw,
-             .K = E,
-             .A = dy_p,
-             .lda = E,
-             .B = w.out,
-             .ldb = vw,
-             .C = dcontext.data_as<T>(),
-             .ldc = vw});
+    gemm<T>(E, vw, B * L, transposed(dy_p, E), plain(f.context.data_as<T>(), vw),
+            overwrite(grad("out_proj.weight"), vw));
+    gemm<T>(B * L, vw, E, plain(dy_p, E), plain(w.out, vw), overwrite(dcontext.data_as<T>(), vw));
 
     // Attention core. Forward: context = Attention(q_proj, k_proj, v_proj) per head.
     const HeadViews heads = head_views(f, c);

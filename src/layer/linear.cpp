@@ -11,18 +11,7 @@ void linear_forward(const T* x, std::int64_t ldx, std::int64_t M, std::int64_t K
   if (M == 0 || N == 0) return;
   for (std::int64_t m = 0; m < M; ++m)  // y = b (or 0), then y += x W^T
     for (std::int64_t n = 0; n < N; ++n) y[m * ldy + n] = bias ? bias[n] : T(0);
-  if (K > 0)
-    gemm<T>({.trans_b = true,
-             .M = M,
-             .N = N,
-             .K = K,
-             .A = x,
-             .lda = ldx,
-             .B = w,
-             .ldb = K,
-             .accumulate = true,
-             .C = y,
-             .ldc = ldy});
+  if (K > 0) gemm<T>(M, N, K, plain(x, ldx), transposed(w, K), accumulate_into(y, ldy));
 }
 
 template <class T>

@@ -86,18 +86,9 @@ void project_backward(const Tensor& dy, const TensorView& x, RowLayout rows, std
   const T* dyp = dy.data_as<T>();
   T* dxp = dx.data_as<T>();
   if (extra == 0) {
-    gemm<T>({.trans_a = true,
-             .M = N,
-             .N = width,
-             .K = B * positions,
-             .A = dyp,
-             .lda = N,
-             .B = xp,
-             .ldb = width,
-             .C = dw,
-             .ldc = width});
+    gemm<T>(N, width, B * positions, transposed(dyp, N), plain(xp, width), overwrite(dw, width));
     if (dbias) column_sums(dyp, N, B * positions, N, dbias);
-    gemm<T>({.M = B * positions, .N = width, .K = N, .A = dyp, .lda = N, .B = w, .ldb = width, .C = dxp, .ldc = width});
+    gemm<T>(B * positions, width, N, plain(dyp, N), plain(w, width), overwrite(dxp, width));
     return;
   }
   // y is [B, positions + extra, N]; x and dx keep the input's row layout.
@@ -105,30 +96,12 @@ void project_backward(const Tensor& dy, const TensorView& x, RowLayout rows, std
   for (std::int64_t b = 0; b < B; ++b) {
     const T* dy_b = dyp + b * (positions + extra) * N;
     const std::int64_t x_offset = b * rows.batch * width, ld = rows.position * width;
-    gemm<T>({.trans_a = true,
-             .M = N,
-             .N = width,
-             .K = positions,
-             .A = dy_b,
-             .lda = N,
-             .B = xp + x_offset,
-             .ldb = ld,
-             .accumulate = b > 0,
-             .C = dw,
-             .ldc = width});
+    gemm<T>(N, width, positions, transposed(dy_b, N), plain(xp + x_offset, ld), GemmOutput<T>{dw, width, b > 0});
     if (dbias) {
       column_sums(dy_b, N, positions, N, batch_bias.data());
       for (std::int64_t n = 0; n < N; ++n) dbias[n] += batch_bias[static_cast<std::size_t>(n)];
     }
-    gemm<T>({.M = positions,
-             .N = width,
-             .K = N,
-             .A = dy_b,
-             .lda = N,
-             .B = w,
-             .ldb = width,
-             .C = dxp + x_offset,
-             .ldc = ld});
+    gemm<T>(positions, width, N, plain(dy_b, N), plain(w, width), overwrite(dxp + x_offset, ld));
   }
 }
 

@@ -21,13 +21,7 @@ class AttentionEdge : public KernelParamTest<DType> {
  protected:
   DType dtype() const { return param(); }
 };
-INSTANTIATE_TEST_SUITE_P(Dtypes, AttentionEdge,
-                         ::testing::Combine(::testing::Values(DType::Float64, DType::Float32),
-                                            ::testing::ValuesIn(kAllKernels)),
-                         [](const ::testing::TestParamInfo<AttentionEdge::ParamType>& info) {
-                           return std::string(short_name(std::get<0>(info.param))) + "_" +
-                                  kernel_name(std::get<1>(info.param));
-                         });
+INSTANTIATE_TEST_SUITE_P(Dtypes, AttentionEdge, kFloatDtypesTimesKernels, dtype_kernel_name);
 
 // One query, two keys, width 1, scale 1: logits 0 and ln 2, so weights 1/3 and 2/3. The oracle is
 // checked against the hand values too, so that a mistake in it cannot hide one in the library.

@@ -16,7 +16,6 @@ namespace mha_test {
 namespace {
 
 using mha::detail::gemm;
-using mha::detail::GemmArgs;
 using mha::detail::kGemmRowsPerBlock;
 
 struct GemmCase {
@@ -56,10 +55,11 @@ Operands<T> make_operands(const GemmCase& c, std::uint32_t seed) {
   return o;
 }
 
+// The product of the case on its operands, through the entry under test.
 template <class T>
-GemmArgs<T> args_for(const GemmCase& c, Operands<T>& o) {
-  return {c.trans_a,  c.trans_b, c.M,          c.N,        c.K,  static_cast<T>(c.alpha), o.A.data(), o.lda,
-          o.B.data(), o.ldb,     c.accumulate, o.C.data(), o.ldc};
+void run_gemm(const GemmCase& c, Operands<T>& o) {
+  gemm<T>(c.M, c.N, c.K, {o.A.data(), o.lda, c.trans_a}, {o.B.data(), o.ldb, c.trans_b},
+          {o.C.data(), o.ldc, c.accumulate}, static_cast<T>(c.alpha));
 }
 
 // C as the product defines it, in float64 from the same operands; also sum |alpha a b| per element.
@@ -102,7 +102,7 @@ TEST_P(GemmTest, Float32WithinRoundingOfTheFloat64Product) {
   std::vector<double> want, magnitude;
   expected(c, o, want, magnitude);
   const std::vector<float> before = o.C;
-  gemm<float>(args_for(c, o));
+  run_gemm(c, o);
   // float32 accumulation of K terms: within K + 2 units of float's epsilon of the terms' magnitude.
   const double eps = std::ldexp(1.0, -23) * static_cast<double>(c.K + 2);
   for (std::int64_t m = 0; m < c.M; ++m) {
@@ -119,7 +119,7 @@ TEST_P(GemmTest, Float64MatchesTheProductToDoublePrecision) {
   Operands<double> o = make_operands<double>(c, 2);
   std::vector<double> want, magnitude;
   expected(c, o, want, magnitude);
-  gemm<double>(args_for(c, o));
+  run_gemm(c, o);
   for (std::int64_t m = 0; m < c.M; ++m)
     for (std::int64_t n = 0; n < c.N; ++n)
       ASSERT_NEAR(o.C[m * o.ldc + n], want[m * c.N + n], 1e-14 * (c.K + 2) * magnitude[m * c.N + n] + 1e-300);
@@ -134,9 +134,9 @@ TEST(Gemm, Float32BitwiseIndependentOfTheThreadCount) {
   Operands<float> one = make_operands<float>(c, 3), two = one;
   const int saved = omp_get_max_threads();
   omp_set_num_threads(1);
-  gemm<float>(args_for(c, one));
+  run_gemm(c, one);
   omp_set_num_threads(2);
-  gemm<float>(args_for(c, two));
+  run_gemm(c, two);
   omp_set_num_threads(saved);
   EXPECT_EQ(one.C, two.C);
 }

@@ -215,13 +215,7 @@ INSTANTIATE_TEST_SUITE_P(Configs, MhaForward,
                          });
 
 class MhaForwardDtype : public KernelParamTest<DType> {};
-INSTANTIATE_TEST_SUITE_P(Dtypes, MhaForwardDtype,
-                         ::testing::Combine(::testing::Values(DType::Float64, DType::Float32),
-                                            ::testing::ValuesIn(kAllKernels)),
-                         [](const ::testing::TestParamInfo<MhaForwardDtype::ParamType>& info) {
-                           return std::string(short_name(std::get<0>(info.param))) + "_" +
-                                  kernel_name(std::get<1>(info.param));
-                         });
+INSTANTIATE_TEST_SUITE_P(Dtypes, MhaForwardDtype, kFloatDtypesTimesKernels, dtype_kernel_name);
 
 // A query row with every key forbidden attends to nothing, so its output is out_proj.bias exactly
 // (0 @ W^T + b) and its weights are 0.

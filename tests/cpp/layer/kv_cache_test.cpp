@@ -245,13 +245,7 @@ INSTANTIATE_TEST_SUITE_P(Configs, KvCacheIncremental,
 
 class KvCacheDtype : public KernelParamTest<DType> {};
 
-INSTANTIATE_TEST_SUITE_P(Dtypes, KvCacheDtype,
-                         ::testing::Combine(::testing::Values(DType::Float64, DType::Float32),
-                                            ::testing::ValuesIn(kAllKernels)),
-                         [](const ::testing::TestParamInfo<KvCacheDtype::ParamType>& info) {
-                           return std::string(short_name(std::get<0>(info.param))) + "_" +
-                                  kernel_name(std::get<1>(info.param));
-                         });
+INSTANTIATE_TEST_SUITE_P(Dtypes, KvCacheDtype, kFloatDtypesTimesKernels, dtype_kernel_name);
 
 CacheCase small_case(DType dt, Layout layout = Layout::BatchFirst) {
   CacheCase c;

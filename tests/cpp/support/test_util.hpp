@@ -247,6 +247,16 @@ class KernelParamTest : public ::testing::TestWithParam<std::tuple<P, mha::Kerne
   }
 };
 
+// The parameters of a KernelParamTest<DType> over both floating dtypes and every kernel, and their
+// test names ("f64_reference", ...):
+//   INSTANTIATE_TEST_SUITE_P(Dtypes, Suite, kFloatDtypesTimesKernels, dtype_kernel_name);
+inline const auto kFloatDtypesTimesKernels =
+    ::testing::Combine(::testing::Values(DType::Float64, DType::Float32), ::testing::ValuesIn(kAllKernels));
+
+inline std::string dtype_kernel_name(const ::testing::TestParamInfo<std::tuple<DType, mha::Kernel>>& info) {
+  return std::string(short_name(std::get<0>(info.param))) + "_" + kernel_name(std::get<1>(info.param));
+}
+
 // Restores the library's thread count when a test ends, whatever it set.
 class ThreadCountGuard {
  public:

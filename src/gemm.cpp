@@ -5,6 +5,12 @@
 #include <oneapi/dnnl/dnnl.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "mha/error.hpp"
 
 #include "parallel.hpp"
 
@@ -13,11 +19,21 @@ namespace mha::detail {
 namespace {
 
 // oneDNN's sgemm; inside one of our OpenMP regions (or with one thread allowed) it runs on the
-// calling thread.
-void sgemm_on_this_thread(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<float> A, GemmInput<float> B,
-                          GemmOutput<float> C, float alpha) {
-  dnnl_sgemm(A.transposed ? 'T' : 'N', B.transposed ? 'T' : 'N', M, N, K, alpha, A.data, A.ld, B.data, B.ld,
-             C.accumulate ? 1.0f : 0.0f, C.data, C.ld);
+// calling thread. Returns oneDNN's status: it refuses, leaving C untouched, a leading dimension below
+// the row width it reads (callers pass operands whose rows it can read; attention_core.cpp copies
+// inputs whose rows overlap).
+dnnl_status_t sgemm_on_this_thread(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<float> A,
+                                   GemmInput<float> B, GemmOutput<float> C, float alpha) {
+  return dnnl_sgemm(A.transposed ? 'T' : 'N', B.transposed ? 'T' : 'N', M, N, K, alpha, A.data, A.ld, B.data, B.ld,
+                    C.accumulate ? 1.0f : 0.0f, C.data, C.ld);
+}
+
+std::string describe_failure(dnnl_status_t status, std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<float> A,
+                             GemmInput<float> B, GemmOutput<float> C) {
+  return "internal error: oneDNN's sgemm failed (status " + std::to_string(static_cast<int>(status)) + ") for M " +
+         std::to_string(M) + ", N " + std::to_string(N) + ", K " + std::to_string(K) + ", lda " + std::to_string(A.ld) +
+         (A.transposed ? " (A^T)" : "") + ", ldb " + std::to_string(B.ld) + (B.transposed ? " (B^T)" : "") + ", ldc " +
+         std::to_string(C.ld);
 }
 
 }  // namespace
@@ -33,13 +49,18 @@ void gemm<float>(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<float
   }
   const std::int64_t blocks = (M + kGemmRowsPerBlock - 1) / kGemmRowsPerBlock;
   const SerialIfSmall serial_if_small(2.0 * M * N * K);
+  std::atomic<int> failure{dnnl_success};  // an exception cannot leave the parallel region
 #pragma omp parallel for schedule(dynamic, 1)
   for (std::int64_t block = 0; block < blocks; ++block) {  // rows [m0, m0 + rows) of C, whole
     const std::int64_t m0 = block * kGemmRowsPerBlock, rows = std::min(kGemmRowsPerBlock, M - m0);
     GemmInput<float> A_rows = A;  // rows of op(A): columns of A when transposed
     A_rows.data += A.transposed ? m0 : m0 * A.ld;
-    sgemm_on_this_thread(rows, N, K, A_rows, B, {C.data + m0 * C.ld, C.ld, C.accumulate}, alpha);
+    const dnnl_status_t status =
+        sgemm_on_this_thread(rows, N, K, A_rows, B, {C.data + m0 * C.ld, C.ld, C.accumulate}, alpha);
+    if (status != dnnl_success) failure = status;
   }
+  if (failure != dnnl_success)
+    throw Error(describe_failure(static_cast<dnnl_status_t>(failure.load()), M, N, K, A, B, C));
 }
 
 template <>
@@ -60,7 +81,13 @@ void gemm<double>(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<doub
 
 void gemm_tile(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<float> A, GemmInput<float> B,
                GemmOutput<float> C, float alpha) {
-  sgemm_on_this_thread(M, N, K, A, B, C, alpha);
+  const dnnl_status_t status = sgemm_on_this_thread(M, N, K, A, B, C, alpha);
+  if (status == dnnl_success) return;
+  // Inside a kernel's parallel region nothing can be thrown: a failed tile is a broken internal
+  // invariant (the boundary gives kernels only operands the product accepts), so stop loudly rather
+  // than return what the untouched tile held.
+  std::fprintf(stderr, "mha: %s\n", describe_failure(status, M, N, K, A, B, C).c_str());
+  std::abort();
 }
 
 }  // namespace mha::detail

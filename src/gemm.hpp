@@ -57,11 +57,14 @@ inline constexpr std::int64_t kGemmRowsPerBlock = 128;
 
 // A whole product on the library's threads: blocks of kGemmRowsPerBlock rows of C shared among them
 // (on the calling thread alone when the product is small, see parallel.hpp). K = 0 gives C = 0 (or
-// leaves C as it is when accumulating). Results are bitwise independent of the thread count.
+// leaves C as it is when accumulating). Results are bitwise independent of the thread count. Throws
+// mha::Error (an internal error) if oneDNN refuses the product, e.g. for a row stride below the rows'
+// width.
 template <class T>
 void gemm(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<T> A, GemmInput<T> B, GemmOutput<T> C, T alpha = 1);
 
 // One tile of a kernel, on the calling thread only (for use inside the kernel's own parallel region).
+// A product oneDNN refuses is an internal assertion: it prints the product's arguments and aborts.
 void gemm_tile(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<float> A, GemmInput<float> B,
                GemmOutput<float> C, float alpha = 1);
 

@@ -200,12 +200,17 @@ void validate_attention_backward(const TensorView& dout, const TensorView& q, co
 
 namespace {
 
-// The fused kernel reads rows of q, k, v as contiguous vectors: views with a non-unit last stride
-// (rare: a transposed NumPy array) are copied once into `storage`.
-bool unit_inner_stride(const TensorView& t) { return t.size(3) <= 1 || t.stride(3) == 1; }
+// The kernels' products read q, k, v and dout as matrices of rows [T, d] with unit stride along a row
+// and a row stride of at least the row width (oneDNN's sgemm refuses less). Views that are not such
+// matrices (a transposed NumPy array; a row stride of 0, as in a broadcast one-query view; rows that
+// overlap, as in a sliding window) are copied once into `storage`, contiguous.
+bool rows_readable_by_products(const TensorView& t) {
+  const bool unit_inner = t.size(3) <= 1 || t.stride(3) == 1;
+  return unit_inner && t.stride(2) >= t.size(3);
+}
 
-TensorView with_unit_inner_stride(const TensorView& t, Tensor& storage) {
-  if (unit_inner_stride(t)) return t;
+TensorView with_readable_rows(const TensorView& t, Tensor& storage) {
+  if (rows_readable_by_products(t)) return t;
   storage = Tensor::copy_of(t);
   return storage.view();
 }
@@ -217,19 +222,19 @@ void run_attention_backward(const TensorView& dout_in, const TensorView& q_in, c
                             const AttentionOptions& o, const StridedOutput& dq, const StridedOutput& dk,
                             const StridedOutput& dv) {
   Tensor copies[4];
-  const TensorView q = with_unit_inner_stride(q_in, copies[0]);
-  const TensorView k = with_unit_inner_stride(k_in, copies[1]);
-  const TensorView v = with_unit_inner_stride(v_in, copies[2]);
-  const TensorView dout = with_unit_inner_stride(dout_in, copies[3]);
+  const TensorView q = with_readable_rows(q_in, copies[0]);
+  const TensorView k = with_readable_rows(k_in, copies[1]);
+  const TensorView v = with_readable_rows(v_in, copies[2]);
+  const TensorView dout = with_readable_rows(dout_in, copies[3]);
   dispatch_floating(q.dtype(), [&]<class T>(T) { run_backward_typed<T>(dout, q, k, v, out, lse, o, dq, dk, dv); });
 }
 
 void run_attention(const TensorView& q_in, const TensorView& k_in, const TensorView& v_in, const AttentionOptions& o,
                    const StridedOutput& out, Tensor& weights, Tensor& lse) {
   Tensor copies[3];
-  const TensorView q = with_unit_inner_stride(q_in, copies[0]);
-  const TensorView k = with_unit_inner_stride(k_in, copies[1]);
-  const TensorView v = with_unit_inner_stride(v_in, copies[2]);
+  const TensorView q = with_readable_rows(q_in, copies[0]);
+  const TensorView k = with_readable_rows(k_in, copies[1]);
+  const TensorView v = with_readable_rows(v_in, copies[2]);
   dispatch_floating(q.dtype(), [&]<class T>(T) { run_typed<T>(q, k, v, o, out, weights, lse); });
 }
 

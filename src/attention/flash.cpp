@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <new>
 #include <vector>
 
 #include "attention/dropout.hpp"
@@ -47,6 +48,24 @@ using flash::round_up;
 
 constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
 
+// `count` floats of aligned scratch; std::bad_alloc when the memory is not there (never a null to
+// write through).
+hwy::AlignedFreeUniquePtr<float[]> AllocateFloats(std::int64_t count) {
+  auto scratch = hwy::AllocateAligned<float>(static_cast<std::size_t>(count));
+  if (!scratch) throw std::bad_alloc();
+  return scratch;
+}
+
+// A row of weights of query i, keys [j0, j0 + cols), whose log-sum-exp is NaN: every entry is NaN after
+// the exp, but a forbidden key's weight stays exactly 0 (a masked position is ignored, whatever the row).
+void ZeroForbiddenEntries(const AttentionInputs<float>& p, std::int64_t b, std::int64_t head, std::int64_t i,
+                          std::int64_t j0, std::int64_t cols, float* row) {
+  for (std::int64_t c = 0; c < cols; ++c) {
+    const bool forbidden_by_addition = p.additive_mask && p.additive_mask(b, head, i, j0 + c) == kMinusInf;
+    if (!p.allowed(b, head, i, j0 + c) || forbidden_by_addition) row[c] = 0.0f;
+  }
+}
+
 // S [rows, cols] (row stride kBlockK) = scale Q_rows K_blk^T. The scale goes in as sgemm's alpha in the
 // forward and in both backward passes alike, so the backward's P = exp(S - lse) is normalised to float
 // precision.
@@ -66,6 +85,7 @@ void ProbabilitiesFromLse(const AttentionInputs<float>& p, std::int64_t b, std::
     std::fill(row + cols, row + padded_cols, kMinusInf);
     if (lse[r] == kMinusInf) std::fill(row, row + padded_cols, 0.0f);
     else ExpShiftedRow(row, padded_cols, lse[r]);
+    if (std::isnan(lse[r])) ZeroForbiddenEntries(p, b, head, i0 + r, j0, cols, row);
   }
 }
 
@@ -89,7 +109,9 @@ void OnlineSoftmaxTile(const ForwardBlock& w, std::int64_t rows, std::int64_t co
   for (std::int64_t r = 0; r < rows; ++r) {
     float* row = w.s + r * kBlockK;
     std::fill(row + cols, row + padded_cols, kMinusInf);
-    const float m_new = std::max(w.m[r], RowMax(row, padded_cols));
+    const float row_max = RowMax(row, padded_cols);              // NaN when the row holds a NaN
+    const bool nan = std::isnan(row_max) || std::isnan(w.m[r]);  // std::max would drop it
+    const float m_new = nan ? std::numeric_limits<float>::quiet_NaN() : std::max(w.m[r], row_max);
     if (m_new == kMinusInf) {  // nothing allowed yet in this row
       std::fill(row, row + padded_cols, 0.0f);
       continue;
@@ -168,10 +190,12 @@ void FlashForward(const AttentionParams<float>& p) {
   const std::int64_t q_blocks = (p.L + kBlockQ - 1) / kBlockQ;
   const std::int64_t ld_acc = round_up(p.d_v, kRowAlign);
   // Per-thread workspace, allocated once per call: logits tile, accumulator, K/V block copy, m, l.
-  const std::int64_t s_size = kBlockQ * kBlockK, acc_size = kBlockQ * ld_acc;
-  const std::int64_t kv_size = kBlockK * std::max(p.d_k, p.d_v);
+  // Sized to need: a block holds at most min(kBlockQ, L) query rows and min(kBlockK, S) keys.
+  const std::int64_t max_rows = std::min(kBlockQ, p.L), max_cols = std::min(kBlockK, p.S);
+  const std::int64_t s_size = max_rows * kBlockK, acc_size = max_rows * ld_acc;
+  const std::int64_t kv_size = max_cols * std::max(p.d_k, p.d_v);
   const std::int64_t per_thread = s_size + acc_size + round_up(kv_size, kRowAlign) + 2 * kBlockQ;
-  auto workspace = hwy::AllocateAligned<float>(static_cast<std::size_t>(omp_get_max_threads() * per_thread));
+  const auto workspace = AllocateFloats(omp_get_max_threads() * per_thread);
   std::vector<std::int64_t> nonfinite_lists(static_cast<std::size_t>(omp_get_max_threads() * kBlockK));
 
 #pragma omp parallel for schedule(dynamic, 1)
@@ -312,11 +336,14 @@ void QueryBlockGradients(const BackwardContext& ctx, std::int64_t b, std::int64_
 void FlashBackward(const AttentionBackwardParams<float>& p) {
   const SerialIfSmall serial_if_small(5.0 * p.B * p.h * p.L * p.S * (p.d_k + p.d_v));
   const std::int64_t q_blocks = (p.L + kBlockQ - 1) / kBlockQ, k_blocks = (p.S + kBlockK - 1) / kBlockK;
-  const std::int64_t tile = kBlockQ * kBlockK, kv_size = round_up(kBlockK * std::max(p.d_k, p.d_v), kRowAlign);
+  // Sized to need: tiles of at most min(kBlockQ, L) rows (row stride kBlockK), K/V blocks of at most
+  // min(kBlockK, S) keys.
+  const std::int64_t max_rows = std::min(kBlockQ, p.L), max_cols = std::min(kBlockK, p.S);
+  const std::int64_t tile = max_rows * kBlockK, kv_size = round_up(max_cols * std::max(p.d_k, p.d_v), kRowAlign);
   const std::int64_t per_thread = 3 * tile + 2 * kv_size;
-  auto workspace = hwy::AllocateAligned<float>(static_cast<std::size_t>(omp_get_max_threads() * per_thread));
-  auto D_all = hwy::AllocateAligned<float>(static_cast<std::size_t>(std::max<std::int64_t>(1, p.B * p.h * p.L)));
-  auto lse_all = hwy::AllocateAligned<float>(static_cast<std::size_t>(std::max<std::int64_t>(1, p.B * p.h * p.L)));
+  const auto workspace = AllocateFloats(omp_get_max_threads() * per_thread);
+  const auto D_all = AllocateFloats(std::max<std::int64_t>(1, p.B * p.h * p.L));
+  const auto lse_all = AllocateFloats(std::max<std::int64_t>(1, p.B * p.h * p.L));
   std::vector<std::int64_t> nonfinite_lists(static_cast<std::size_t>(omp_get_max_threads() * 2 * kBlockK));
 
 #pragma omp parallel for schedule(static)

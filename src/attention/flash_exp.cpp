@@ -5,16 +5,15 @@
 #define HWY_TARGET_INCLUDE "attention/flash_exp.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 
-#include "hwy/contrib/math/math-inl.h"
+#include "attention/online_softmax-inl.h"
 #include "hwy/highway.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace mha::detail::HWY_NAMESPACE {
-namespace hn = hwy::HWY_NAMESPACE;
 
 float FlashExp(float x) {
   const hn::CappedTag<float, 16> d;  // the vector the kernel's rows use (online_softmax-inl.h)
-  return hn::GetLane(hn::Exp(d, hn::Set(d, x)));
+  return hn::GetLane(ExpKeepNaN(d, hn::Set(d, x)));
 }
 
 }  // namespace mha::detail::HWY_NAMESPACE

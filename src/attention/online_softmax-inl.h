@@ -1,8 +1,10 @@
 // Per-target row operations of the fused kernel: the online softmax (Milakov & Gimelshein 2018, as
 // used by FlashAttention-2) on rows of a logits tile, and row scaling of the output accumulator.
 // Rows are padded to whole vectors by the caller (padding logits are -inf, so they contribute 0).
+// NaN propagates: a NaN logit makes its row's maximum NaN, and exp(NaN) is NaN (Highway's Exp alone
+// returns 0 for NaN), so a row that depends on a NaN or an overflowing logit becomes NaN, never a number.
 //
-// Included once per SIMD target by flash.cpp through Highway's foreach_target.h.
+// Included once per SIMD target by flash.cpp (and flash_exp.cpp) through Highway's foreach_target.h.
 #if defined(MHA_ONLINE_SOFTMAX_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef MHA_ONLINE_SOFTMAX_INL_H_
 #undef MHA_ONLINE_SOFTMAX_INL_H_
@@ -20,11 +22,25 @@ HWY_BEFORE_NAMESPACE();
 namespace mha::detail::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// The largest of row[0, n); n a multiple of the vector length. -inf for an all -inf row.
+// exp(x) lane by lane, NaN kept: Highway's Exp, except that a NaN lane stays NaN (Exp clamps its
+// argument and would return 0 for it). -inf gives exactly 0.
+template <class D, class V>
+HWY_INLINE V ExpKeepNaN(D d, V x) {
+  return hn::IfThenElse(hn::IsNaN(x), x, hn::Exp(d, x));
+}
+
+// The largest of row[0, n); n a multiple of the vector length. -inf for an all -inf row, NaN for a
+// row holding a NaN (the vector Max, like std::max, would drop it).
 HWY_INLINE float RowMax(const float* HWY_RESTRICT row, std::int64_t n) {
   const hn::CappedTag<float, 16> d;  // rows are padded to 16 floats
   auto m = hn::Set(d, -std::numeric_limits<float>::infinity());
-  for (std::int64_t j = 0; j < n; j += static_cast<std::int64_t>(hn::Lanes(d))) m = hn::Max(m, hn::Load(d, row + j));
+  auto any_nan = hn::IsNaN(m);  // all false
+  for (std::int64_t j = 0; j < n; j += static_cast<std::int64_t>(hn::Lanes(d))) {
+    const auto x = hn::Load(d, row + j);
+    m = hn::Max(m, x);
+    any_nan = hn::Or(any_nan, hn::IsNaN(x));
+  }
+  if (!hn::AllFalse(d, any_nan)) return std::numeric_limits<float>::quiet_NaN();
   return hn::GetLane(hn::MaxOfLanes(d, m));
 }
 
@@ -36,7 +52,7 @@ HWY_INLINE float ExpShiftedRowSum(float* HWY_RESTRICT row, std::int64_t n, float
   const auto vm = hn::Set(d, m);
   auto sum = hn::Zero(d);
   for (std::int64_t j = 0; j < n; j += static_cast<std::int64_t>(hn::Lanes(d))) {
-    const auto e = hn::Exp(d, hn::Sub(hn::Load(d, row + j), vm));
+    const auto e = ExpKeepNaN(d, hn::Sub(hn::Load(d, row + j), vm));
     hn::Store(e, d, row + j);
     sum = hn::Add(sum, e);
   }
@@ -48,7 +64,7 @@ HWY_INLINE void ExpShiftedRow(float* HWY_RESTRICT row, std::int64_t n, float shi
   const hn::CappedTag<float, 16> d;  // rows are padded to 16 floats
   const auto vs = hn::Set(d, shift);
   for (std::int64_t j = 0; j < n; j += static_cast<std::int64_t>(hn::Lanes(d)))
-    hn::Store(hn::Exp(d, hn::Sub(hn::Load(d, row + j), vs)), d, row + j);
+    hn::Store(ExpKeepNaN(d, hn::Sub(hn::Load(d, row + j), vs)), d, row + j);
 }
 
 // row[j] *= factor for j in [0, n); n a multiple of the vector length.

@@ -33,14 +33,19 @@ void reference_attention_forward(const AttentionParams<T>& p) {
     const std::int64_t b = r / (p.h * p.L), head = (r / p.L) % p.h, i = r % p.L;
     T* s = scratch.data() + omp_get_thread_num() * p.S;  // s: [S], logits then probabilities
 
+    // A key is forbidden by the boolean masks or by an additive -inf; its weight is exactly 0.
+    auto forbidden = [&](std::int64_t j) {
+      return !p.allowed(b, head, i, j) || (p.additive_mask && p.additive_mask(b, head, i, j) == kMinusInf);
+    };
+
     // Logits; forbidden keys get -inf without reading k (it may hold anything).
     T m = kMinusInf;
     for (std::int64_t j = 0; j < p.S; ++j) {
-      const T added = p.additive_mask ? p.additive_mask(b, head, i, j) : T(0);
-      if (!p.allowed(b, head, i, j) || added == kMinusInf) {
+      if (forbidden(j)) {
         s[j] = kMinusInf;
         continue;
       }
+      const T added = p.additive_mask ? p.additive_mask(b, head, i, j) : T(0);
       T dot = 0;
       for (std::int64_t c = 0; c < p.d_k; ++c) dot += p.q(b, head, i, c) * p.k(b, head, j, c);
       s[j] = dot * p.scale + added;
@@ -58,13 +63,13 @@ void reference_attention_forward(const AttentionParams<T>& p) {
     // Softmax, stable: subtract the row max before exponentiating.
     T sum = 0;
     for (std::int64_t j = 0; j < p.S; ++j) {
-      s[j] = s[j] == kMinusInf ? T(0) : std::exp(s[j] - m);
+      s[j] = forbidden(j) ? T(0) : std::exp(s[j] - m);  // NaN everywhere allowed when m is NaN
       sum += s[j];
     }
     if (p.lse) p.lse[r] = m + std::log(sum);
     const T keep_scale = T(1) / (T(1) - p.dropout_p);
     for (std::int64_t j = 0; j < p.S; ++j) {
-      s[j] /= sum;
+      s[j] = forbidden(j) ? T(0) : s[j] / sum;
       if (p.dropout_p > 0)
         s[j] = dropout_uniform(p.dropout_seed, b, head, i, j) < p.dropout_p ? T(0) : s[j] * keep_scale;
       if (weights) weights[j] = s[j];

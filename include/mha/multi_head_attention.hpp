@@ -18,6 +18,7 @@
 /// Unlike PyTorch, d_k and d_v are free: h*d_k need not equal E and d_k need not equal d_v.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -88,21 +89,42 @@ class MultiHeadAttention;
 ///
 /// A cache belongs to one layer (use one per layer and per decoding stream): it records the layer's h,
 /// d_k, d_v, dtype, add_bias_kv and add_zero_attn, and the calls throw mha::Error when another layer's
-/// differ (a layer with the same widths cannot be told apart, except by its bias_k / bias_v). Not
-/// thread-safe: an append must not overlap another call on the same cache. Move-only, like Tensor.
+/// differ (a layer with the same widths cannot be told apart, except by its bias_k / bias_v).
+///
+/// Threads: forward_cached() calls on one cache may overlap each other (from one or several layers);
+/// append_to_cache(), clear() and moving the cache need it alone. A call that would overlap an
+/// incompatible one on the same cache (say, two threads appending to it) is detected and throws
+/// mha::Error ("cache: in use by another call"); the cache is then unchanged. Move-only, like Tensor.
 class KeyValueCache {
  public:
   KeyValueCache() = default;  ///< empty; the first append fixes the batch size
+  KeyValueCache(KeyValueCache&& other);
+  KeyValueCache& operator=(KeyValueCache&& other);
 
   std::int64_t batch() const { return batch_; }        ///< B (0 before the first append)
   std::int64_t length() const { return length_; }      ///< positions held (S so far)
   std::int64_t capacity() const { return capacity_; }  ///< positions the storage holds before it grows
   /// Length 0, keeps the storage (and batch() until the next append). The next append starts over:
   /// it may bring another batch size or layer, and then allocates anew.
-  void clear() { length_ = 0; }
+  void clear();
 
  private:
   friend class MultiHeadAttention;
+
+  // Registers one call on the cache for its scope: a writer (append, clear, move) needs the cache
+  // alone, readers (forward_cached) may share it. Throws mha::Error when the call would overlap an
+  // incompatible one.
+  class Use {
+   public:
+    Use(const KeyValueCache& cache, bool write);
+    ~Use();
+    Use(const Use&) = delete;
+    Use& operator=(const Use&) = delete;
+
+   private:
+    const KeyValueCache& cache_;
+    bool write_;
+  };
 
   // Makes room for `positions` rows per batch, copying the rows held; capacity at least doubles.
   void reserve(std::int64_t positions);
@@ -114,6 +136,7 @@ class KeyValueCache {
   std::int64_t num_heads_ = 0, d_k_ = 0, d_v_ = 0;
   DType dtype_ = DType::Float32;
   bool add_bias_kv_ = false, add_zero_attn_ = false;
+  mutable std::atomic<int> users_{0};  // readers in forward_cached(), or -1 while one call writes
 };
 
 /// Thread safety: forward() and backward() change the layer's state (the dropout counter, what a
@@ -161,7 +184,9 @@ class MultiHeadAttention {
   /// forward's out), returns dLoss/d(query, key, value) and dLoss/d(every parameter). Gradients are
   /// returned in new tensors: they overwrite nothing and accumulate nothing (sum them yourself when
   /// query, key and value are one tensor). No gradient flows through the returned attention weights.
-  /// Throws mha::Error when there is no training-mode forward, or dout has the wrong shape or dtype.
+  /// Throws mha::Error when there is no training-mode forward, when a parameter was set (set_parameter,
+  /// load_state_dict) after it (as PyTorch refuses a backward through modified weights), or when dout
+  /// has the wrong shape or dtype.
   MultiHeadAttentionGradients backward(const TensorView& dout);
 
   // ---- incremental decoding (see KeyValueCache) ------------------------------------------------
@@ -199,6 +224,7 @@ class MultiHeadAttention {
   Kernel kernel_ = Kernel::Flash;
   std::uint64_t dropout_seed_;
   std::uint64_t dropout_calls_ = 0;
+  std::uint64_t parameters_version_ = 0;  // counts parameter changes, so backward() can refuse a stale forward
   std::shared_ptr<detail::SavedForward> saved_;
 };
 

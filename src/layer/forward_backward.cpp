@@ -31,6 +31,7 @@ struct SavedForward {
   Tensor q_proj, k_proj, v_proj, context, lse;
   KernelMasks masks;  // in kernel terms, owning their storage
   Shape out_shape;
+  std::uint64_t parameters_version = 0;  // the layer's parameters_version_ at the forward
 };
 
 }  // namespace detail
@@ -138,6 +139,7 @@ MultiHeadAttentionOutput MultiHeadAttention::forward(const TensorView& query, co
     f.masks = std::move(masks);
     f.masks.own_views();
     f.out_shape = result.out.shape();
+    f.parameters_version = parameters_version_;
     saved_ = std::move(saved);
   } else {
     saved_.reset();
@@ -148,6 +150,9 @@ MultiHeadAttentionOutput MultiHeadAttention::forward(const TensorView& query, co
 MultiHeadAttentionGradients MultiHeadAttention::backward(const TensorView& dout) {
   if (!saved_) fail("backward: no training-mode forward to differentiate; call train() and forward() first");
   const SavedForward& f = *saved_;
+  if (f.parameters_version != parameters_version_)
+    fail("backward: the parameters changed (set_parameter / load_state_dict) after the training-mode forward, so "
+         "its saved state no longer matches them; call forward() again before backward()");
   const auto& c = config_;
   const std::int64_t E = c.d_model, qk = c.num_heads * c.d_k, vw = c.num_heads * c.d_v;
   const std::int64_t B = f.B, L = f.L, S = f.S, S2 = f.S + f.extra;

@@ -40,6 +40,39 @@ std::string cache_signature(std::int64_t h, std::int64_t d_k, std::int64_t d_v, 
 
 }  // namespace
 
+KeyValueCache::Use::Use(const KeyValueCache& cache, bool write) : cache_(cache), write_(write) {
+  int users = cache.users_.load();
+  do {
+    if (users < 0 || (write && users > 0))
+      fail(std::string("cache: in use by another call (") + (users < 0 ? "an append or clear" : "forward_cached") +
+           ") at the same time; a KeyValueCache takes concurrent forward_cached() calls only, and "
+           "append_to_cache() / clear() / moving it alone");
+  } while (!cache.users_.compare_exchange_weak(users, write ? -1 : users + 1));
+}
+
+KeyValueCache::Use::~Use() {
+  if (write_) cache_.users_.store(0);
+  else cache_.users_.fetch_sub(1);
+}
+
+KeyValueCache::KeyValueCache(KeyValueCache&& other) { *this = std::move(other); }
+
+KeyValueCache& KeyValueCache::operator=(KeyValueCache&& other) {
+  if (this == &other) return *this;
+  const Use replaced(*this, /*write=*/true), moving(other, /*write=*/true);
+  keys_ = std::move(other.keys_), values_ = std::move(other.values_);
+  batch_ = other.batch_, length_ = other.length_, capacity_ = other.capacity_;
+  num_heads_ = other.num_heads_, d_k_ = other.d_k_, d_v_ = other.d_v_, dtype_ = other.dtype_;
+  add_bias_kv_ = other.add_bias_kv_, add_zero_attn_ = other.add_zero_attn_;
+  other.batch_ = other.length_ = other.capacity_ = 0;
+  return *this;
+}
+
+void KeyValueCache::clear() {
+  const Use clearing(*this, /*write=*/true);
+  length_ = 0;
+}
+
 void KeyValueCache::reserve(std::int64_t positions) {
   if (positions <= capacity_) return;
   const std::int64_t capacity = std::max({positions, 2 * capacity_, kMinCacheCapacity});
@@ -86,6 +119,7 @@ void MultiHeadAttention::check_cache_layer(const KeyValueCache& cache) const {
 }
 
 void MultiHeadAttention::append_to_cache(KeyValueCache& cache, const TensorView& key, const TensorView& value) const {
+  const KeyValueCache::Use writing(cache, /*write=*/true);
   const auto& c = config_;
   const std::int64_t h = c.num_heads, qk = h * c.d_k, vw = h * c.d_v;
 
@@ -111,7 +145,7 @@ void MultiHeadAttention::append_to_cache(KeyValueCache& cache, const TensorView&
   } else {  // an empty cache (new or cleared) starts over with this layer and batch size
     const bool storage_fits = cache.batch_ == B && cache.dtype_ == c.dtype && cache.num_heads_ * cache.d_k_ == qk &&
                               cache.num_heads_ * cache.d_v_ == vw;
-    if (!storage_fits) cache = KeyValueCache{};
+    if (!storage_fits) cache.keys_ = Tensor(), cache.values_ = Tensor(), cache.capacity_ = 0;
     cache.batch_ = B, cache.num_heads_ = h, cache.d_k_ = c.d_k, cache.d_v_ = c.d_v, cache.dtype_ = c.dtype;
     cache.add_bias_kv_ = c.add_bias_kv, cache.add_zero_attn_ = c.add_zero_attn;
   }
@@ -136,6 +170,7 @@ void MultiHeadAttention::append_to_cache(KeyValueCache& cache, const TensorView&
 
 MultiHeadAttentionOutput MultiHeadAttention::forward_cached(const TensorView& query, const KeyValueCache& cache,
                                                             const MultiHeadAttentionInputs& in) const {
+  const KeyValueCache::Use reading(cache, /*write=*/false);
   const auto& c = config_;
   const std::int64_t E = c.d_model, h = c.num_heads, qk = h * c.d_k;
 

@@ -120,6 +120,7 @@ void MultiHeadAttention::set_parameter(const std::string& name, const TensorView
   if (value.shape() != p.shape())
     fail(name + ": expected shape " + shape_str(p.shape()) + ", got " + shape_str(value.shape()));
   p = Tensor::copy_of(value, config_.dtype);
+  ++parameters_version_;  // a training-mode forward before this no longer matches the parameters
 }
 
 void MultiHeadAttention::load_state_dict(const std::map<std::string, TensorView>& state) {

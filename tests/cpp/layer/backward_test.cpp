@@ -283,6 +283,29 @@ TEST(MhaBackwardSelf, BackwardDoesNotAccumulate) {
   for (const auto& [name, t] : a.parameters) EXPECT_TRUE(bitwise_equal(t, b.parameters.at(name))) << name;
 }
 
+// The saved forward belongs to the parameters it ran with: after set_parameter / load_state_dict, a
+// backward without a new forward is refused (it returned gradients matching neither the old nor the
+// new weights), and a new forward makes it work again.
+TEST(MhaBackwardSelf, RefusedAfterTheParametersChange) {
+  MultiHeadAttentionConfig cfg;
+  cfg.d_model = 4, cfg.num_heads = 2, cfg.dtype = DType::Float64;
+  MultiHeadAttention m(cfg, 10), other(cfg, 11);
+  Rng rng(63);
+  Tensor x = random_tensor(DType::Float64, {2, 3, 4}, rng);
+  Tensor dout = random_tensor(DType::Float64, {2, 3, 4}, rng);
+  (void)m.forward(x, x, x);
+  m.load_state_dict(other.state_dict());
+  EXPECT_TRUE(throws_error_containing([&] { m.backward(dout); }, "parameters changed"));
+  (void)m.forward(x, x, x);
+  m.set_parameter("out_proj.weight", other.parameter("out_proj.weight"));
+  EXPECT_TRUE(throws_error_containing([&] { m.backward(dout); }, "call forward() again"));
+  (void)m.forward(x, x, x);
+  const auto after = m.backward(dout);
+  (void)other.forward(x, x, x);
+  const auto want = other.backward(dout);  // m now holds other's parameters
+  EXPECT_TRUE(bitwise_equal(after.query, want.query));
+}
+
 // ---- (d) padded keys are never read -------------------------------------------------------------
 
 struct LayerPoisonCase {

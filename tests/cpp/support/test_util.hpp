@@ -257,6 +257,21 @@ inline std::string dtype_kernel_name(const ::testing::TestParamInfo<std::tuple<D
   return std::string(short_name(std::get<0>(info.param))) + "_" + kernel_name(std::get<1>(info.param));
 }
 
+// Whether f() throws mha::Error with `fragment` in its message (any other outcome is a failure that says
+// what happened instead).
+template <class F>
+::testing::AssertionResult throws_error_containing(F&& f, const std::string& fragment) {
+  try {
+    f();
+  } catch (const mha::Error& e) {
+    if (std::string(e.what()).find(fragment) != std::string::npos) return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure() << "mha::Error without \"" << fragment << "\": " << e.what();
+  } catch (const std::exception& e) {
+    return ::testing::AssertionFailure() << "not an mha::Error: " << e.what();
+  }
+  return ::testing::AssertionFailure() << "nothing thrown (expected \"" << fragment << "\")";
+}
+
 // Restores the library's thread count when a test ends, whatever it set.
 class ThreadCountGuard {
  public:

@@ -38,4 +38,16 @@ inline void apply_masks(const AttentionInputs<float>& p, std::int64_t b, std::in
     }
 }
 
+// Whether query i of (b, head) may attend to some key in [0, end): not forbidden by the boolean masks
+// nor by an additive -inf. A row with no such key attends to nothing (output 0, lse -inf); a row whose
+// allowed keys all have -inf logits (overflow, -inf in the data) is 0 / 0, NaN.
+template <class T>
+bool has_allowed_key(const AttentionInputs<T>& p, std::int64_t b, std::int64_t head, std::int64_t i, std::int64_t end) {
+  for (std::int64_t j = 0; j < end; ++j)
+    if (p.allowed(b, head, i, j) &&
+        !(p.additive_mask && p.additive_mask(b, head, i, j) == -std::numeric_limits<T>::infinity()))
+      return true;
+  return false;
+}
+
 }  // namespace mha::detail

@@ -1,9 +1,9 @@
-// Isolating NaN and Inf in K and V blocks of tiled kernels. A block product mixes every key of the
-// block into every output, so one NaN stored at a padded key, or at a key a row does not attend to,
-// would poison outputs that do not depend on it. Before a block is used whole, its rows of padded keys
-// and its rows holding NaN or Inf are zeroed in a copy; the kernel then adds the exact contribution of
-// the non-finite rows to the outputs that attend to them, so a NaN or Inf reaches exactly the outputs
-// that depend on it.
+// Isolating NaN and Inf in the blocks of tiled kernels. A block product mixes every row of the block
+// into every output (0 * NaN is NaN), so one NaN stored at a padded key, at a key a row does not attend
+// to, or in a query row whose gradient coefficient for a key is 0, would poison outputs that do not
+// depend on it. Before a block is used whole, its rows of padded keys and its rows holding NaN or Inf
+// are zeroed in a copy; the kernel then adds the exact contribution of the non-finite rows where their
+// coefficient is not 0, so a NaN or Inf reaches exactly the outputs that depend on it.
 #pragma once
 
 #include <cmath>
@@ -13,42 +13,58 @@
 
 namespace mha::detail {
 
-// A K or V block ready for whole-block products.
+// A block of rows ready for whole-block products.
 struct SafeBlock {
-  const float* data;  // [cols, width], row stride ld
+  const float* data;  // [count, width], row stride ld
   std::int64_t ld;
   std::int64_t nonfinite_count;  // entries written to the caller's list
 };
 
-// The block of keys [j0, j0 + cols) of x (a K or V [B, h, S, width] with unit inner stride) made safe:
-// used in place when it has neither padded keys nor NaN/Inf, else copied into `scratch` [cols, width]
-// with those rows zeroed. The non-finite rows of keys that are not padding (some query may still
-// attend to them) are listed, as column indices within the block, in `nonfinite` [cols].
-inline SafeBlock safe_block(const AttentionInputs<float>& p, const Strided4<const float>& x, std::int64_t b,
-                            std::int64_t head, std::int64_t j0, std::int64_t cols, std::int64_t width, float* scratch,
-                            std::int64_t* nonfinite) {
-  const float* block = &x(b, head, j0, 0);
-  const std::int64_t ld = x.stride[2];
-  std::int64_t count = 0;
-  bool any_padding = false;
-  for (std::int64_t c = 0; c < cols; ++c) {
-    if (p.key_padding && p.key_padding(b, head, 0, j0 + c)) {
-      any_padding = true;
+// Rows [0, count) of `block` (row stride ld, `width` floats each, unit inner stride) made safe: used in
+// place when no row is skipped and none holds NaN or Inf, else copied into `scratch` [count, width]
+// with the skipped and the non-finite rows zeroed. The non-finite rows that are not skipped are listed
+// (as row indices) in `nonfinite` [count], for the caller to add their exact contribution where their
+// coefficient is not 0. skip(c): whether row c is padding that no output may read.
+template <class Skip>
+SafeBlock safe_rows(const float* block, std::int64_t ld, std::int64_t count, std::int64_t width, Skip skip,
+                    float* scratch, std::int64_t* nonfinite) {
+  std::int64_t listed = 0;
+  bool any_skipped = false;
+  for (std::int64_t c = 0; c < count; ++c) {
+    if (skip(c)) {
+      any_skipped = true;
       continue;
     }
     for (std::int64_t e = 0; e < width; ++e)
       if (!std::isfinite(block[c * ld + e])) {
-        nonfinite[count++] = c;
+        nonfinite[listed++] = c;
         break;
       }
   }
-  if (!any_padding && count == 0) return {block, ld, 0};
-  for (std::int64_t c = 0, next = 0; c < cols; ++c) {
-    bool zero = p.key_padding && p.key_padding(b, head, 0, j0 + c);
-    if (next < count && nonfinite[next] == c) zero = true, ++next;
+  if (!any_skipped && listed == 0) return {block, ld, 0};
+  for (std::int64_t c = 0, next = 0; c < count; ++c) {
+    bool zero = skip(c);
+    if (next < listed && nonfinite[next] == c) zero = true, ++next;
     for (std::int64_t e = 0; e < width; ++e) scratch[c * width + e] = zero ? 0.0f : block[c * ld + e];
   }
-  return {scratch, width, count};
+  return {scratch, width, listed};
+}
+
+// The block of keys [j0, j0 + cols) of x (a K or V [B, h, S, width]) made safe: rows of padded keys
+// (key_padding_mask) skipped, non-finite rows listed (column indices within the block).
+inline SafeBlock safe_block(const AttentionInputs<float>& p, const Strided4<const float>& x, std::int64_t b,
+                            std::int64_t head, std::int64_t j0, std::int64_t cols, std::int64_t width, float* scratch,
+                            std::int64_t* nonfinite) {
+  auto padded = [&](std::int64_t c) { return p.key_padding && p.key_padding(b, head, 0, j0 + c); };
+  return safe_rows(&x(b, head, j0, 0), x.stride[2], cols, width, padded, scratch, nonfinite);
+}
+
+// The rows [i0, i0 + rows) of a query-side array x (Q or dO [B, h, L, width]) made safe: nothing
+// skipped, non-finite rows listed (row indices within the block).
+inline SafeBlock safe_query_rows(const Strided4<const float>& x, std::int64_t b, std::int64_t head, std::int64_t i0,
+                                 std::int64_t rows, std::int64_t width, float* scratch, std::int64_t* nonfinite) {
+  return safe_rows(
+      &x(b, head, i0, 0), x.stride[2], rows, width, [](std::int64_t) { return false; }, scratch, nonfinite);
 }
 
 }  // namespace mha::detail

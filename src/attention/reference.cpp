@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "attention/dropout.hpp"
+#include "attention/masks.hpp"
 #include "parallel.hpp"
 
 namespace mha::detail {
@@ -54,6 +55,8 @@ void reference_attention_forward(const AttentionParams<T>& p) {
 
     for (std::int64_t c = 0; c < p.d_v; ++c) p.out(b, head, i, c) = 0;
     T* weights = p.weights ? p.weights + r * p.S : nullptr;
+    if (m == kMinusInf && has_allowed_key(p, b, head, i, p.S))  // allowed keys, all at -inf: 0 / 0
+      m = std::numeric_limits<T>::quiet_NaN();
     if (m == kMinusInf) {  // no allowed key: attend to nothing
       for (std::int64_t j = 0; j < p.S && weights; ++j) weights[j] = 0;
       if (p.lse) p.lse[r] = kMinusInf;

@@ -72,8 +72,7 @@ TEST_P(DegenerateRowStrides, EqualContiguousCopiesForwardAndBackward) {
 
 INSTANTIATE_TEST_SUITE_P(Views, DegenerateRowStrides,
                          ::testing::Values(StrideCase{"broadcast_query", true, false},
-                                           StrideCase{"overlapping_keys", false, true},
-                                           StrideCase{"both", true, true}),
+                                           StrideCase{"overlapping_keys", false, true}, StrideCase{"both", true, true}),
                          [](const ::testing::TestParamInfo<StrideCase>& info) { return info.param.name; });
 
 // Where a non-finite value sits, and which output rows it must reach (all others stay finite).
@@ -81,8 +80,8 @@ struct PoisonCase {
   const char* name;
   double scale_qk;  // q and k multiplied by this (1e20: every logit overflows to +inf)
   int nan_query_row;
-  int nan_key;          // an allowed key's k holds NaN: every row attends to it
-  double mask_entry;    // added at attn_mask[1, 1] (0: no mask)
+  int nan_key;        // an allowed key's k holds NaN: every row attends to it
+  double mask_entry;  // added at attn_mask[1, 1] (0: no mask)
 };
 
 class PoisonReachesItsRows : public KernelParamTest<PoisonCase> {};
@@ -140,7 +139,8 @@ INSTANTIATE_TEST_SUITE_P(Cases, PoisonReachesItsRows,
 TEST(WideValues, ScratchSizedToTheCall) {
   const std::int64_t d_v = std::int64_t{1} << (kUnderSanitizers ? 21 : 23);
   Rng rng(3);
-  const Tensor q = random_tensor(DType::Float32, {1, 1, 1, 2}, rng), k = random_tensor(DType::Float32, {1, 1, 2, 2}, rng);
+  const Tensor q = random_tensor(DType::Float32, {1, 1, 1, 2}, rng),
+               k = random_tensor(DType::Float32, {1, 1, 2, 2}, rng);
   const Tensor v = random_tensor(DType::Float32, {1, 1, 2, d_v}, rng);
   AttentionOptions flash, reference;
   reference.kernel = Kernel::Reference;

@@ -1,0 +1,181 @@
+// The fused attention kernel's forward: FlashAttention-2 (Dao 2023, "FlashAttention-2: Faster Attention with
+// Better Parallelism and Work Partitioning") on the CPU, float32, never holding an L x S matrix.
+//
+// Forward, for one (b, head, block of kBlockQ query rows):
+//   m = -inf, l = 0, acc = 0                                   per row; acc [rows, d_v]
+//   for each block of kBlockK keys:
+//     S = scale Q_blk K_blk^T (+ masks)                        [rows, cols]
+//     m' = max(m, rowmax S);  P = exp(S - m');  a = exp(m - m')
+//     l = a l + rowsum P;  acc = a acc + dropout(P) V_blk;  m = m'
+//   out = acc / l;  lse = m + log l                            (a row with no allowed key: 0, -inf)
+// The two products go through gemm_tile (oneDNN's sgemm on the calling thread, inside our OpenMP
+// region); the row operations through Highway, dispatched once per call to the best SIMD target of the
+// machine. Causal masking skips key blocks that lie entirely above the diagonal; key_lengths shortens
+// the key range. Keys outside the range are never read; masked keys inside it get -inf logits
+// (masks.hpp), and K/V rows of padded keys or holding NaN/Inf are zeroed in a copy of the block
+// (nonfinite.hpp), so a NaN or Inf stored at a masked position cannot leak through the block products.
+#include "attention/flash.hpp"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "attention/flash_forward.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "attention/dropout.hpp"
+#include "attention/flash_tiles-inl.h"
+#include "attention/masks.hpp"
+#include "attention/nonfinite.hpp"
+#include "hwy/highway.h"
+#include "parallel.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace mha::detail::HWY_NAMESPACE {
+
+// ---- forward --------------------------------------------------------------------------------------
+
+// One thread's state for one block of query rows.
+struct ForwardBlock {
+  float* s;                 // [rows, kBlockK]: logits, then probabilities
+  float* acc;               // [rows, ld_acc]: the unnormalised output
+  float* kv_copy;           // [kBlockK, max(d_k, d_v)]: a K or V block made safe (nonfinite.hpp)
+  float* m;                 // [rows]: running max, then the log-sum-exp
+  float* l;                 // [rows]: running sum
+  std::int64_t* nonfinite;  // [kBlockK]
+  std::int64_t ld_acc;
+};
+
+// The online softmax over one logits tile (masks applied, cols <= kBlockK): P = exp(S - m') in place,
+// l = a l + rowsum P, acc = a acc, m = m' with a = exp(m - m').
+void OnlineSoftmaxTile(const ForwardBlock& w, std::int64_t rows, std::int64_t cols) {
+  const std::int64_t padded_cols = round_up(cols, kRowAlign);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float* row = w.s + r * kBlockK;
+    std::fill(row + cols, row + padded_cols, kMinusInf);
+    const float row_max = RowMax(row, padded_cols);              // NaN when the row holds a NaN
+    const bool nan = std::isnan(row_max) || std::isnan(w.m[r]);  // std::max would drop it
+    const float m_new = nan ? std::numeric_limits<float>::quiet_NaN() : std::max(w.m[r], row_max);
+    if (m_new == kMinusInf) {  // nothing allowed yet in this row
+      std::fill(row, row + padded_cols, 0.0f);
+      continue;
+    }
+    const float rescale = std::exp(w.m[r] - m_new);  // 0 when m was -inf
+    w.l[r] = w.l[r] * rescale + ExpShiftedRowSum(row, padded_cols, m_new);
+    ScaleRow(w.acc + r * w.ld_acc, w.ld_acc, rescale);
+    w.m[r] = m_new;
+  }
+}
+
+// acc += P V_blk for keys [j0, j0 + cols); rows of V holding NaN or Inf are added apart, only where
+// their weight is not 0.
+void AccumulateValues(const AttentionParams<float>& p, const ForwardBlock& w, std::int64_t b, std::int64_t head,
+                      std::int64_t rows, std::int64_t j0, std::int64_t cols) {
+  const SafeBlock v_block = safe_block(p, p.v, b, head, j0, cols, p.d_v, w.kv_copy, w.nonfinite);
+  gemm_tile(rows, p.d_v, cols, plain(w.s, kBlockK), plain(v_block.data, v_block.ld), accumulate_into(w.acc, w.ld_acc));
+  for (std::int64_t n = 0; n < v_block.nonfinite_count; ++n) {
+    const std::int64_t c = w.nonfinite[n];
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const float weight = w.s[r * kBlockK + c];
+      if (weight == 0.0f) continue;
+      for (std::int64_t e = 0; e < p.d_v; ++e) w.acc[r * w.ld_acc + e] += weight * p.v(b, head, j0 + c, e);
+    }
+  }
+}
+
+// out = acc / l; m becomes lse = m + log l. A row with no allowed key attends to nothing; one whose
+// allowed logits are all -inf gets NaN (0 / 0), as the reference.
+void FinishRows(const AttentionParams<float>& p, const ForwardBlock& w, std::int64_t b, std::int64_t head,
+                std::int64_t i0, std::int64_t rows, std::int64_t key_end) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    bool empty = w.m[r] == kMinusInf;
+    if (empty && has_allowed_key(p, b, head, i0 + r, key_end)) {  // allowed keys, all at -inf: 0 / 0
+      w.m[r] = std::numeric_limits<float>::quiet_NaN();
+      empty = false;
+    }
+    const float inv_l = empty ? 0.0f : 1.0f / w.l[r];
+    for (std::int64_t c = 0; c < p.d_v; ++c) p.out(b, head, i0 + r, c) = empty ? 0.0f : w.acc[r * w.ld_acc + c] * inv_l;
+    w.m[r] = empty ? kMinusInf : w.m[r] + std::log(w.l[r]);
+    if (p.lse) p.lse[(b * p.h + head) * p.L + i0 + r] = w.m[r];
+  }
+}
+
+// The weights of query rows [i0, i0 + rows), recomputed block by block from the log-sum-exp (in w.m),
+// straight into the [B, h, L, S] output (already zero outside the key range).
+void WriteWeights(const AttentionParams<float>& p, const ForwardBlock& w, std::int64_t b, std::int64_t head,
+                  std::int64_t i0, std::int64_t rows, std::int64_t key_end) {
+  for (std::int64_t j0 = 0; j0 < key_end; j0 += kBlockK) {
+    const std::int64_t cols = std::min(kBlockK, key_end - j0);
+    ScaledLogits(p, &p.q(b, head, i0, 0), rows, &p.k(b, head, j0, 0), p.k.stride[2], cols, w.s);
+    ProbabilitiesFromLse(p, b, head, i0, rows, j0, cols, w.m, w.s);
+    if (p.dropout_p > 0) apply_dropout(p, b, head, i0, rows, j0, cols, w.s, kBlockK);
+    for (std::int64_t r = 0; r < rows; ++r)
+      std::copy_n(w.s + r * kBlockK, cols, p.weights + ((b * p.h + head) * p.L + i0 + r) * p.S + j0);
+  }
+}
+
+// The forward of query rows [i0, i0 + rows) of (b, head).
+void ForwardQueryBlock(const AttentionParams<float>& p, const ForwardBlock& w, std::int64_t b, std::int64_t head,
+                       std::int64_t i0, std::int64_t rows) {
+  const float* q_rows = &p.q(b, head, i0, 0);  // [rows, d_k], row stride p.q.stride[2]
+  std::fill(w.m, w.m + rows, kMinusInf);
+  std::fill(w.l, w.l + rows, 0.0f);
+  std::fill(w.acc, w.acc + rows * w.ld_acc, 0.0f);
+  const std::int64_t key_end = key_range_end(p, b, i0, rows);
+  for (std::int64_t j0 = 0; j0 < key_end; j0 += kBlockK) {
+    const std::int64_t cols = std::min(kBlockK, key_end - j0);
+    ScaledLogits(p, q_rows, rows, &p.k(b, head, j0, 0), p.k.stride[2], cols, w.s);
+    if (tile_needs_masks(p, i0, j0, cols)) apply_masks(p, b, head, i0, rows, j0, cols, w.s, kBlockK);
+    OnlineSoftmaxTile(w, rows, cols);
+    if (p.dropout_p > 0) apply_dropout(p, b, head, i0, rows, j0, cols, w.s, kBlockK);
+    AccumulateValues(p, w, b, head, rows, j0, cols);
+  }
+  FinishRows(p, w, b, head, i0, rows, key_end);
+  if (p.weights) WriteWeights(p, w, b, head, i0, rows, key_end);
+}
+
+void FlashForward(const AttentionParams<float>& p) {
+  const SerialIfSmall serial_if_small(2.0 * p.B * p.h * p.L * p.S * (p.d_k + p.d_v));
+  const std::int64_t q_blocks = (p.L + kBlockQ - 1) / kBlockQ;
+  const std::int64_t ld_acc = round_up(p.d_v, kRowAlign);
+  // Per-thread workspace, allocated once per call: logits tile, accumulator, K/V block copy, m, l.
+  // Sized to need: a block holds at most min(kBlockQ, L) query rows and min(kBlockK, S) keys.
+  const std::int64_t max_rows = std::min(kBlockQ, p.L), max_cols = std::min(kBlockK, p.S);
+  const std::int64_t s_size = max_rows * kBlockK, acc_size = max_rows * ld_acc;
+  const std::int64_t kv_size = max_cols * std::max(p.d_k, p.d_v);
+  const std::int64_t per_thread = s_size + acc_size + round_up(kv_size, kRowAlign) + 2 * kBlockQ;
+  const auto workspace = AllocateFloats(omp_get_max_threads() * per_thread);
+  std::vector<std::int64_t> nonfinite_lists(static_cast<std::size_t>(omp_get_max_threads() * kBlockK));
+
+#pragma omp parallel for schedule(dynamic, 1)
+  for (std::int64_t item = 0; item < p.B * p.h * q_blocks; ++item) {
+    const std::int64_t b = item / (p.h * q_blocks), head = (item / q_blocks) % p.h;
+    const std::int64_t i0 = (item % q_blocks) * kBlockQ, rows = std::min(kBlockQ, p.L - i0);
+    ForwardBlock w;
+    w.s = workspace.get() + omp_get_thread_num() * per_thread;
+    w.acc = w.s + s_size;
+    w.kv_copy = w.acc + acc_size;
+    w.m = w.kv_copy + round_up(kv_size, kRowAlign);
+    w.l = w.m + kBlockQ;
+    w.nonfinite = nonfinite_lists.data() + omp_get_thread_num() * kBlockK;
+    w.ld_acc = ld_acc;
+    ForwardQueryBlock(p, w, b, head, i0, rows);
+  }
+}
+
+}  // namespace mha::detail::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace mha::detail {
+
+HWY_EXPORT(FlashForward);
+
+void flash_attention_forward(const AttentionParams<float>& p) { HWY_DYNAMIC_DISPATCH(FlashForward)(p); }
+
+}  // namespace mha::detail
+#endif  // HWY_ONCE

@@ -1,0 +1,81 @@
+// The parts both passes of the fused kernel (flash_forward.cpp, flash_backward.cpp) share, per SIMD
+// target: scratch allocation, the scaled logits of a tile, and probabilities recomputed from the
+// log-sum-exp.
+//
+// Included once per SIMD target through Highway's foreach_target.h.
+#if defined(MHA_FLASH_TILES_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef MHA_FLASH_TILES_INL_H_
+#undef MHA_FLASH_TILES_INL_H_
+#else
+#define MHA_FLASH_TILES_INL_H_
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <new>
+
+#include "attention/flash_config.hpp"
+#include "attention/masks.hpp"
+#include "attention/online_softmax-inl.h"
+#include "attention/params.hpp"
+#include "gemm.hpp"
+#include "hwy/aligned_allocator.h"
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace mha::detail::HWY_NAMESPACE {
+
+using flash::kBlockK;
+using flash::kBlockQ;
+using flash::kRowAlign;
+using flash::round_up;
+
+inline constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
+
+// `count` floats of aligned scratch; std::bad_alloc when the memory is not there (never a null to
+// write through).
+inline hwy::AlignedFreeUniquePtr<float[]> AllocateFloats(std::int64_t count) {
+  auto scratch = hwy::AllocateAligned<float>(static_cast<std::size_t>(count));
+  if (!scratch) throw std::bad_alloc();
+  return scratch;
+}
+
+// A row of weights of query i, keys [j0, j0 + cols), whose log-sum-exp is NaN: every entry is NaN after
+// the exp, but a forbidden key's weight stays exactly 0 (a masked position is ignored, whatever the row).
+inline void ZeroForbiddenEntries(const AttentionInputs<float>& p, std::int64_t b, std::int64_t head, std::int64_t i,
+                          std::int64_t j0, std::int64_t cols, float* row) {
+  for (std::int64_t c = 0; c < cols; ++c) {
+    const bool forbidden_by_addition = p.additive_mask && p.additive_mask(b, head, i, j0 + c) == kMinusInf;
+    if (!p.allowed(b, head, i, j0 + c) || forbidden_by_addition) row[c] = 0.0f;
+  }
+}
+
+// S [rows, cols] (row stride kBlockK) = scale Q_rows K_blk^T. The scale goes in as sgemm's alpha in the
+// forward and in both backward passes alike, so the backward's P = exp(S - lse) is normalised to float
+// precision.
+inline void ScaledLogits(const AttentionInputs<float>& p, const float* q_rows, std::int64_t rows, const float* k_block,
+                  std::int64_t ldk, std::int64_t cols, float* s) {
+  gemm_tile(rows, cols, p.d_k, plain(q_rows, p.q.stride[2]), transposed(k_block, ldk), overwrite(s, kBlockK), p.scale);
+}
+
+// Probabilities of a tile: s [rows, cols] (row stride kBlockK) holds scale * Q K^T; masks are applied
+// and each row becomes P = exp(S - lse) (0 for a row that attended to nothing), padded with zeros.
+inline void ProbabilitiesFromLse(const AttentionInputs<float>& p, std::int64_t b, std::int64_t head, std::int64_t i0,
+                          std::int64_t rows, std::int64_t j0, std::int64_t cols, const float* lse, float* s) {
+  const std::int64_t padded_cols = round_up(cols, kRowAlign);
+  if (tile_needs_masks(p, i0, j0, cols)) apply_masks(p, b, head, i0, rows, j0, cols, s, kBlockK);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float* row = s + r * kBlockK;
+    std::fill(row + cols, row + padded_cols, kMinusInf);
+    if (lse[r] == kMinusInf) std::fill(row, row + padded_cols, 0.0f);
+    else ExpShiftedRow(row, padded_cols, lse[r]);
+    if (std::isnan(lse[r])) ZeroForbiddenEntries(p, b, head, i0 + r, j0, cols, row);
+  }
+}
+
+}  // namespace mha::detail::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // include guard toggled per target

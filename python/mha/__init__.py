@@ -36,7 +36,7 @@ import os
 import numpy as np
 
 from . import _core
-from ._core import Error, Kernel, KeyValueCache, num_threads, set_num_threads
+from ._core import Error, Kernel, KeyValueCache, max_num_threads, num_threads, set_num_threads
 
 __all__ = [
     "Error",
@@ -44,6 +44,7 @@ __all__ = [
     "KeyValueCache",
     "MultiheadAttention",
     "load",
+    "max_num_threads",
     "num_threads",
     "read_npy",
     "read_safetensors",

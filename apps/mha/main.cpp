@@ -18,6 +18,7 @@
 #include "commands/run.hpp"
 #include "commands/translate.hpp"
 #include "mha/error.hpp"
+#include "render/terminal_text.hpp"
 
 namespace {
 
@@ -217,11 +218,9 @@ int main(int argc, char** argv) {
       return mha_cli::run_bench(bench_options, command);
     }
     if (app.got_subcommand("bench-one")) return mha_cli::run_bench_one(bench_one_options);
-  } catch (const mha::Error& e) {
-    fmt::print(stderr, "mha: error: {}\n", e.what());
-    return kExitError;
-  } catch (const std::exception& e) {  // files that cannot be written, unexpected results
-    fmt::print(stderr, "mha: error: {}\n", e.what());
+  } catch (const std::exception& e) {  // mha::Error; files that cannot be written, unexpected results
+    // Messages may quote file names and other text from outside: no control bytes reach the terminal.
+    fmt::print(stderr, "mha: error: {}\n", mha_cli::terminal_safe(e.what()));
     return kExitError;
   }
   return 0;

@@ -17,14 +17,30 @@
 #include "commands/heads_model.hpp"
 #include "commands/run.hpp"
 #include "commands/translate.hpp"
+#include "mha/attention.hpp"
 #include "mha/error.hpp"
+#include "number_options.hpp"
+#include "render/terminal_text.hpp"
 
 namespace {
 
+using mha_cli::integer_in;
+using mha_cli::number_in;
+using mha_cli::unsigned_integer;
+
 constexpr int kExitError = 1;
 constexpr int kExitUsage = 2;
-constexpr int kMaxThreads = 1024;             // --threads
-constexpr std::int64_t kMaxBenchN = 1 << 22;  // --sizes, --big, --n: far past what fits in memory here
+constexpr std::int64_t kMaxBenchN = 1 << 22;   // --sizes, --big, --n: far past what fits in memory here
+constexpr std::int64_t kMaxHeads = 65536;      // --heads of `mha run` and `mha bench-one`
+constexpr std::int64_t kMaxWidth = 65536;      // bench-one's --d-model and --batch
+constexpr std::int64_t kMaxReps = 1'000'000;   // bench-one's --min-reps, --max-reps
+constexpr double kMaxSeconds = 7 * 24 * 3600;  // time limits: a week
+
+// The --threads options: 0 (where offered) leaves OpenMP's default; the top is the library's bound
+// (mha::max_num_threads(), which depends on the machine's cores).
+CLI::Option* threads_option(CLI::Option* option, std::int64_t lowest) {
+  return integer_in(option, lowest, mha::max_num_threads());
+}
 
 void add_demo_command(CLI::App& app, mha_cli::DemoOptions& o) {
   CLI::App* demo = app.add_subcommand(
@@ -32,55 +48,37 @@ void add_demo_command(CLI::App& app, mha_cli::DemoOptions& o) {
       "The main job: train the paper's Transformer to normalise dates (~2 min), report accuracy and attention maps");
   demo->add_option("--out", o.out_dir, "Report folder: index.html, maps, learning curve, checkpoint.safetensors")
       ->capture_default_str();
-  demo->add_option("--steps", o.steps, "Training steps")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{10'000'000}))
+  integer_in(demo->add_option("--steps", o.steps, "Training steps"), 1, 10'000'000)->capture_default_str();
+  integer_in(demo->add_option("--batch", o.batch_size, "Examples per step"), 1, 65536)->capture_default_str();
+  integer_in(demo->add_option("--heads", o.heads, "Attention heads h (d_k = d_v = d_model / h)"), 1, 1024)
       ->capture_default_str();
-  demo->add_option("--batch", o.batch_size, "Examples per step")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{65536}))
-      ->capture_default_str();
-  demo->add_option("--heads", o.heads, "Attention heads h (d_k = d_v = d_model / h)")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1024}))
-      ->capture_default_str();
-  demo->add_option("--d-model", o.d_model, "Model width d_model")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{8192}))
-      ->capture_default_str();
-  demo->add_option("--d-ff", o.d_ff, "Feed-forward inner width d_ff")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{65536}))
-      ->capture_default_str();
-  demo->add_option("--layers", o.layers, "Encoder layers and decoder layers (N each)")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{64}))
+  integer_in(demo->add_option("--d-model", o.d_model, "Model width d_model"), 1, 8192)->capture_default_str();
+  integer_in(demo->add_option("--d-ff", o.d_ff, "Feed-forward inner width d_ff"), 1, 65536)->capture_default_str();
+  integer_in(demo->add_option("--layers", o.layers, "Encoder layers and decoder layers (N each)"), 1, 64)
       ->capture_default_str();
   demo->add_flag("--pre-norm", o.pre_norm,
                  "Layer normalisation before each sub-layer (default: after, as in the paper)");
-  demo->add_option("--dropout", o.dropout, "Residual dropout P_drop")
-      ->check(CLI::Range(0.0, 0.99))
+  number_in(demo->add_option("--dropout", o.dropout, "Residual dropout P_drop"), 0.0, 0.99)->capture_default_str();
+  number_in(demo->add_option("--attention-dropout", o.attention_dropout, "Dropout on the attention weights"), 0.0, 0.99)
       ->capture_default_str();
-  demo->add_option("--attention-dropout", o.attention_dropout, "Dropout on the attention weights")
-      ->check(CLI::Range(0.0, 0.99))
+  number_in(demo->add_option("--label-smoothing", o.label_smoothing, "Label smoothing epsilon"), 0.0, 0.99)
       ->capture_default_str();
-  demo->add_option("--label-smoothing", o.label_smoothing, "Label smoothing epsilon")
-      ->check(CLI::Range(0.0, 0.99))
+  integer_in(demo->add_option("--warmup", o.warmup, "Warm-up steps of the learning-rate schedule"), 1, 10'000'000)
       ->capture_default_str();
-  demo->add_option("--warmup", o.warmup, "Warm-up steps of the learning-rate schedule")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{10'000'000}))
+  number_in(demo->add_option("--lr-factor", o.lr_factor,
+                             "Factor of the schedule d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)"),
+            1e-6, 1e3)
       ->capture_default_str();
-  demo->add_option("--lr-factor", o.lr_factor,
-                   "Factor of the schedule d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)")
-      ->check(CLI::Range(1e-6, 1e3))
+  unsigned_integer(demo->add_option("--seed", o.seed, "Seed of the initialisation, the data and dropout"))
       ->capture_default_str();
-  demo->add_option("--seed", o.seed, "Seed of the initialisation, the data and dropout")->capture_default_str();
-  demo->add_option("--eval", o.eval_examples, "Held-out examples of the final accuracy")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1'000'000}))
+  integer_in(demo->add_option("--eval", o.eval_examples, "Held-out examples of the final accuracy"), 1, 1'000'000)
       ->capture_default_str();
-  demo->add_option("--eval-every", o.eval_every, "Steps between the learning curve's accuracy points")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{10'000'000}))
+  integer_in(demo->add_option("--eval-every", o.eval_every, "Steps between the learning curve's accuracy points"), 1,
+             10'000'000)
       ->capture_default_str();
-  demo->add_option("--maps", o.map_examples, "Held-out examples drawn as attention maps")
-      ->check(CLI::Range(std::int64_t{0}, std::int64_t{6}))
+  integer_in(demo->add_option("--maps", o.map_examples, "Held-out examples drawn as attention maps"), 0, 6)
       ->capture_default_str();
-  demo->add_option("--threads", o.threads, "Threads (0: OpenMP's default)")
-      ->check(CLI::Range(0, 1024))
-      ->capture_default_str();
+  threads_option(demo->add_option("--threads", o.threads, "Threads (0: OpenMP's default)"), 0)->capture_default_str();
   demo->add_flag("!--no-progress", o.progress, "No progress bar");
 }
 
@@ -89,7 +87,7 @@ void add_translate_command(CLI::App& app, mha_cli::TranslateOptions& o) {
       "translate", "Rewrite dates as ISO 8601 with the model `mha demo` trained, e.g. mha translate \"Fri, 5 Mar 21\"");
   translate->add_option("text", o.texts, "Dates to rewrite (none: one per line from standard input)");
   translate->add_option("--checkpoint", o.checkpoint, "The checkpoint `mha demo` wrote")->capture_default_str();
-  translate->add_option("--threads", o.threads, "Threads (0: OpenMP's default)")->check(CLI::Range(0, 1024));
+  threads_option(translate->add_option("--threads", o.threads, "Threads (0: OpenMP's default)"), 0);
 }
 
 void add_heads_command(CLI::App& app, mha_cli::HeadsOptions& options) {
@@ -97,8 +95,8 @@ void add_heads_command(CLI::App& app, mha_cli::HeadsOptions& options) {
       "heads", "Hand-built heads that attend by four rules (previous, next, same symbol, first): scores, check, maps");
   heads->add_option("--out", options.out_dir, "Directory for the attention-map images and index.html")
       ->capture_default_str();
-  heads->add_option("--threads", options.threads, "Threads for the library's kernels (0: its default)")
-      ->check(CLI::Range(0, 1024))
+  threads_option(heads->add_option("--threads", options.threads, "Threads for the library's kernels (0: its default)"),
+                 0)
       ->capture_default_str();
   heads->add_option("--text", options.text, "The token sequence, one token per character")
       ->check(CLI::Validator([](std::string& text) { return mha_cli::heads::check_text(text); }, ""))
@@ -109,16 +107,13 @@ void add_bench_command(CLI::App& app, mha_cli::BenchOptions& options) {
   CLI::App* bench = app.add_subcommand(
       "bench", "Side-by-side benchmark: oneDNN sgemm roof, our attention core and layer, PyTorch 1.13 (takes minutes)");
   bench->add_option("--out", options.out_dir, "Directory for bench.json and bench.png")->capture_default_str();
-  bench->add_option("--threads", options.threads, "Thread counts, comma-separated")
-      ->delimiter(',')
-      ->check(CLI::Range(1, kMaxThreads))
+  threads_option(bench->add_option("--threads", options.threads, "Thread counts, comma-separated")->delimiter(','), 1)
       ->default_str("1,2");
-  bench->add_option("--sizes", options.sizes, "Sequence lengths N = L = S, comma-separated")
-      ->delimiter(',')
-      ->check(CLI::Range(std::int64_t{1}, kMaxBenchN))
+  integer_in(bench->add_option("--sizes", options.sizes, "Sequence lengths N = L = S, comma-separated")->delimiter(','),
+             1, kMaxBenchN)
       ->default_str("512,2048,4096,16384");
-  bench->add_option("--big", options.big, "N of the long forward-only run of ours alone (0: none)")
-      ->check(CLI::Range(std::int64_t{0}, kMaxBenchN))
+  integer_in(bench->add_option("--big", options.big, "N of the long forward-only run of ours alone (0: none)"), 0,
+             kMaxBenchN)
       ->capture_default_str();
   bench->add_flag("!--no-torch", options.torch, "Do not run PyTorch");
   bench->add_flag("--quick", options.quick, "A smoke run: sizes 512,2048 only, no big size");
@@ -129,11 +124,13 @@ void add_bench_command(CLI::App& app, mha_cli::BenchOptions& options) {
       ->capture_default_str();
   bench->add_option("--python", options.python, "The Python with torch")->capture_default_str();
   bench->add_option("--torch-script", options.torch_script, "PyTorch's side (default: apps/mha/bench/torch_mha.py)");
-  bench
-      ->add_option("--torch-memory-limit", options.torch_memory_limit_gib,
-                   "GiB: PyTorch runs estimated to need more are skipped")
+  number_in(bench->add_option("--torch-memory-limit", options.torch_memory_limit_gib,
+                              "GiB: PyTorch runs estimated to need more are skipped"),
+            0.0, 1e6)
       ->capture_default_str();
-  bench->add_option("--torch-timeout", options.torch_timeout_s, "Seconds per PyTorch process")->capture_default_str();
+  number_in(bench->add_option("--torch-timeout", options.torch_timeout_s, "Seconds per PyTorch process"), 1.0,
+            kMaxSeconds)
+      ->capture_default_str();
 }
 
 void add_run_command(CLI::App& app, mha_cli::RunOptions& o) {
@@ -151,10 +148,10 @@ void add_run_command(CLI::App& app, mha_cli::RunOptions& o) {
   run->add_option("--out", o.out, ".npy file for the output")->required();
   run->add_option("--weights-out", o.weights_out, ".npy file for the attention weights (averaged over heads)");
   run->add_flag("--per-head-weights", o.per_head_weights, "Write the weights per head [B, h, L, S]");
-  run->add_option("--threads", o.threads, "Threads for the library's kernels (0: its default)")
-      ->check(CLI::Range(0, 1024));
-  run->add_option("--heads", o.heads, "Number of heads, for a file without mha's metadata (e.g. from PyTorch)")
-      ->check(CLI::PositiveNumber);
+  threads_option(run->add_option("--threads", o.threads, "Threads for the library's kernels (0: its default)"), 0);
+  integer_in(
+      run->add_option("--heads", o.heads, "Number of heads, for a file without mha's metadata (e.g. from PyTorch)"), 1,
+      kMaxHeads);
   run->add_flag("--add-zero-attn", o.add_zero_attn, "The layer has add_zero_attn (files without metadata)");
   run->add_option("--layout", o.layout, "Input layout for files without metadata (PyTorch's default is seq-first)")
       ->check(CLI::IsMember({"batch-first", "seq-first"}))
@@ -166,18 +163,18 @@ void add_bench_one_command(CLI::App& app, mha_cli::BenchOneOptions& options) {
   CLI::App* one = app.add_subcommand("bench-one", "One shape timed in its own process; prints JSON");
   one->group("");
   one->add_option("--impl", options.impl)->check(CLI::IsMember({"mha", "core"}));
-  one->add_option("--n", options.n)->check(CLI::Range(std::int64_t{1}, kMaxBenchN));
+  integer_in(one->add_option("--n", options.n), 1, kMaxBenchN);
   one->add_option("--causal", options.causal);
-  one->add_option("--threads", options.threads)->check(CLI::Range(1, kMaxThreads));
+  threads_option(one->add_option("--threads", options.threads), 1);
   one->add_option("--pass", options.pass)->check(CLI::IsMember({"fwd", "fwdbwd"}));
-  one->add_option("--batch", options.batch)->check(CLI::PositiveNumber);
-  one->add_option("--d-model", options.d_model)->check(CLI::PositiveNumber);
-  one->add_option("--heads", options.heads)->check(CLI::PositiveNumber);
-  one->add_option("--warmup", options.policy.warmup)->check(CLI::NonNegativeNumber);
-  one->add_option("--min-reps", options.policy.min_reps)->check(CLI::PositiveNumber);
-  one->add_option("--max-reps", options.policy.max_reps)->check(CLI::PositiveNumber);
-  one->add_option("--min-time", options.policy.min_time_s)->check(CLI::NonNegativeNumber);
-  one->add_option("--max-time", options.policy.max_time_s)->check(CLI::NonNegativeNumber);
+  integer_in(one->add_option("--batch", options.batch), 1, kMaxWidth);
+  integer_in(one->add_option("--d-model", options.d_model), 1, kMaxWidth);
+  integer_in(one->add_option("--heads", options.heads), 1, kMaxHeads);
+  integer_in(one->add_option("--warmup", options.policy.warmup), 0, kMaxReps);
+  integer_in(one->add_option("--min-reps", options.policy.min_reps), 1, kMaxReps);
+  integer_in(one->add_option("--max-reps", options.policy.max_reps), 1, kMaxReps);
+  number_in(one->add_option("--min-time", options.policy.min_time_s), 0.0, kMaxSeconds);
+  number_in(one->add_option("--max-time", options.policy.max_time_s), 0.0, kMaxSeconds);
 }
 
 }  // namespace
@@ -217,11 +214,9 @@ int main(int argc, char** argv) {
       return mha_cli::run_bench(bench_options, command);
     }
     if (app.got_subcommand("bench-one")) return mha_cli::run_bench_one(bench_one_options);
-  } catch (const mha::Error& e) {
-    fmt::print(stderr, "mha: error: {}\n", e.what());
-    return kExitError;
-  } catch (const std::exception& e) {  // files that cannot be written, unexpected results
-    fmt::print(stderr, "mha: error: {}\n", e.what());
+  } catch (const std::exception& e) {  // mha::Error; files that cannot be written, unexpected results
+    // Messages may quote file names and other text from outside: no control bytes reach the terminal.
+    fmt::print(stderr, "mha: error: {}\n", mha_cli::terminal_safe(e.what()));
     return kExitError;
   }
   return 0;

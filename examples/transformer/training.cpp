@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <string>
 
 #include "transformer/loss.hpp"
 
@@ -80,6 +82,9 @@ TrainingResult train_on_dates(Transformer<float>& model, const Vocabulary& vocab
     const Batch batch = make_batch(examples, vocab);
     const Matrix<float> logits = model.forward(token_batch(batch));
     const double loss = criterion.forward(logits, batch.target_out);
+    if (!std::isfinite(loss))
+      throw TrainingDiverged("training stopped at step " + std::to_string(step) + " of " +
+                             std::to_string(config.steps) + ": the loss is " + std::to_string(loss));
     model.backward(criterion.backward());
     adam.step();  // also zeroes the gradients
     result.target_tokens += static_cast<std::int64_t>(batch.target_out.size());

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -49,7 +50,16 @@ struct TrainingResult {
 // The model's input for a batch of date examples.
 TokenBatch token_batch(const Batch& batch);
 
-// Trains `model` in place; `progress` is called after every step.
+// What train_on_dates throws when a step's loss is not finite (NaN or infinite): the weights it would
+// update from are no longer meaningful. what() names the step, e.g. "training stopped at step 7 of
+// 40: the loss is nan".
+class TrainingDiverged : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Trains `model` in place; `progress` is called after every step. Throws TrainingDiverged at the first
+// step whose loss is not finite, before that step updates the parameters.
 TrainingResult train_on_dates(Transformer<float>& model, const Vocabulary& vocab, const TrainingConfig& config,
                               const std::function<void(const Progress&)>& progress = {});
 

@@ -83,8 +83,25 @@ AttentionGradients scaled_dot_product_attention_backward(const TensorView& dout,
                                                          const TensorView& out, const TensorView& lse,
                                                          const AttentionOptions& options = {});
 
-/// The number of OpenMP threads the library's kernels use (default: OpenMP's default).
+/// Sets the number of OpenMP threads the library's calls made **from the calling thread** use, in
+/// [1, max_num_threads()]; throws mha::Error naming the value and the bound otherwise (and changes
+/// nothing).
+///
+/// Scope: this is OpenMP's per-thread count (the nthreads-var ICV, omp_set_num_threads), so it holds
+/// for the calling thread only, silently: a call from another thread (a std::thread, a Python
+/// threading.Thread) runs with that thread's own count, which starts at OpenMP's default
+/// (OMP_NUM_THREADS, else one per core) whatever was set here, and setting it there leaves this
+/// thread's alone. It is also the count of any other OpenMP code the calling thread runs (OpenMP has
+/// one count per thread, not one per library). Call it from each thread that calls the library when
+/// the default does not suit.
 void set_num_threads(int threads);
+/// The count the calling thread's library calls use (OpenMP's omp_get_max_threads()).
 int num_threads();
+/// The largest count set_num_threads() accepts: max(64, 4 x the cores std::thread reports). Each
+/// OpenMP thread costs a stack (8 MiB reserved by default) and the kernels a workspace per thread,
+/// and beyond a few threads per core nothing runs faster, so a larger count only risks the process:
+/// 100000 made libgomp crash, 1000 under a memory limit made it abort. 64 whatever the machine, so
+/// that a program which fixes a count for reproducible timing (such as 16) runs anywhere.
+int max_num_threads();
 
 }  // namespace mha

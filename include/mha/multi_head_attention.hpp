@@ -192,7 +192,7 @@ class MultiHeadAttention {
   // ---- incremental decoding (see KeyValueCache) ------------------------------------------------
   /// Projects key [B, S_new, kdim] and value [B, S_new, vdim] (the layer's layout: batch_first, or
   /// [S_new, B, *] when not batch_first, or unbatched [S_new, kdim] with B = 1) with k_proj / v_proj
-  /// (+ bias) and appends them to `cache`; S_new >= 1. With add_bias_kv / add_zero_attn it also writes
+  /// (+ bias) and appends them to `cache`; B >= 1 and S_new >= 1. With add_bias_kv / add_zero_attn it also writes
   /// bias_k / bias_v and the zero position after the new last position. Throws mha::Error on a batch
   /// different from the cache's (unless the cache is empty), wrong ranks, widths or dtype, or a cache
   /// filled by a layer with other h, d_k, d_v, dtype, add_bias_kv or add_zero_attn.

@@ -36,7 +36,7 @@ import os
 import numpy as np
 
 from . import _core
-from ._core import Error, Kernel, KeyValueCache, num_threads, set_num_threads
+from ._core import Error, Kernel, KeyValueCache, max_num_threads, num_threads, set_num_threads
 
 __all__ = [
     "Error",
@@ -44,6 +44,7 @@ __all__ = [
     "KeyValueCache",
     "MultiheadAttention",
     "load",
+    "max_num_threads",
     "num_threads",
     "read_npy",
     "read_safetensors",
@@ -112,6 +113,32 @@ def _fold_float_key_padding_mask(key_padding_mask, attn_mask, batch, num_heads, 
     return np.ascontiguousarray(total, dtype=dtype).reshape(batch * num_heads, L, S)
 
 
+def _key_lengths(key_lengths):
+    """key_lengths as a list of ints for _core: None (or an empty sequence) -> [] (no lengths).
+
+    Takes any sequence or 1-D array of integers (a list, a tuple, a NumPy integer array); refuses
+    anything else naming key_lengths, rather than guessing (a float 2.7 is not a length, and a
+    boolean array is a key_padding_mask, not lengths).
+    """
+    if key_lengths is None:
+        return []
+    if isinstance(key_lengths, (str, bytes)):
+        raise Error(f"key_lengths: expected a sequence of B integer lengths, got {type(key_lengths).__name__}")
+    try:
+        lengths = np.asarray(key_lengths)
+    except (TypeError, ValueError) as e:
+        raise Error(f"key_lengths: expected a sequence of B integer lengths ({e})") from None
+    if lengths.ndim != 1:
+        raise Error(f"key_lengths: expected a sequence (1-D) of B integer lengths, got shape {list(lengths.shape)}")
+    if lengths.size == 0:
+        return []
+    if lengths.dtype.kind not in "iu":
+        raise Error(f"key_lengths: expected integer lengths, got {lengths.dtype} values {lengths.tolist()[:4]}")
+    if lengths.dtype.kind == "u" and lengths.max() > np.iinfo(np.int64).max:
+        raise Error(f"key_lengths: {lengths.max()} is out of range")
+    return [int(n) for n in lengths]
+
+
 def _attention_options(q, k, attn_mask, is_causal, scale, key_padding_mask, key_lengths, dropout_p,
                        dropout_seed, kernel):
     """Keyword arguments for _core's attention calls; q and k are batched [B, h, *, d] arrays."""
@@ -124,7 +151,7 @@ def _attention_options(q, k, attn_mask, is_causal, scale, key_padding_mask, key_
                                                  q.dtype if q.dtype.kind == "f" else np.float32)
         key_padding_mask = None
     options = dict(attn_mask=attn_mask, is_causal=bool(is_causal), scale=scale,
-                   key_padding_mask=key_padding_mask, key_lengths=list(key_lengths or []),
+                   key_padding_mask=key_padding_mask, key_lengths=_key_lengths(key_lengths),
                    dropout_p=float(dropout_p), dropout_seed=int(dropout_seed))
     if kernel is not None:
         options["kernel"] = kernel
@@ -148,8 +175,8 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, scale
         key_padding_mask: optional [B, S] (or [S] unbatched); boolean True (or nonzero integer)
             marks padding keys; a float mask is added to the logits as in PyTorch.
         need_weights: also return the attention probabilities [B, h, L, S].
-        key_lengths: alternative to a boolean key_padding_mask: B lengths in [0, S]; keys at
-            positions >= length are padding.
+        key_lengths: alternative to a boolean key_padding_mask: B lengths in [0, S] (a sequence or
+            1-D integer array); keys at positions >= length are padding.
         dropout_p: probability of zeroing a weight (kept ones are scaled by 1 / (1 - dropout_p)).
         dropout_seed: keys the dropout mask; the same seed gives the same mask.
         kernel: which implementation computes it (mha.Kernel); None: the library's default
@@ -343,7 +370,8 @@ class MultiheadAttention:
                 returning them per head ([B, h, L, S']). S' = S + add_bias_kv + add_zero_attn.
             is_causal: apply a causal mask over the S input keys, aligned to the bottom right
                 (query i may see key j only when j <= i + S - L). Combines with attn_mask.
-            key_lengths: alternative to a boolean key_padding_mask: B lengths in [0, S].
+            key_lengths: alternative to a boolean key_padding_mask: B lengths in [0, S] (a
+                sequence or 1-D integer array).
 
         Returns:
             (out like query, weights or None); unbatched input gives weights [L, S'] or [h, L, S'].
@@ -357,7 +385,7 @@ class MultiheadAttention:
             key_padding_mask, attn_mask = self._fold_float_padding(query, S, key_padding_mask, attn_mask)
         return self._module.forward(
             query, key, value, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
-            key_lengths=list(key_lengths or []), is_causal=bool(is_causal),
+            key_lengths=_key_lengths(key_lengths), is_causal=bool(is_causal),
             need_weights=bool(need_weights), average_attn_weights=bool(average_attn_weights))
 
     def _fold_float_padding(self, query, S, key_padding_mask, attn_mask):
@@ -394,7 +422,7 @@ class MultiheadAttention:
                                                                    attn_mask)
         return self._module.forward_cached(
             query, cache, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
-            key_lengths=list(key_lengths or []),
+            key_lengths=_key_lengths(key_lengths),
             is_causal=bool(is_causal), need_weights=bool(need_weights),
             average_attn_weights=bool(average_attn_weights))
 

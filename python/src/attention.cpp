@@ -112,8 +112,16 @@ void register_attention(py::module_& m) {
         "forward's out and lse (need_lse=True), with the forward's options. New arrays, nothing accumulated.");
 
   m.def("set_num_threads", &set_num_threads, py::arg("threads"),
-        "Sets the number of OpenMP threads the library's kernels use.");
-  m.def("num_threads", &num_threads, "The number of OpenMP threads the library's kernels use.");
+        "Sets the number of OpenMP threads the library's calls made from the calling thread use, in\n"
+        "[1, max_num_threads()]; raises mha.Error naming the value and the bound otherwise.\n\n"
+        "Scope: the calling thread only, silently (OpenMP keeps one count per thread). A call from\n"
+        "another threading.Thread runs with that thread's own count, which starts at OpenMP's default\n"
+        "(OMP_NUM_THREADS, else one per core) whatever was set here; call set_num_threads in each\n"
+        "thread that calls the library.");
+  m.def("num_threads", &num_threads, "The number of OpenMP threads the calling thread's library calls use.");
+  m.def("max_num_threads", &max_num_threads,
+        "The largest count set_num_threads accepts: max(64, 4 x the machine's cores). More threads\n"
+        "than that run no faster and risk the process (each costs a stack and a workspace).");
 }
 
 }  // namespace mha::python

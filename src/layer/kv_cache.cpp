@@ -137,6 +137,7 @@ void MultiHeadAttention::append_to_cache(KeyValueCache& cache, const TensorView&
     fail("value: expected " + str(S_new) + " positions like key " + shape_str(key.shape()) + ", got shape " +
          shape_str(value.shape()));
   if (S_new < 1) fail("key: expected at least one position to append, got shape " + shape_str(key.shape()));
+  if (B < 1) fail("key: expected a batch of at least one (B >= 1), got shape " + shape_str(key.shape()));
   if (cache.length_ > 0) {
     check_cache_layer(cache);
     if (B != cache.batch_)

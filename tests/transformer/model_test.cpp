@@ -2,7 +2,9 @@
 // the KV cache against full recomputation, and a short training run on the date task.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <set>
+#include <string>
 
 #include <gtest/gtest.h>
 
@@ -127,6 +129,34 @@ TEST(Training, ShortRunOnDatesLowersTheLoss) {
   // on this seed; 2.8 leaves room for other thread counts.
   EXPECT_LT(result.curve.back().loss, 2.8);
   EXPECT_LT(result.curve.back().loss, result.curve.front().loss);
+}
+
+// A NaN weight makes the first step's loss NaN: training must stop there, naming the step, before the
+// step updates anything (the progress callback is not called, the other weights keep their values).
+TEST(Training, StopsAtTheFirstNonFiniteLossNamingTheStep) {
+  Vocabulary vocab;
+  TransformerConfig model_config = tiny_config(/*pre_norm=*/false);
+  model_config.vocab = vocab.size();
+  Transformer<float> model(model_config, 3);
+  ParameterRefs<float> parameters = model.parameters();
+  ASSERT_GE(parameters.size(), 2u);
+  parameters.front()->value[0] = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> before = parameters.back()->value;
+  TrainingConfig config;
+  config.steps = 5;
+  config.batch_size = 4;
+  config.eval_every = 5;
+  config.eval_examples = 4;
+  std::int64_t progress_calls = 0;
+  try {
+    train_on_dates(model, vocab, config, [&](const Progress&) { ++progress_calls; });
+    ADD_FAILURE() << "train_on_dates returned although the loss was NaN";
+  } catch (const TrainingDiverged& e) {
+    EXPECT_NE(std::string(e.what()).find("step 1 of 5"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("nan"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(progress_calls, 0);
+  EXPECT_EQ(parameters.back()->value, before) << parameters.back()->name << " changed";
 }
 
 }  // namespace

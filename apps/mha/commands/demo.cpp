@@ -83,10 +83,17 @@ class ProgressBar {
                std::string(static_cast<std::size_t>(kBarWidth - filled), '.'), p.loss, p.tokens_per_second,
                minutes(p.seconds_left), tty_ ? "" : "\n");
     if (tty_ && p.step == p.steps) fmt::print(stderr, "\n");
+    mid_line_ = tty_ && p.step != p.steps;
+  }
+
+  // Ends the line a terminal's bar is drawn on, when training stops before its last step.
+  void end_line() {
+    if (mid_line_) fmt::print(stderr, "\n");
+    mid_line_ = false;
   }
 
  private:
-  bool enabled_, tty_;
+  bool enabled_, tty_, mid_line_ = false;
 };
 
 // ---- attention maps --------------------------------------------------------------------------------
@@ -353,7 +360,16 @@ int run_demo(const DemoOptions& o) {
   fmt::print("  training {} steps of {} examples ...\n", o.steps, o.batch_size);
 
   ProgressBar bar(o.progress);
-  const tf::TrainingResult training = tf::train_on_dates(model, vocab, training_config(o), std::ref(bar));
+  tf::TrainingResult training;
+  try {
+    training = tf::train_on_dates(model, vocab, training_config(o), std::ref(bar));
+  } catch (const tf::TrainingDiverged& e) {
+    bar.end_line();
+    throw std::runtime_error(fmt::format(
+        "{} (with these settings the learning rate is likely too high: try a smaller --lr-factor or a longer "
+        "--warmup)",
+        e.what()));
+  }
 
   const std::vector<tf::DateExample> held_out =
       tf::sample_dates(tf::Split::HeldOut, o.seed + 1000, static_cast<std::size_t>(o.eval_examples));

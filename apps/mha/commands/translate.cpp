@@ -8,6 +8,7 @@
 #include <fmt/core.h>
 
 #include "mha/attention.hpp"
+#include "render/terminal_text.hpp"
 #include "transformer/checkpoint.hpp"
 #include "transformer/training.hpp"
 #include "transformer/vocabulary.hpp"
@@ -27,7 +28,8 @@ std::vector<std::string> read_lines(std::istream& in) {
   return lines;
 }
 
-// Throws naming the input (its position, and "line" when it came from standard input).
+// Throws naming the input (its position, and "line" when it came from standard input) and quoting it
+// with its non-printable bytes as \xNN: a NUL would cut the message short, an ESC drive the terminal.
 void check_input(const std::string& text, std::size_t index, bool from_stdin, const transformer::Vocabulary& vocab) {
   const std::string where = fmt::format("{} {}", from_stdin ? "line" : "input", index + 1);
   if (text.empty()) throw std::runtime_error(where + " is empty: expected a date such as \"Friday, 5 March 2021\"");
@@ -37,7 +39,7 @@ void check_input(const std::string& text, std::size_t index, bool from_stdin, co
   try {
     vocab.encode(text);
   } catch (const std::invalid_argument& e) {
-    throw std::runtime_error(fmt::format("{} \"{}\": {}", where, text, e.what()));
+    throw std::runtime_error(fmt::format("{} {}: {}", where, quoted_printable(text), e.what()));
   }
 }
 
@@ -47,9 +49,9 @@ int run_translate(const TranslateOptions& options) {
   if (options.threads > 0) mha::set_num_threads(options.threads);
   if (!std::filesystem::exists(options.checkpoint))
     throw std::runtime_error(fmt::format(
-        "no checkpoint at '{}': train one with `mha demo` (about 2 minutes; it writes mha-demo/checkpoint.safetensors), "
+        "no checkpoint at {}: train one with `mha demo` (about 2 minutes; it writes mha-demo/checkpoint.safetensors), "
         "or pass --checkpoint FILE",
-        options.checkpoint));
+        quoted_printable(options.checkpoint)));
   const bool from_stdin = options.texts.empty();
   const std::vector<std::string> texts = from_stdin ? read_lines(std::cin) : options.texts;
   const transformer::Vocabulary vocab;

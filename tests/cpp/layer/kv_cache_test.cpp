@@ -729,6 +729,29 @@ TEST(KvCacheErrors, FailedAppendLeavesTheCacheUnchanged) {
   EXPECT_TRUE(bitwise_equal(m.forward_cached(q, cache).out, before));
 }
 
+// B = 0 is refused: an empty cache would otherwise take batch size 0 from it, and every later append
+// of real keys would then be refused for its batch. A cleared cache refuses it too, and stays usable.
+TEST(KvCacheErrors, AppendOfAnEmptyBatchIsRefused) {
+  MultiHeadAttention m(bad_config());
+  for (const bool cleared : {false, true}) {
+    KeyValueCache cache;
+    if (cleared) {
+      m.append_to_cache(cache, T({3, 2, 6}), T({3, 2, 7}));
+      cache.clear();
+    }
+    try {
+      m.append_to_cache(cache, T({0, 2, 6}), T({0, 2, 7}));
+      ADD_FAILURE() << "append_to_cache of B = 0 returned; cache.batch() = " << cache.batch();
+    } catch (const mha::Error& e) {
+      EXPECT_TRUE(std::regex_search(e.what(), std::regex(R"(^key\b.*batch.*\[0, 2, 6\])"))) << e.what();
+    }
+    EXPECT_EQ(cache.length(), 0);
+    m.append_to_cache(cache, T({2, 1, 6}), T({2, 1, 7}));
+    EXPECT_EQ(cache.batch(), 2);
+    EXPECT_EQ(cache.length(), 1);
+  }
+}
+
 }  // namespace
 }  // namespace mha_test
 

@@ -1,0 +1,159 @@
+"""The command line refuses bad values clearly (issue 10: no silent wrong answers, no crashes): every number
+option reads a decimal integer or a finite number in its stated range, an error names the option and the
+value, and text from outside reaches the terminal escaped. Each run stops at the command line (a demo that
+wrongly got past it trains two tiny steps), so the file takes seconds."""
+import json
+import pathlib
+import subprocess
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+MHA = ROOT / "build" / "mha"
+
+pytestmark = pytest.mark.skipif(not MHA.exists(), reason="build/mha is not built")
+
+# A demo small enough that an accepted value trains in a second (not the default 2400 steps).
+TINY_DEMO = {"--steps": 2, "--batch": 4, "--d-model": 8, "--heads": 2, "--d-ff": 8, "--layers": 1, "--eval": 2,
+             "--eval-every": 2, "--maps": 0, "--threads": 1}
+TIMEOUT_S = 120  # a run that gets past the command line when it should not must not hang the suite
+
+
+def tiny_demo(*overridden):
+    """TINY_DEMO's arguments but the options a test gives itself (CLI11 refuses an option given twice)."""
+    return [str(x) for option, value in TINY_DEMO.items() if option not in overridden for x in (option, value)] + \
+        ["--no-progress"]
+
+
+def mha(*args, stdin=None, text=True):
+    return subprocess.run([str(MHA), *map(str, args)], capture_output=True, text=text, input=stdin,
+                          timeout=TIMEOUT_S)
+
+
+def refused(result, *needles):
+    """A usage error (status 2) whose message holds every needle, on one short line per error."""
+    assert result.returncode == 2, (result.returncode, result.stdout[-2000:], result.stderr[-2000:])
+    for needle in needles:
+        assert needle in result.stderr, (needle, result.stderr)
+    assert max(map(len, result.stderr.splitlines())) < 200, result.stderr  # no 300-digit range
+
+
+# ---- floating options: finite, in range -------------------------------------------------------------
+
+DEMO_FLOATS = {"--dropout": "[0, 0.99]", "--attention-dropout": "[0, 0.99]", "--label-smoothing": "[0, 0.99]",
+               "--lr-factor": "[1e-06, 1000]"}
+
+
+@pytest.mark.parametrize("value", ["nan", "NaN", "inf", "-inf", "infinity"])
+@pytest.mark.parametrize("option", sorted(DEMO_FLOATS))
+def test_demo_refuses_non_finite_values(tmp_path, option, value):
+    result = mha("demo", "--out", tmp_path / "report", *tiny_demo(), option, value)
+    refused(result, option, value, "not a finite number", DEMO_FLOATS[option])
+    assert not (tmp_path / "report").exists()
+
+
+@pytest.mark.parametrize("option, value", [("--dropout", "1"), ("--dropout", "-0.1"), ("--label-smoothing", "1e9"),
+                                           ("--lr-factor", "0"), ("--lr-factor", "1e400"), ("--dropout", "0.5x"),
+                                           ("--dropout", "")])
+def test_demo_refuses_floats_out_of_range_or_malformed(tmp_path, option, value):
+    refused(mha("demo", "--out", tmp_path / "report", *tiny_demo(), option, value), option)
+    assert not (tmp_path / "report").exists()
+
+
+@pytest.mark.parametrize("args, option", [
+    (["bench", "--torch-memory-limit", "nan"], "--torch-memory-limit"),
+    (["bench", "--torch-timeout", "inf"], "--torch-timeout"),
+    (["bench", "--torch-timeout", "-5"], "--torch-timeout"),
+    (["bench-one", "--n", "8", "--min-time", "nan"], "--min-time"),
+    (["bench-one", "--n", "8", "--max-time", "-inf"], "--max-time"),
+])
+def test_every_floating_option_refuses_non_finite_and_negative_values(tmp_path, args, option):
+    # --out keeps a bench that wrongly starts (it would take minutes, hence the timeout) out of the tree
+    extra = ["--out", tmp_path / "bench", "--quick", "--no-torch"] if args[0] == "bench" else []
+    refused(mha(*args, *extra), option, args[-1])
+
+
+# ---- integer options: decimal, in a stated range ----------------------------------------------------
+
+@pytest.mark.parametrize("args, option, value, expected", [
+    (["run"], "--heads", "-1", "[1, 65536]"),
+    (["run"], "--heads", "0", "[1, 65536]"),
+    (["run"], "--heads", "9223372036854775808", "[1, 65536]"),  # 2^63: strtoll clamped it to 2^63 - 1
+    (["run"], "--heads", "1e3", "not a decimal integer"),
+    (["run"], "--threads", "100000", "[0, "),
+    (["run"], "--threads", "-1", "[0, "),
+    (["demo", *tiny_demo()], "--seed", "-1", "[0, 18446744073709551615]"),  # strtoull read -1 as 2^64 - 1
+    (["demo", *tiny_demo()], "--seed", "18446744073709551616", "[0, 18446744073709551615]"),
+    (["demo", *tiny_demo("--steps")], "--steps", "0x10", "not a decimal integer"),
+    (["demo", *tiny_demo("--steps")], "--steps", "99999999999999999999", "[1, 10000000]"),
+    (["demo", *tiny_demo("--threads")], "--threads", "2147483648", "[0, "),
+    (["heads"], "--threads", "4096", "[0, "),
+    (["bench-one"], "--n", "-3", "[1, 4194304]"),
+    (["translate"], "--threads", "4096", "[0, "),
+    (["bench"], "--threads", "1,0", "[1, "),
+    (["bench"], "--sizes", "512,-3", "[1, 4194304]"),
+    (["bench-one"], "--warmup", "-1", "[0, 1000000]"),
+    (["bench-one"], "--heads", "-1", "[1, 65536]"),
+])
+def test_integer_options_refuse_values_outside_their_range_naming_option_and_value(tmp_path, args, option,
+                                                                                   value, expected):
+    extra = {"run": ["--weights", "w", "--query", "q", "--out", tmp_path / "o.npy"],
+             "bench": ["--out", tmp_path / "bench", "--quick", "--no-torch"],
+             "demo": ["--out", tmp_path / "report"]}.get(args[0], [])
+    refused(mha(*args, *extra, option, value), option, value.split(",")[-1], expected)
+
+
+def test_integers_are_read_as_decimal():
+    # CLI11 reads integers with base 0: "010" was 8 (octal). bench-one reports the n it ran.
+    result = mha("bench-one", "--impl", "core", "--n", "010", "--warmup", "0", "--min-reps", "1", "--max-reps", "1",
+                 "--min-time", "0", "--max-time", "0")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["n"] == 10
+
+
+def test_thread_options_take_the_library_bound(tmp_path):
+    import mha as mha_module
+    bound = mha_module.max_num_threads()
+    assert f"INT in [0, {bound}]" in mha("run", "--help").stdout
+    refused(mha("heads", "--out", tmp_path / "heads", "--threads", bound + 1), "--threads", str(bound + 1))
+
+
+@pytest.mark.parametrize("command, ranges", [
+    ("run", ["--heads INT in [1, 65536]", "--threads INT in [0, "]),
+    ("demo", ["--dropout FLOAT in [0, 0.99]", "--lr-factor FLOAT in [1e-06, 1000]", "--steps INT in [1, 10000000]",
+              "--seed INT in [0, 18446744073709551615]", "--maps INT in [0, 6]"]),
+    ("bench", ["--threads INT in [1, ", "--sizes INT in [1, 4194304]", "--torch-timeout FLOAT in [1, 604800]"]),
+])
+def test_help_states_the_ranges(command, ranges):
+    result = mha(command, "--help")
+    assert result.returncode == 0
+    for text in ranges:
+        assert text in result.stdout, (text, result.stdout)
+
+
+# ---- text from outside is escaped ---------------------------------------------------------------------
+
+def test_translate_escapes_nul_and_escape_bytes_of_its_input(tmp_path):
+    checkpoint = tmp_path / "checkpoint.safetensors"
+    checkpoint.write_bytes(b"")  # the inputs are checked before the checkpoint is read
+    result = mha("translate", "--checkpoint", checkpoint, stdin=b"5 March 2021\nab\x00cd\x1b[31m\n", text=False)
+    assert result.returncode == 1
+    stderr = result.stderr.decode("ascii")  # nothing but ASCII reaches the terminal
+    assert b"\x1b" not in result.stderr and b"\x00" not in result.stderr
+    assert 'line 2 "ab\\x00cd\\x1b[31m": control byte 0x00 at position 2' in stderr, stderr
+    result = mha("translate", "--checkpoint", checkpoint, "\x1b[31mred", text=False)
+    assert result.returncode == 1 and b"\x1b" not in result.stderr
+    assert b'input 1 "\\x1b[31mred"' in result.stderr, result.stderr
+
+
+def test_translate_escapes_the_checkpoint_name(tmp_path):
+    result = mha("translate", "--checkpoint", str(tmp_path / "\x1b[2Jgone"), "5 March 2021", text=False)
+    assert result.returncode == 1 and b"\x1b" not in result.stderr
+    assert b"\\x1b[2Jgone" in result.stderr and b"no checkpoint at" in result.stderr
+
+
+def test_error_messages_reach_the_terminal_without_control_bytes(tmp_path):
+    result = mha("run", "--weights", str(tmp_path / "\x1b[31mw.safetensors"), "--heads", "2", "--query", "q.npy",
+                 "--out", tmp_path / "o.npy", text=False)
+    assert result.returncode == 1 and b"\x1b" not in result.stderr, result.stderr
+    assert b"--weights" in result.stderr and b"\\x1b[31mw.safetensors" in result.stderr

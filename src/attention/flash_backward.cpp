@@ -55,10 +55,10 @@ void SoftmaxBackwardTile(const AttentionInputs<float>& p, std::int64_t b, std::i
 
 // One thread's tiles and block copies.
 struct BackwardTiles {
-  float *s, *dp, *pd;                          // [kBlockQ, kBlockK] each
-  float *k_copy, *v_copy, *q_copy, *do_copy;   // [kBlockK, max(d_k, d_v)] x 2, [kBlockQ, max(d_k, d_v)] x 2
-  std::int64_t *nonfinite_k, *nonfinite_v;     // [kBlockK] each
-  std::int64_t *nonfinite_q, *nonfinite_do;    // [kBlockQ] each
+  float *s, *dp, *pd;                         // [kBlockQ, kBlockK] each
+  float *k_copy, *v_copy, *q_copy, *do_copy;  // [kBlockK, max(d_k, d_v)] x 2, [kBlockQ, max(d_k, d_v)] x 2
+  std::int64_t *nonfinite_k, *nonfinite_v;    // [kBlockK] each
+  std::int64_t *nonfinite_q, *nonfinite_do;   // [kBlockQ] each
 };
 
 // The K and V blocks of keys j0.., safe for whole-block products (nonfinite.hpp).
@@ -83,8 +83,17 @@ struct BackwardContext {
     float* base = workspace + thread * per_thread;
     float* copies = base + 3 * tile;
     std::int64_t* lists = nonfinite_lists + thread * kListsPerThread;
-    return {base,         base + tile,  base + 2 * tile, copies, copies + kv_size, copies + 2 * kv_size,
-            copies + 2 * kv_size + q_size, lists, lists + kBlockK, lists + 2 * kBlockK, lists + 2 * kBlockK + kBlockQ};
+    return {base,
+            base + tile,
+            base + 2 * tile,
+            copies,
+            copies + kv_size,
+            copies + 2 * kv_size,
+            copies + 2 * kv_size + q_size,
+            lists,
+            lists + kBlockK,
+            lists + 2 * kBlockK,
+            lists + 2 * kBlockK + kBlockQ};
   }
   KeyBlocks key_blocks(const BackwardTiles& t, std::int64_t b, std::int64_t head, std::int64_t j0,
                        std::int64_t cols) const {
@@ -92,6 +101,29 @@ struct BackwardContext {
             safe_block(p, p.v, b, head, j0, cols, p.d_v, t.v_copy, t.nonfinite_v)};
   }
 };
+
+// The probabilities of the listed keys (columns of the tile s, row stride kBlockK), whose k rows hold
+// NaN or Inf and were zeroed in the block copy: recomputed one by one from the real k row, so that a
+// logit of -inf (an infinite component against q's sign) gives exactly 0, as the forward had it, and
+// +inf or NaN gives NaN. Forbidden entries stay 0.
+void ExactProbabilitiesOfNonfiniteKeys(const AttentionInputs<float>& p, std::int64_t b, std::int64_t head,
+                                       std::int64_t i0, std::int64_t rows, std::int64_t j0, const std::int64_t* list,
+                                       std::int64_t count, const float* lse, float* s) {
+  for (std::int64_t n = 0; n < count; ++n) {
+    const std::int64_t j = j0 + list[n];
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const float added = p.additive_mask ? p.additive_mask(b, head, i0 + r, j) : 0.0f;
+      float& prob = s[r * kBlockK + list[n]];
+      if (!p.allowed(b, head, i0 + r, j) || added == kMinusInf || lse[r] == kMinusInf) {
+        prob = 0.0f;
+        continue;
+      }
+      float dot = 0.0f;
+      for (std::int64_t e = 0; e < p.d_k; ++e) dot += p.q(b, head, i0 + r, e) * p.k(b, head, j, e);
+      prob = std::exp(p.scale * dot + added - lse[r]);
+    }
+  }
+}
 
 // S = scale Q_i K_j^T -> P (in t.s), and dP = dO_i V_j^T -> dS (in t.dp), for query rows i0.. and
 // keys j0... A key whose k or v holds NaN or Inf gets dS = NaN in the rows that attend to it (P != 0),
@@ -102,14 +134,14 @@ void TileGradients(const BackwardContext& ctx, const BackwardTiles& t, std::int6
   const std::int64_t row0 = (b * p.h + head) * p.L + i0;
   ScaledLogits(p, &p.q(b, head, i0, 0), rows, kv.k.data, kv.k.ld, cols, t.s);
   ProbabilitiesFromLse(p, b, head, i0, rows, j0, cols, ctx.lse + row0, t.s);
+  ExactProbabilitiesOfNonfiniteKeys(p, b, head, i0, rows, j0, t.nonfinite_k, kv.k.nonfinite_count, ctx.lse + row0, t.s);
   gemm_tile(rows, cols, p.d_v, plain(&p.dout(b, head, i0, 0), p.dout.stride[2]), transposed(kv.v.data, kv.v.ld),
             overwrite(t.dp, kBlockK));
   SoftmaxBackwardTile(p, b, head, i0, rows, j0, cols, t.s, ctx.D + row0, t.dp);
-  for (auto [list, count] :
-       {std::pair{t.nonfinite_k, kv.k.nonfinite_count}, std::pair{t.nonfinite_v, kv.v.nonfinite_count}})
-    for (std::int64_t n = 0; n < count; ++n)
-      for (std::int64_t r = 0; r < rows; ++r)
-        if (t.s[r * kBlockK + list[n]] != 0.0f) t.dp[r * kBlockK + list[n]] = std::numeric_limits<float>::quiet_NaN();
+  for (std::int64_t n = 0; n < kv.v.nonfinite_count; ++n)  // dP = dO v^T of a zeroed v row was 0
+    for (std::int64_t r = 0; r < rows; ++r)
+      if (t.s[r * kBlockK + t.nonfinite_v[n]] != 0.0f)
+        t.dp[r * kBlockK + t.nonfinite_v[n]] = std::numeric_limits<float>::quiet_NaN();
 }
 
 // dX_j += alpha coef[r, j] x_r for the listed rows r of query block i0 (their non-finite x rows were
@@ -171,6 +203,18 @@ void QueryBlockGradients(const BackwardContext& ctx, std::int64_t b, std::int64_
     TileGradients(ctx, t, b, head, i0, rows, j0, cols, kv);
     gemm_tile(rows, p.d_k, cols, plain(t.dp, kBlockK), plain(kv.k.data, kv.k.ld),
               accumulate_into(&p.dq(b, head, i0, 0), p.dq.stride[2]), p.scale);
+    // The k rows holding NaN or Inf were zeroed in the product: their exact terms scale dS k_j, for
+    // every allowed (i, j), as the reference adds them (0 * Inf is NaN there too).
+    for (std::int64_t n = 0; n < kv.k.nonfinite_count; ++n) {
+      const std::int64_t j = j0 + t.nonfinite_k[n];
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const bool forbidden =
+            !p.allowed(b, head, i0 + r, j) || (p.additive_mask && p.additive_mask(b, head, i0 + r, j) == kMinusInf);
+        if (forbidden || ctx.lse[(b * p.h + head) * p.L + i0 + r] == kMinusInf) continue;
+        const float ds = p.scale * t.dp[r * kBlockK + t.nonfinite_k[n]];
+        for (std::int64_t e = 0; e < p.d_k; ++e) p.dq(b, head, i0 + r, e) += ds * p.k(b, head, j, e);
+      }
+    }
   }
 }
 
@@ -197,8 +241,8 @@ void FlashBackward(const AttentionBackwardParams<float>& p) {
     D_all[r] = D;
     lse_all[r] = p.lse_in(b, head, i, 0);
   }
-  const BackwardContext ctx{p, D_all.get(), lse_all.get(), workspace.get(), per_thread, tile, kv_size, q_size,
-                            nonfinite_lists.data()};
+  const BackwardContext ctx{p,    D_all.get(), lse_all.get(), workspace.get(),       per_thread,
+                            tile, kv_size,     q_size,        nonfinite_lists.data()};
 
 #pragma omp parallel for schedule(dynamic, 1)
   for (std::int64_t item = 0; item < p.B * p.h * k_blocks; ++item)  // pass 1: dK, dV

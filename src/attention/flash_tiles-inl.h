@@ -45,7 +45,7 @@ inline hwy::AlignedFreeUniquePtr<float[]> AllocateFloats(std::int64_t count) {
 // A row of weights of query i, keys [j0, j0 + cols), whose log-sum-exp is NaN: every entry is NaN after
 // the exp, but a forbidden key's weight stays exactly 0 (a masked position is ignored, whatever the row).
 inline void ZeroForbiddenEntries(const AttentionInputs<float>& p, std::int64_t b, std::int64_t head, std::int64_t i,
-                          std::int64_t j0, std::int64_t cols, float* row) {
+                                 std::int64_t j0, std::int64_t cols, float* row) {
   for (std::int64_t c = 0; c < cols; ++c) {
     const bool forbidden_by_addition = p.additive_mask && p.additive_mask(b, head, i, j0 + c) == kMinusInf;
     if (!p.allowed(b, head, i, j0 + c) || forbidden_by_addition) row[c] = 0.0f;
@@ -56,14 +56,14 @@ inline void ZeroForbiddenEntries(const AttentionInputs<float>& p, std::int64_t b
 // forward and in both backward passes alike, so the backward's P = exp(S - lse) is normalised to float
 // precision.
 inline void ScaledLogits(const AttentionInputs<float>& p, const float* q_rows, std::int64_t rows, const float* k_block,
-                  std::int64_t ldk, std::int64_t cols, float* s) {
+                         std::int64_t ldk, std::int64_t cols, float* s) {
   gemm_tile(rows, cols, p.d_k, plain(q_rows, p.q.stride[2]), transposed(k_block, ldk), overwrite(s, kBlockK), p.scale);
 }
 
 // Probabilities of a tile: s [rows, cols] (row stride kBlockK) holds scale * Q K^T; masks are applied
 // and each row becomes P = exp(S - lse) (0 for a row that attended to nothing), padded with zeros.
 inline void ProbabilitiesFromLse(const AttentionInputs<float>& p, std::int64_t b, std::int64_t head, std::int64_t i0,
-                          std::int64_t rows, std::int64_t j0, std::int64_t cols, const float* lse, float* s) {
+                                 std::int64_t rows, std::int64_t j0, std::int64_t cols, const float* lse, float* s) {
   const std::int64_t padded_cols = round_up(cols, kRowAlign);
   if (tile_needs_masks(p, i0, j0, cols)) apply_masks(p, b, head, i0, rows, j0, cols, s, kBlockK);
   for (std::int64_t r = 0; r < rows; ++r) {

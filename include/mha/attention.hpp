@@ -8,7 +8,11 @@
 /// Masking rules (PyTorch's nn.MultiheadAttention conventions):
 ///   - a boolean mask element `true` means "may not attend" (the logit becomes -inf);
 ///   - a float attn_mask is added to the logits (use -inf to forbid a position);
-///   - key padding (boolean [B, S], true = padding, or per-batch lengths) forbids whole key columns;
+///   - key padding (boolean [B, S], true = padding, or per-batch lengths) forbids whole key columns; a
+///     float key_padding_mask [B, S] is added to every logit of its key (-inf forbids), at O(B S)
+///     memory. It adds to a float attn_mask and combines with a bool attn_mask like any two masks.
+///     (PyTorch 1.13 reads a float key_padding_mask as boolean, nonzero = padding, when attn_mask is
+///     bool, and refuses it with a float attn_mask; we add it in every case.)
 ///   - causal is bottom-right aligned: query i may attend to key j only when j <= i + S - L, so with
 ///     L == S it is the usual lower triangle and with L < S (decoding after a prefix) the last query
 ///     sees every key; with L > S the first L - S queries see nothing;
@@ -41,7 +45,7 @@ enum class Kernel {
 struct AttentionOptions {
   std::optional<double> scale;                 ///< default 1 / sqrt(d_k)
   bool causal = false;                         ///< bottom-right aligned, see above
-  std::optional<TensorView> key_padding_mask;  ///< bool [B, S], true = padding
+  std::optional<TensorView> key_padding_mask;  ///< bool [B, S], true = padding; or q's dtype, added
   std::vector<std::int64_t> key_lengths;       ///< alternative to key_padding_mask: B lengths in [0, S]
   std::optional<TensorView> attn_mask;         ///< bool or float, [L, S] or [B*h, L, S]
   double dropout_p = 0.0;                      ///< probability of zeroing a weight, in [0, 1)

@@ -50,7 +50,7 @@ struct MultiHeadAttentionConfig {
 /// are visible to every query (PyTorch pads its masks with "allowed" there). Inputs may have any
 /// non-negative strides.
 struct MultiHeadAttentionInputs {
-  std::optional<TensorView> key_padding_mask;  ///< bool [B, S] ([S] for unbatched input), true = padding
+  std::optional<TensorView> key_padding_mask;  ///< bool [B, S] ([S] unbatched), true = padding; or float, added
   std::vector<std::int64_t> key_lengths;       ///< alternative: B lengths in [0, S]
   std::optional<TensorView> attn_mask;         ///< bool or float, [L, S] or [B*h, L, S]
   bool causal = false;                         ///< bottom-right aligned over the S input keys

@@ -71,10 +71,6 @@ def _as_dtype(dtype):
     return resolved, _DTYPES[resolved]
 
 
-def _is_float(array):
-    return array is not None and np.asarray(array).dtype.kind == "f"
-
-
 def _mask_to_dtype(attn_mask, dtype):
     """A float attn_mask in the dtype of the computation (as torch requires); others unchanged."""
     if attn_mask is None:
@@ -83,34 +79,6 @@ def _mask_to_dtype(attn_mask, dtype):
     if attn_mask.dtype.kind == "f" and dtype.kind == "f" and attn_mask.dtype != dtype:
         attn_mask = attn_mask.astype(dtype)
     return attn_mask
-
-
-def _fold_float_key_padding_mask(key_padding_mask, attn_mask, batch, num_heads, L, S, dtype):
-    """An additive attn_mask [B*h, L, S] = attn_mask + key_padding_mask[b, None, :].
-
-    The library takes a boolean key padding mask only; PyTorch adds a float one to the logits, so a
-    float key_padding_mask [B, S] is folded into a float attn_mask here. A boolean attn_mask becomes
-    -inf where True.
-    """
-    padding = np.asarray(key_padding_mask, dtype=dtype)
-    if padding.shape != (batch, S):
-        raise Error(f"key_padding_mask: expected shape [B, S] = [{batch}, {S}], got "
-                    f"{list(padding.shape)}")
-    total = np.broadcast_to(padding[:, None, None, :], (batch, num_heads, L, S))
-    if attn_mask is not None:
-        attn_mask = np.asarray(attn_mask)
-        if attn_mask.dtype.kind in "biu":
-            additive = np.where(attn_mask != 0, -np.inf, 0.0).astype(dtype)
-        else:
-            additive = attn_mask.astype(dtype, copy=False)
-        if additive.shape == (L, S):
-            total = total + additive
-        elif additive.shape == (batch * num_heads, L, S):
-            total = total + additive.reshape(batch, num_heads, L, S)
-        else:
-            raise Error(f"attn_mask: expected shape [L, S] = [{L}, {S}] or [B*h, L, S] = "
-                        f"[{batch * num_heads}, {L}, {S}], got {list(additive.shape)}")
-    return np.ascontiguousarray(total, dtype=dtype).reshape(batch * num_heads, L, S)
 
 
 def _key_lengths(key_lengths):
@@ -145,11 +113,7 @@ def _attention_options(q, k, attn_mask, is_causal, scale, key_padding_mask, key_
     attn_mask = _mask_to_dtype(attn_mask, q.dtype)
     if attn_mask is not None and attn_mask.ndim == 4 and q.ndim == 4 and attn_mask.shape[:2] == q.shape[:2]:
         attn_mask = attn_mask.reshape((-1,) + attn_mask.shape[2:])  # [B, h, L, S] -> [B*h, L, S]
-    if _is_float(key_padding_mask) and q.ndim == 4 and k.ndim == 4:
-        B, h, L, _ = q.shape
-        attn_mask = _fold_float_key_padding_mask(key_padding_mask, attn_mask, B, h, L, k.shape[2],
-                                                 q.dtype if q.dtype.kind == "f" else np.float32)
-        key_padding_mask = None
+    key_padding_mask = _mask_to_dtype(key_padding_mask, q.dtype)  # a float one is added per key, O(B S)
     options = dict(attn_mask=attn_mask, is_causal=bool(is_causal), scale=scale,
                    key_padding_mask=key_padding_mask, key_lengths=_key_lengths(key_lengths),
                    dropout_p=float(dropout_p), dropout_seed=int(dropout_seed))
@@ -173,7 +137,8 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, scale
             when j <= i + S - L (the usual lower triangle when L == S).
         scale: the logit scale; None means 1 / sqrt(d_k).
         key_padding_mask: optional [B, S] (or [S] unbatched); boolean True (or nonzero integer)
-            marks padding keys; a float mask is added to the logits as in PyTorch.
+            marks padding keys; a float mask is added to the logits of its key as in PyTorch
+            (memory O(B S)), also next to a boolean attn_mask (PyTorch 1.13 reads it as boolean there).
         need_weights: also return the attention probabilities [B, h, L, S].
         key_lengths: alternative to a boolean key_padding_mask: B lengths in [0, S] (a sequence or
             1-D integer array); keys at positions >= length are padding.
@@ -363,7 +328,8 @@ class MultiheadAttention:
             key: [B, S, kdim], [S, B, kdim] or [S, kdim].
             value: [B, S, vdim], [S, B, vdim] or [S, vdim].
             key_padding_mask: [B, S] ([S] unbatched); True (or nonzero integer) marks padding; a
-                float mask is added to the logits, as in PyTorch.
+                float mask is added to the logits of its key, as in PyTorch (memory O(B S)). With a
+                boolean attn_mask it is still added (PyTorch 1.13 reads it as boolean there).
             need_weights: also return the attention weights.
             attn_mask: boolean (True = forbidden) or float (added) mask, [L, S] or [B*h, L, S].
             average_attn_weights: average the weights over heads ([B, L, S']) instead of
@@ -380,26 +346,11 @@ class MultiheadAttention:
         key = query if key is query else np.asarray(key)
         value = key if value is key else np.asarray(value)
         attn_mask = _mask_to_dtype(attn_mask, self._dtype)
-        if _is_float(key_padding_mask) and query.ndim in (2, 3) and key.ndim == query.ndim:
-            S = key.shape[0] if query.ndim == 2 or not self.batch_first else key.shape[1]
-            key_padding_mask, attn_mask = self._fold_float_padding(query, S, key_padding_mask, attn_mask)
+        key_padding_mask = _mask_to_dtype(key_padding_mask, self._dtype)
         return self._module.forward(
             query, key, value, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
             key_lengths=_key_lengths(key_lengths), is_causal=bool(is_causal),
             need_weights=bool(need_weights), average_attn_weights=bool(average_attn_weights))
-
-    def _fold_float_padding(self, query, S, key_padding_mask, attn_mask):
-        """(None, attn_mask with the float key_padding_mask [B, S] ([S] unbatched) added), as
-        PyTorch adds a float padding mask to the logits; the library takes boolean ones only."""
-        if query.ndim == 2:
-            batch, L = 1, query.shape[0]
-            key_padding_mask = np.asarray(key_padding_mask)[None]
-        elif self.batch_first:
-            batch, L = query.shape[0], query.shape[1]
-        else:
-            batch, L = query.shape[1], query.shape[0]
-        return None, _fold_float_key_padding_mask(key_padding_mask, attn_mask, batch, self.num_heads,
-                                                  L, S, self._dtype)
 
     # ---- incremental decoding --------------------------------------------------------------------
     def append_to_cache(self, cache, key, value):
@@ -417,9 +368,7 @@ class MultiheadAttention:
         None)."""
         query = np.asarray(query)
         attn_mask = _mask_to_dtype(attn_mask, self._dtype)
-        if _is_float(key_padding_mask) and query.ndim in (2, 3):
-            key_padding_mask, attn_mask = self._fold_float_padding(query, cache.length, key_padding_mask,
-                                                                   attn_mask)
+        key_padding_mask = _mask_to_dtype(key_padding_mask, self._dtype)
         return self._module.forward_cached(
             query, cache, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
             key_lengths=_key_lengths(key_lengths),

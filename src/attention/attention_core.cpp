@@ -34,7 +34,9 @@ void validate_attention_masks(const AttentionOptions& o, DType dtype, std::int64
                               std::int64_t S) {
   if (o.key_padding_mask) {
     const TensorView& m = *o.key_padding_mask;
-    if (m.dtype() != DType::Bool) fail("key_padding_mask: expected bool (true = padding), got " + describe(m));
+    if (m.dtype() != DType::Bool && m.dtype() != dtype)
+      fail(std::string("key_padding_mask: expected bool (true = padding) or ") + dtype_name(dtype) +
+           " (the dtype of q: added to the logits), got " + describe(m));
     if (m.shape() != Shape{B, S})
       fail("key_padding_mask: expected shape [B, S] = " + shape_str({B, S}) + ", got " + shape_str(m.shape()));
   }
@@ -117,10 +119,14 @@ void fill_common(AttentionInputs<T>& p, const TensorView& q, const TensorView& k
   p.v = strided4<T>(v);
   p.scale = static_cast<T>(o.scale ? *o.scale : 1.0 / std::sqrt(static_cast<double>(p.d_k)));
   p.causal = o.causal;
-  if (o.key_padding_mask) {
-    p.key_padding.data = o.key_padding_mask->data_as<std::uint8_t>();
-    p.key_padding.stride[0] = o.key_padding_mask->stride(0);
-    p.key_padding.stride[3] = o.key_padding_mask->stride(1);
+  if (o.key_padding_mask) {  // bool: padding; float: added to the logits of each key
+    const TensorView& m = *o.key_padding_mask;
+    auto columns = [&](auto& s) {
+      s.stride[0] = m.stride(0);
+      s.stride[3] = m.stride(1);
+    };
+    if (m.dtype() == DType::Bool) p.key_padding.data = m.data_as<std::uint8_t>(), columns(p.key_padding);
+    else p.key_bias.data = m.data_as<T>(), columns(p.key_bias);
   }
   if (!o.key_lengths.empty()) p.key_lengths = o.key_lengths.data();
   if (o.attn_mask) {

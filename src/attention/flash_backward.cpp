@@ -112,9 +112,9 @@ void ExactProbabilitiesOfNonfiniteKeys(const AttentionInputs<float>& p, std::int
   for (std::int64_t n = 0; n < count; ++n) {
     const std::int64_t j = j0 + list[n];
     for (std::int64_t r = 0; r < rows; ++r) {
-      const float added = p.additive_mask ? p.additive_mask(b, head, i0 + r, j) : 0.0f;
+      const float added = p.added(b, head, i0 + r, j);
       float& prob = s[r * kBlockK + list[n]];
-      if (!p.allowed(b, head, i0 + r, j) || added == kMinusInf || lse[r] == kMinusInf) {
+      if (p.forbidden(b, head, i0 + r, j) || lse[r] == kMinusInf) {
         prob = 0.0f;
         continue;
       }
@@ -208,8 +208,7 @@ void QueryBlockGradients(const BackwardContext& ctx, std::int64_t b, std::int64_
     for (std::int64_t n = 0; n < kv.k.nonfinite_count; ++n) {
       const std::int64_t j = j0 + t.nonfinite_k[n];
       for (std::int64_t r = 0; r < rows; ++r) {
-        const bool forbidden =
-            !p.allowed(b, head, i0 + r, j) || (p.additive_mask && p.additive_mask(b, head, i0 + r, j) == kMinusInf);
+        const bool forbidden = p.forbidden(b, head, i0 + r, j);
         if (forbidden || ctx.lse[(b * p.h + head) * p.L + i0 + r] == kMinusInf) continue;
         const float ds = p.scale * t.dp[r * kBlockK + t.nonfinite_k[n]];
         for (std::int64_t e = 0; e < p.d_k; ++e) p.dq(b, head, i0 + r, e) += ds * p.k(b, head, j, e);

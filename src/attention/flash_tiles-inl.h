@@ -47,8 +47,7 @@ inline hwy::AlignedFreeUniquePtr<float[]> AllocateFloats(std::int64_t count) {
 inline void ZeroForbiddenEntries(const AttentionInputs<float>& p, std::int64_t b, std::int64_t head, std::int64_t i,
                                  std::int64_t j0, std::int64_t cols, float* row) {
   for (std::int64_t c = 0; c < cols; ++c) {
-    const bool forbidden_by_addition = p.additive_mask && p.additive_mask(b, head, i, j0 + c) == kMinusInf;
-    if (!p.allowed(b, head, i, j0 + c) || forbidden_by_addition) row[c] = 0.0f;
+    if (p.forbidden(b, head, i, j0 + c)) row[c] = 0.0f;
   }
 }
 

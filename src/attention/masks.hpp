@@ -22,7 +22,7 @@ inline std::int64_t key_range_end(const AttentionInputs<float>& p, std::int64_t 
 
 // Whether a tile needs per-element masking (beyond the key range already cut by key_range_end).
 inline bool tile_needs_masks(const AttentionInputs<float>& p, std::int64_t i0, std::int64_t j0, std::int64_t cols) {
-  if (p.key_padding || p.bool_mask || p.additive_mask) return true;
+  if (p.key_padding || p.bool_mask || p.additive_mask || p.key_bias) return true;
   return p.causal && j0 + cols - 1 > i0 + p.S - p.L;  // the first row of the tile does not see every key
 }
 
@@ -33,7 +33,7 @@ inline void apply_masks(const AttentionInputs<float>& p, std::int64_t b, std::in
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t c = 0; c < cols; ++c) {
       float& x = s[r * ld + c];
-      const float added = p.additive_mask ? p.additive_mask(b, head, i0 + r, j0 + c) : 0.0f;
+      const float added = p.added(b, head, i0 + r, j0 + c);
       x = (!p.allowed(b, head, i0 + r, j0 + c) || added == kMinusInf) ? kMinusInf : x + added;
     }
 }
@@ -44,9 +44,7 @@ inline void apply_masks(const AttentionInputs<float>& p, std::int64_t b, std::in
 template <class T>
 bool has_allowed_key(const AttentionInputs<T>& p, std::int64_t b, std::int64_t head, std::int64_t i, std::int64_t end) {
   for (std::int64_t j = 0; j < end; ++j)
-    if (p.allowed(b, head, i, j) &&
-        !(p.additive_mask && p.additive_mask(b, head, i, j) == -std::numeric_limits<T>::infinity()))
-      return true;
+    if (!p.forbidden(b, head, i, j)) return true;
   return false;
 }
 

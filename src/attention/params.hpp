@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 
 namespace mha::detail {
 
@@ -37,6 +38,7 @@ struct AttentionInputs {
   const std::int64_t* key_lengths = nullptr;  // [B]: keys j >= key_lengths[b] are padding
   Strided4<const std::uint8_t> bool_mask;     // nonzero = may not attend
   Strided4<const T> additive_mask;            // added to the logits; -inf forbids
+  Strided4<const T> key_bias;                 // a float key_padding_mask, added to key s's logits (strides: b, 0, 0, s)
 
   T dropout_p = 0;  // in [0, 1)
   std::uint64_t dropout_seed = 0;
@@ -49,6 +51,21 @@ struct AttentionInputs {
     if (bool_mask && bool_mask(b, head, i, j)) return false;
     return true;
   }
+
+  // What the additive masks add to logit (i, j): attn_mask + key_bias, 0 without them.
+  T added(std::int64_t b, std::int64_t head, std::int64_t i, std::int64_t j) const {
+    if (!key_bias) return additive_mask ? additive_mask(b, head, i, j) : T(0);
+    return additive_mask ? additive_mask(b, head, i, j) + key_bias(b, head, i, j) : key_bias(b, head, i, j);
+  }
+
+  // Whether query i may not attend to key j: by the boolean masks, or by an additive -inf. A forbidden
+  // key's weight is exactly 0 and its k and v are never read into a result.
+  bool forbidden(std::int64_t b, std::int64_t head, std::int64_t i, std::int64_t j) const {
+    return !allowed(b, head, i, j) || ((additive_mask || key_bias) && added(b, head, i, j) == -infinity());
+  }
+
+ private:
+  static constexpr T infinity() { return std::numeric_limits<T>::infinity(); }
 };
 
 // The forward: the inputs and where the results go.

@@ -2,7 +2,7 @@
 // materialised, any element type (float, double). Never optimised: it is the specification.
 //
 // For each (b, head, i):
-//   s_j = scale * q_i . k_j + additive_mask_ij     for allowed keys j (see AttentionInputs::allowed)
+//   s_j = scale * q_i . k_j + added_ij             for keys j not forbidden (AttentionInputs::forbidden)
 //   m   = max_j s_j;  l = sum_j exp(s_j - m);  p_j = exp(s_j - m) / l;  lse = m + log(l)
 //   p_j = dropout(p_j)                             (kept: p_j / (1 - dropout_p), dropped: 0)
 //   out_i = sum_j p_j v_j
@@ -35,9 +35,7 @@ void reference_attention_forward(const AttentionParams<T>& p) {
     T* s = scratch.data() + omp_get_thread_num() * p.S;  // s: [S], logits then probabilities
 
     // A key is forbidden by the boolean masks or by an additive -inf; its weight is exactly 0.
-    auto forbidden = [&](std::int64_t j) {
-      return !p.allowed(b, head, i, j) || (p.additive_mask && p.additive_mask(b, head, i, j) == kMinusInf);
-    };
+    auto forbidden = [&](std::int64_t j) { return p.forbidden(b, head, i, j); };
 
     // Logits; forbidden keys get -inf without reading k (it may hold anything).
     T m = kMinusInf;
@@ -46,7 +44,7 @@ void reference_attention_forward(const AttentionParams<T>& p) {
         s[j] = kMinusInf;
         continue;
       }
-      const T added = p.additive_mask ? p.additive_mask(b, head, i, j) : T(0);
+      const T added = p.added(b, head, i, j);
       T dot = 0;
       for (std::int64_t c = 0; c < p.d_k; ++c) dot += p.q(b, head, i, c) * p.k(b, head, j, c);
       s[j] = dot * p.scale + added;
@@ -106,7 +104,7 @@ void reference_attention_backward(const AttentionBackwardParams<T>& p) {
       T D = 0;
       for (std::int64_t c = 0; c < p.d_v; ++c) D += p.dout(b, head, i, c) * p.o(b, head, i, c);
       for (std::int64_t j = 0; j < p.S; ++j) {
-        const T added = p.additive_mask ? p.additive_mask(b, head, i, j) : T(0);
+        const T added = p.added(b, head, i, j);
         if (!p.allowed(b, head, i, j) || added == kMinusInf) continue;
         T dot = 0;
         for (std::int64_t c = 0; c < p.d_k; ++c) dot += p.q(b, head, i, c) * p.k(b, head, j, c);

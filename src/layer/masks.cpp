@@ -40,16 +40,21 @@ void pad_masks_for_extra_keys(KernelMasks& m, std::int64_t B, std::int64_t h, st
   AttentionOptions& o = m.options;
   const std::int64_t S2 = S + extra;
   if (o.key_padding_mask || !o.key_lengths.empty()) {
-    Tensor padding(DType::Bool, {B, S2});  // [B, S'], extra columns false
-    auto* dst = padding.data_as<std::uint8_t>();
+    // [B, S'], the extra columns allowed; a float key_padding_mask stays additive (key_lengths -> -inf).
+    const bool additive = o.key_padding_mask && o.key_padding_mask->dtype() != DType::Bool;
+    Tensor padding(additive ? dtype_of<T>() : DType::Bool, {B, S2});
     for (std::int64_t b = 0; b < B; ++b)
       for (std::int64_t j = 0; j < S; ++j) {
-        bool padded = !o.key_lengths.empty() && j >= o.key_lengths[static_cast<std::size_t>(b)];
-        if (o.key_padding_mask) {
-          const auto& kpm = *o.key_padding_mask;
-          padded = padded || kpm.data_as<std::uint8_t>()[b * kpm.stride(0) + j * kpm.stride(1)] != 0;
+        const bool beyond_length = !o.key_lengths.empty() && j >= o.key_lengths[static_cast<std::size_t>(b)];
+        const std::int64_t src =
+            o.key_padding_mask ? b * o.key_padding_mask->stride(0) + j * o.key_padding_mask->stride(1) : 0;
+        if (additive) {
+          padding.data_as<T>()[b * S2 + j] =
+              beyond_length ? -std::numeric_limits<T>::infinity() : o.key_padding_mask->data_as<T>()[src];
+        } else {
+          const bool padded = o.key_padding_mask && o.key_padding_mask->data_as<std::uint8_t>()[src] != 0;
+          padding.data_as<std::uint8_t>()[b * S2 + j] = beyond_length || padded;
         }
-        dst[b * S2 + j] = padded;
       }
     m.key_padding_mask = std::move(padding);
     o.key_padding_mask = m.key_padding_mask.view();
@@ -104,6 +109,10 @@ KernelMasks kernel_masks(const MultiHeadAttentionInputs& in, const MultiHeadAtte
       o.key_padding_mask = TensorView(kpm.data(), kpm.dtype(), {1, S}, {0, kpm.stride(0)});
     } else {
       o.key_padding_mask = kpm;
+    }
+    if (kpm.dtype() != DType::Bool && kpm.dtype() != c.dtype) {  // the other float dtype: convert
+      masks.key_padding_mask = Tensor::copy_of(*o.key_padding_mask, c.dtype);
+      o.key_padding_mask = masks.key_padding_mask.view();
     }
   }
   if (in.attn_mask) {

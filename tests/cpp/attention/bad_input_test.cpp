@@ -110,10 +110,10 @@ std::vector<BadCase> bad_cases() {
                  });
                },
                "key_padding_mask"});
-  c.push_back({"sdpa_key_padding_mask_float",
+  c.push_back({"sdpa_key_padding_mask_other_float",  // a float one must have q's dtype (added to the logits)
                [] {
                  sdpa_with([](AttentionOptions& o, std::vector<Tensor>& k) {
-                   k.push_back(T({B, S}, DType::Float32));
+                   k.push_back(T({B, S}, DType::Float64));
                    o.key_padding_mask = k.back().view();
                  });
                },

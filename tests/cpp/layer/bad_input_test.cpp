@@ -118,10 +118,10 @@ std::vector<BadCase> bad_cases() {
                  });
                },
                "key_padding_mask"});
-  c.push_back({"mha_key_padding_mask_float",
+  c.push_back({"mha_key_padding_mask_float_shape",
                [] {
                  forward_with([](MultiHeadAttentionInputs& in, std::vector<Tensor>& k) {
-                   k.push_back(T({2, 4}, DType::Float32));
+                   k.push_back(T({2, 5}, DType::Float32));
                    in.key_padding_mask = k.back().view();
                  });
                },

@@ -642,10 +642,10 @@ std::vector<BadCacheCall> bad_calls() {
                  });
                },
                R"(\bkey_padding_mask\b.*\[2, 4\])"});
-  c.push_back({"attend_kpm_float",
+  c.push_back({"attend_kpm_float_shape",
                [] {
                  attend_with([](In& in, Keep& k) {
-                   k.push_back(T({2, 4}));
+                   k.push_back(T({2, 5}));
                    in.key_padding_mask = k.back().view();
                  });
                },

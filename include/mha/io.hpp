@@ -99,6 +99,13 @@ std::vector<std::byte> serialize_safetensors(const std::map<std::string, TensorV
 /// file refused).
 void save_safetensors(const MultiHeadAttention& layer, const std::string& path);
 
+/// The config in `metadata` as save_safetensors writes it: "format" must be "mha", every other key
+/// present, integers in decimal, booleans exactly "true" or "false", dropout a decimal number, dtype
+/// "float32" or "float64". Anything else is an mha::Error naming `name` (the file), the key and the
+/// value. The values are checked against each other by the layer's constructor, not here.
+MultiHeadAttentionConfig config_from_metadata(const std::map<std::string, std::string>& metadata,
+                                              const std::string& name);
+
 /// Builds a layer from a safetensors file and loads its parameters strictly (every parameter present,
 /// nothing else, shapes exact). Without `config`, the config comes from the "__metadata__" that
 /// save_safetensors writes. With `config`, that config is used instead: this is how a file without

@@ -3,9 +3,9 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <limits>
 #include <new>
 
+#include "checked_arithmetic.hpp"
 #include "mha/error.hpp"
 
 namespace mha {
@@ -42,8 +42,14 @@ std::string shape_str(const Shape& shape) {
 }
 
 std::int64_t shape_numel(const Shape& shape) {
+  for (std::int64_t d : shape)
+    if (d == 0) return 0;
   std::int64_t n = 1;
-  for (std::int64_t d : shape) n *= d;
+  for (std::int64_t d : shape) {
+    const auto product = detail::checked_mul(n, d);
+    if (!product) throw Error("shape " + shape_str(shape) + ": its element count overflows 64 bits");
+    n = *product;
+  }
   return n;
 }
 
@@ -52,10 +58,25 @@ Shape contiguous_strides(const Shape& shape) {
   std::int64_t s = 1;
   for (std::size_t i = shape.size(); i-- > 0;) {
     strides[i] = s;
-    s *= shape[i];
+    if (i == 0) break;  // the product of every size is no stride
+    const auto next = detail::checked_mul(s, shape[i]);
+    if (!next) throw Error("shape " + shape_str(shape) + ": its strides overflow 64 bits");
+    s = *next;
   }
   return strides;
 }
+
+namespace {
+
+// Refuses a shape with more elements than a tensor may hold (detail::kMaxElements, counting the nonzero
+// sizes as NumPy does), so that element counts, byte sizes and offsets computed from it cannot overflow.
+void check_not_too_large(const char* what, const Shape& shape) {
+  if (!detail::nonzero_size_product(shape))
+    throw Error(std::string(what) + ": shape " + shape_str(shape) + " is too large: more than " +
+                std::to_string(detail::kMaxElements) + " elements (2^60), the most a tensor may hold");
+}
+
+}  // namespace
 
 // ---- TensorView ----------------------------------------------------------------------------------
 
@@ -67,6 +88,7 @@ TensorView::TensorView(const void* data, DType dtype, Shape shape, Shape strides
     if (shape_[i] < 0) throw Error("TensorView: negative size in shape " + shape_str(shape_));
     if (strides_[i] < 0) throw Error("TensorView: negative stride in strides " + shape_str(strides_));
   }
+  check_not_too_large("TensorView", shape_);
   if (data_ == nullptr && shape_numel(shape_) != 0) throw Error("TensorView: null data for shape " + shape_str(shape_));
 }
 
@@ -89,14 +111,8 @@ void Tensor::Free::operator()(std::byte* p) const { ::operator delete[](p, std::
 Tensor::Tensor(DType dtype, Shape shape) : dtype_(dtype), shape_(std::move(shape)) {
   for (std::int64_t d : shape_)
     if (d < 0) throw Error("Tensor: negative size in shape " + shape_str(shape_));
-  // Overflow guard: the element count times the element size must fit in memory sizes.
-  std::int64_t n = 1;
-  for (std::int64_t d : shape_) {
-    if (d != 0 && n > std::numeric_limits<std::int64_t>::max() / 8 / d)
-      throw Error("Tensor: shape " + shape_str(shape_) + " is too large");
-    n *= d;
-  }
-  const std::size_t bytes = static_cast<std::size_t>(n) * dtype_size(dtype);
+  check_not_too_large("Tensor", shape_);  // so the byte size below is at most 8 * kMaxElements < 2^63
+  const std::size_t bytes = static_cast<std::size_t>(shape_numel(shape_)) * dtype_size(dtype);
   if (bytes == 0) {
     defined_empty_ = true;
     return;
@@ -160,6 +176,8 @@ Tensor Tensor::copy_of(const TensorView& view, DType dtype) {
 }
 
 Tensor Tensor::reshaped(Shape shape) && {
+  for (std::int64_t d : shape)
+    if (d < 0) throw Error("Tensor::reshaped: negative size in shape " + shape_str(shape));
   if (shape_numel(shape) != numel())
     throw Error("Tensor::reshaped: cannot view " + shape_str(shape_) + " as " + shape_str(shape));
   shape_ = std::move(shape);

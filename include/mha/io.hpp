@@ -12,6 +12,20 @@
 /// BF16 become float32, four times as float64) and a table of names and shapes proportional to the
 /// header. Files are read piece by piece (header, then each tensor into its own storage), not whole.
 ///
+/// Paths are byte strings, as the operating system takes them. An empty path, or one holding a NUL
+/// byte (which the system would read as the end of the name, so "zz\0.npy" would be "zz"), is refused
+/// with mha::Error by every reader and writer.
+///
+/// Writers never write into what is at the path: they write a new file beside it,
+/// "<target>.partial.<pid>.<n>" (created exclusively, never through a link), and rename it over the
+/// target once complete, so a failed write leaves the old file as it was and a reader sees either the
+/// old file or the whole new one. The target is the path itself, or, when the path is a symbolic link,
+/// the file at the end of its chain of links: the link stays and its target gets the new file (a
+/// dangling link's target is created). A target that exists and is not a regular file (a directory,
+/// FIFO, character or block device, socket) is refused with mha::Error before anything is written.
+/// Being replaced rather than rewritten, the new file has a new file's permissions (0666 less the
+/// umask), and other hard links to the old file keep the old contents.
+///
 /// Byte order: both formats are read and written little-endian; the library builds only on
 /// little-endian machines (a static_assert says so), which is every machine it targets.
 #pragma once
@@ -57,7 +71,9 @@ SafetensorsFile read_safetensors(const std::string& path, std::optional<DType> d
 SafetensorsFile parse_safetensors(std::span<const std::byte> bytes, const std::string& name,
                                   std::optional<DType> dtype = std::nullopt);
 
-/// Writes tensors (float32 as F32, float64 as F64, bool as BOOL; any strides) and string metadata.
+/// Writes tensors (float32 as F32, float64 as F64, bool as BOOL; any strides) and string metadata to
+/// `path`, as the file comment says (beside the target, then renamed; links followed; anything but a
+/// regular file refused).
 /// The header is padded with spaces to a multiple of 8 bytes; tensors are laid out without gaps, wider
 /// dtypes first and then by name, so that every tensor starts at a multiple of its element size, as
 /// the reference writer does. Names must be valid UTF-8 and not "__metadata__".
@@ -78,8 +94,17 @@ std::vector<std::byte> serialize_safetensors(const std::map<std::string, TensorV
 /// "format": "mha", d_model, num_heads, d_k, d_v, kdim, vdim (integers), bias, add_bias_kv,
 /// add_zero_attn, batch_first ("true" / "false"), dropout (a decimal that reads back exactly) and dtype
 /// ("float32" / "float64"). The file loads in PyTorch's nn.MultiheadAttention (via the safetensors
-/// package) whenever the config is one PyTorch has (d_k == d_v == d_model / num_heads).
+/// package) whenever the config is one PyTorch has (d_k == d_v == d_model / num_heads). Written as
+/// write_safetensors writes (beside the target, then renamed; links followed; anything but a regular
+/// file refused).
 void save_safetensors(const MultiHeadAttention& layer, const std::string& path);
+
+/// The config in `metadata` as save_safetensors writes it: "format" must be "mha", every other key
+/// present, integers in decimal, booleans exactly "true" or "false", dropout a decimal number, dtype
+/// "float32" or "float64". Anything else is an mha::Error naming `name` (the file), the key and the
+/// value. The values are checked against each other by the layer's constructor, not here.
+MultiHeadAttentionConfig config_from_metadata(const std::map<std::string, std::string>& metadata,
+                                              const std::string& name);
 
 /// Builds a layer from a safetensors file and loads its parameters strictly (every parameter present,
 /// nothing else, shapes exact). Without `config`, the config comes from the "__metadata__" that
@@ -107,7 +132,9 @@ Tensor read_npy(const std::string& path);
 Tensor parse_npy(std::span<const std::byte> bytes, const std::string& name);
 
 /// Writes a float32, float64 or bool view (any strides) in C order, as version 1.0, or 2.0 when the
-/// header does not fit version 1.0's 65535 bytes. The header is padded to a multiple of 64 bytes.
+/// header does not fit version 1.0's 65535 bytes. The header is padded to a multiple of 64 bytes. The
+/// file is written as write_safetensors writes (beside the target, then renamed; links followed;
+/// anything but a regular file refused).
 void write_npy(const std::string& path, const TensorView& tensor);
 std::vector<std::byte> serialize_npy(const TensorView& tensor);
 /// @}

@@ -18,10 +18,11 @@ enum class DType : std::uint8_t { Float32, Float64, Bool };
 
 using Shape = std::vector<std::int64_t>;
 
-std::size_t dtype_size(DType dtype);           ///< bytes per element: 4, 8, 1
-const char* dtype_name(DType dtype);           ///< "float32", "float64", "bool"
-std::string shape_str(const Shape& shape);     ///< "[2, 3, 4]"
-std::int64_t shape_numel(const Shape& shape);  ///< product; 1 for rank 0
+std::size_t dtype_size(DType dtype);        ///< bytes per element: 4, 8, 1
+const char* dtype_name(DType dtype);        ///< "float32", "float64", "bool"
+std::string shape_str(const Shape& shape);  ///< "[2, 3, 4]"
+/// The product of the sizes; 1 for rank 0, 0 when a size is 0; mha::Error when it overflows 64 bits.
+std::int64_t shape_numel(const Shape& shape);
 
 template <class T>
 constexpr DType dtype_of();
@@ -38,14 +39,16 @@ constexpr DType dtype_of<bool>() {
   return DType::Bool;
 }
 
-/// Row-major (C order) strides of a shape, in elements.
+/// Row-major (C order) strides of a shape, in elements; mha::Error when one overflows 64 bits.
 Shape contiguous_strides(const Shape& shape);
 
 /// A read-only window on memory the caller owns. Bool elements are one byte, nonzero = true.
 class TensorView {
  public:
   TensorView() = default;
-  /// Strides in elements; may be zero (broadcast) or any non-negative value.
+  /// Strides in elements; may be zero (broadcast) or any non-negative value. Sizes must be
+  /// non-negative, and the product of the nonzero ones at most 2^60 - 1 (as for Tensor); otherwise
+  /// mha::Error.
   TensorView(const void* data, DType dtype, Shape shape, Shape strides);
   /// C-order view of `data`.
   TensorView(const void* data, DType dtype, Shape shape);
@@ -75,6 +78,10 @@ class TensorView {
 class Tensor {
  public:
   Tensor() = default;  ///< an undefined tensor: defined() is false
+  /// mha::Error when a size is negative or the shape is too large for its sizes to be counted: the
+  /// product of its nonzero sizes must be at most 2^60 - 1 elements, so that the byte size of any
+  /// dtype fits 63 bits (NumPy refuses the same shapes). A shape within that limit whose memory
+  /// cannot be allocated throws std::bad_alloc.
   Tensor(DType dtype, Shape shape);
 
   /// A contiguous copy of any view, converted to `dtype` (float32 <-> float64; bool stays bool).

@@ -71,6 +71,17 @@ def _as_dtype(dtype):
     return resolved, _DTYPES[resolved]
 
 
+def _int64_arg(value, name):
+    """An integer argument as the 64-bit integer the C++ config holds; mha.Error naming it otherwise."""
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise Error(f"{name}: expected an integer, got {value!r}") from None
+    if not -2**63 <= value < 2**63:
+        raise Error(f"{name}: expected an integer that fits 64 bits, got {value}")
+    return value
+
+
 def _mask_to_dtype(attn_mask, dtype):
     """A float attn_mask in the dtype of the computation (as torch requires); others unchanged."""
     if attn_mask is None:
@@ -234,12 +245,12 @@ class MultiheadAttention:
                  dtype=np.float32, seed=None):
         self._dtype, core_dtype = _as_dtype(dtype)
         config = _core.MultiHeadAttentionConfig()
-        config.d_model = operator.index(embed_dim)
-        config.num_heads = operator.index(num_heads)
-        config.d_k = 0 if d_k is None else operator.index(d_k)
-        config.d_v = 0 if d_v is None else operator.index(d_v)
-        config.kdim = 0 if kdim is None else operator.index(kdim)
-        config.vdim = 0 if vdim is None else operator.index(vdim)
+        config.d_model = _int64_arg(embed_dim, "embed_dim")
+        config.num_heads = _int64_arg(num_heads, "num_heads")
+        config.d_k = 0 if d_k is None else _int64_arg(d_k, "d_k")
+        config.d_v = 0 if d_v is None else _int64_arg(d_v, "d_v")
+        config.kdim = 0 if kdim is None else _int64_arg(kdim, "kdim")
+        config.vdim = 0 if vdim is None else _int64_arg(vdim, "vdim")
         config.bias = bool(bias)
         config.add_bias_kv = bool(add_bias_kv)
         config.add_zero_attn = bool(add_zero_attn)
@@ -249,6 +260,8 @@ class MultiheadAttention:
         if seed is None:
             seed = int.from_bytes(os.urandom(8), "little")
         self.seed = operator.index(seed)
+        if not 0 <= self.seed < 2**64:
+            raise Error(f"seed: expected an integer in [0, 2**64), got {self.seed}")
         self._module = _core.MultiHeadAttention(config, self.seed)
         self._config = self._module.config  # every default resolved
 
@@ -377,8 +390,13 @@ class MultiheadAttention:
 
     def save(self, path):
         """Writes the layer as safetensors: parameters under state_dict names, the config in the
-        file's __metadata__ (what `mha.load` and the `mha run` command read)."""
-        self._module.save_safetensors(str(path))
+        file's __metadata__ (what `mha.load` and the `mha run` command read).
+
+        `path` is a str, bytes or os.PathLike. The file is written beside the target and renamed
+        over it when complete; a symbolic link is followed (its target gets the new file, the link
+        stays), and a path holding anything but a regular file (a directory, FIFO, device, socket)
+        is refused, as is a path containing a NUL byte. Errors raise mha.Error naming the path."""
+        self._module.save_safetensors(path)
 
     def backward(self, grad_out):
         """The gradients of the last training-mode forward, given grad_out = dLoss/d out.
@@ -407,24 +425,57 @@ class MultiheadAttention:
 def load(path, **overrides):
     """A MultiheadAttention from a safetensors file written by `MultiheadAttention.save` (or by the
     C++ `mha::save_safetensors`): the config from the file's metadata, then the parameters, strictly.
-    Keyword arguments override constructor arguments (e.g. batch_first=False)."""
-    tensors, meta = _core.read_safetensors(str(path))
+    Keyword arguments override constructor arguments (e.g. batch_first=False).
+
+    `path` is a str, bytes or os.PathLike. Every problem with the file (missing or malformed
+    metadata, such as a boolean other than "true" / "false", a config the layer refuses, a missing,
+    extra or mis-shaped parameter) raises mha.Error naming the file and the key or value."""
+    tensors, meta = _core.read_safetensors(path)
+    name = os.fsencode(path).decode("utf-8", "backslashreplace")  # as the C++ errors show it
     if meta.get("format") != "mha":
-        raise ValueError(f"{path}: no mha metadata; build the layer yourself and load_state_dict("
-                         "mha.read_safetensors(path)[0])")
-    flag = lambda key: meta[key] == "true"  # noqa: E731
-    config = dict(embed_dim=int(meta["d_model"]), num_heads=int(meta["num_heads"]), d_k=int(meta["d_k"]),
-                  d_v=int(meta["d_v"]), kdim=int(meta["kdim"]), vdim=int(meta["vdim"]), bias=flag("bias"),
-                  add_bias_kv=flag("add_bias_kv"), add_zero_attn=flag("add_zero_attn"),
-                  batch_first=flag("batch_first"), dropout=float(meta["dropout"]),
-                  dtype=np.dtype(meta["dtype"]))
+        raise Error(f"{name}: no mha metadata; build the layer yourself and load_state_dict("
+                    "mha.read_safetensors(path)[0])")
+    c = _core.config_from_metadata(meta, name)
+    config = dict(embed_dim=c.d_model, num_heads=c.num_heads, d_k=c.d_k, d_v=c.d_v, kdim=c.kdim,
+                  vdim=c.vdim, bias=c.bias, add_bias_kv=c.add_bias_kv, add_zero_attn=c.add_zero_attn,
+                  batch_first=c.batch_first, dropout=c.dropout,
+                  dtype=np.float64 if c.dtype == _core.DType.float64 else np.float32)
     config.update(overrides)
-    layer = MultiheadAttention(**config)
-    layer.load_state_dict(tensors)
+    try:
+        layer = MultiheadAttention(**config)
+        layer.load_state_dict(tensors)
+    except Error as e:
+        raise Error(f"{name}: {e}") from None
     return layer
 
 
-read_safetensors = _core.read_safetensors
-write_safetensors = _core.write_safetensors
-read_npy = _core.read_npy
-write_npy = _core.write_npy
+def read_safetensors(path):
+    """Reads a safetensors file: ({name: array}, {metadata key: value}).
+
+    `path` is a str, bytes or os.PathLike; one containing a NUL byte raises mha.Error."""
+    return _core.read_safetensors(path)
+
+
+def write_safetensors(path, tensors, metadata=None):
+    """Writes {name: array} and {str: str} metadata as a safetensors file. Arrays must be float32,
+    float64 or bool: any other dtype (an integer array too) raises mha.Error naming it.
+
+    `path` is a str, bytes or os.PathLike. The file is written beside its target and renamed over it
+    when complete, so a failed write leaves the old file as it was. A symbolic link is followed (its
+    target gets the new file, the link stays); a path holding anything but a regular file (a
+    directory, FIFO, device, socket), or containing a NUL byte, raises mha.Error."""
+    return _core.write_safetensors(path, tensors, metadata)
+
+
+def read_npy(path):
+    """Reads a .npy file (float64, float32, float16 as float32, bool) as an array.
+
+    `path` is a str, bytes or os.PathLike; one containing a NUL byte raises mha.Error."""
+    return _core.read_npy(path)
+
+
+def write_npy(path, array):
+    """Writes a float32, float64 or bool array as a .npy file; any other dtype (an integer array
+    too) raises mha.Error naming it. `path` is handled as by `write_safetensors`: written beside its
+    target and renamed over it, symbolic links followed, anything but a regular file refused."""
+    return _core.write_npy(path, array)

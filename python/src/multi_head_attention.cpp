@@ -12,6 +12,7 @@
 
 #include <pybind11/stl.h>
 
+#include "arguments.hpp"
 #include "bindings.hpp"
 #include "mha/error.hpp"
 #include "mha/io.hpp"
@@ -127,11 +128,7 @@ void load_state_dict(LockedModule& self, const py::dict& state) {
   held.reserve(state.size());
   std::map<std::string, TensorView> views;
   for (const auto& [key, value] : state) {
-    if (!py::isinstance<py::str>(key)) {
-      throw Error("state_dict: expected str keys, got " +
-                  py::str(py::type::handle_of(key).attr("__name__")).cast<std::string>());
-    }
-    const std::string name = key.cast<std::string>();
+    const std::string name = utf8_arg(key, "state_dict key");
     held.push_back(view_of(value, name, Accept::Float));
     views.emplace(name, held.back().view);
   }
@@ -245,7 +242,8 @@ void register_multi_head_attention(py::module_& m) {
            "Returns (out like query, weights or None)")
       .def(
           "save_safetensors",
-          [](LockedModule& self, const std::string& path) {
+          [](LockedModule& self, py::handle path_obj) {
+            const std::string path = path_arg(path_obj);
             py::gil_scoped_release release;
             const Lock lock(self.mutex);
             mha::save_safetensors(self.module, path);

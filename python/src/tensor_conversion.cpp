@@ -31,8 +31,11 @@ DType accepted_dtype(py::array& array, const std::string& name, Accept accept) {
   const py::dtype dtype = array.dtype();
   if (dtype.num() == kNpyFloat) return DType::Float32;
   if (dtype.num() == kNpyDouble) return DType::Float64;
+  if (accept != Accept::Float && dtype.kind() == 'b') return DType::Bool;
+  if (accept == Accept::Stored)
+    throw Error(name + ": expected a bool, float32 or float64 array (what the file formats store), got " +
+                dtype_str(dtype));
   if (accept == Accept::Mask) {
-    if (dtype.kind() == 'b') return DType::Bool;
     if (dtype.kind() == 'i' || dtype.kind() == 'u') {
       // A bool element is one byte, nonzero = true, so 1-byte integers are viewed as they are.
       if (dtype.itemsize() != 1) array = py::array::ensure(numpy().attr("not_equal")(array, 0));

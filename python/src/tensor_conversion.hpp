@@ -22,9 +22,11 @@ namespace py = pybind11;
 
 // The element types an argument accepts.
 enum class Accept {
-  Float,  // float32 or float64: query, key, value, parameters
-  Mask,   // bool, float32 or float64; an integer array is read as bool (nonzero = true), as
-          // PyTorch reads a uint8 mask. 1-byte integers are viewed in place, wider ones converted.
+  Float,   // float32 or float64: query, key, value, parameters
+  Mask,    // bool, float32 or float64; an integer array is read as bool (nonzero = true), as
+           // PyTorch reads a uint8 mask. 1-byte integers are viewed in place, wider ones converted.
+  Stored,  // bool, float32 or float64 and nothing else: what the file writers store. An integer array
+           // is refused, not read as a mask (the writers would store [0, 1, 2, 300] as bool).
 };
 
 // A view on an array together with the array that owns the memory (the caller's array itself, or

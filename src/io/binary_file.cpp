@@ -1,11 +1,17 @@
 // ByteSource and ByteSink: the only code of the file formats that touches files.
 #include "io/binary_file.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <limits>
 #include <system_error>
+#include <tuple>
 
 #include "mha/error.hpp"
 
@@ -48,9 +54,18 @@ void MemorySource::read_checked(std::uint64_t offset, void* dst, std::size_t n) 
 
 namespace {
 
+// Refuses a path the operating system would not take as it is: an empty one, or one holding a NUL byte
+// (every system call would see only the part before it, so "zz\0.npy" would be "zz").
+void check_path(const std::string& path) {
+  if (path.empty()) fail("''", "the path is empty");
+  if (path.find('\0') != std::string::npos)
+    fail(printable(path), "the path contains a NUL byte, where the operating system would cut it");
+}
+
 // Opens `path` for reading and returns it with its size; refuses what is not a regular file (a
 // directory, a pipe, /dev/zero), whose size would be meaningless.
 std::pair<std::FILE*, std::uint64_t> open_regular_file(const std::string& path) {
+  check_path(path);
   std::error_code ec;
   const auto status = std::filesystem::status(path, ec);
   if (ec) fail(path, "cannot open: " + ec.message());
@@ -92,9 +107,65 @@ void VectorSink::write(const void* data, std::size_t n) {
   bytes.insert(bytes.end(), p, p + n);
 }
 
-FileSink::FileSink(std::string path) : path_(std::move(path)), partial_(path_ + ".partial") {
-  file_ = std::fopen(partial_.c_str(), "wb");
-  if (!file_) fail(path_, std::string("cannot write ") + partial_ + ": " + std::strerror(errno));
+namespace {
+
+// What a file that is not a regular file is, for the message that refuses to replace it.
+std::string kind_of(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+// The file a write to `path` replaces: `path`, or the end of its chain of symbolic links (a relative
+// link target is relative to the link's directory). The end may not exist yet.
+std::string follow_links(const std::string& path) {
+  constexpr int kMaxLinks = 40;  // Linux's limit for one path (ELOOP)
+  std::filesystem::path current = path;
+  for (int links = 0; links <= kMaxLinks; ++links) {
+    struct stat st {};
+    if (::lstat(current.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) return current.string();
+    std::error_code ec;
+    const std::filesystem::path target = std::filesystem::read_symlink(current, ec);
+    if (ec) fail(path, "cannot read the symbolic link " + current.string() + ": " + ec.message());
+    current = target.is_absolute() ? target : current.parent_path() / target;
+  }
+  fail(path, "more than " + std::to_string(kMaxLinks) + " symbolic links to follow");
+}
+
+// Creates "<target>.partial.<pid>.<n>" exclusively (O_EXCL: an existing file or link of that name is
+// never opened) with the permissions a new file gets (0666 less the umask); returns it and its name.
+std::pair<std::FILE*, std::string> create_partial(const std::string& path, const std::string& target) {
+  static std::atomic<unsigned> counter{0};
+  for (int attempt = 0;; ++attempt) {
+    std::string name = target + ".partial." + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1));
+    const int fd = ::open(name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    const int open_errno = errno;
+    if (fd < 0 && open_errno == EEXIST && attempt < 100) continue;  // another writer's: take the next name
+    if (fd < 0) fail(path, "cannot write " + name + ": " + std::strerror(open_errno));
+    std::FILE* file = ::fdopen(fd, "wb");
+    if (!file) {
+      const int fdopen_errno = errno;
+      ::close(fd);
+      std::remove(name.c_str());
+      fail(path, "cannot write " + name + ": " + std::strerror(fdopen_errno));
+    }
+    return {file, std::move(name)};
+  }
+}
+
+}  // namespace
+
+FileSink::FileSink(std::string path) : path_(std::move(path)) {
+  check_path(path_);
+  target_ = follow_links(path_);
+  struct stat st {};
+  if (::lstat(target_.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    fail(path_, (target_ == path_ ? "is " : "links to " + target_ + ", ") + kind_of(st.st_mode) +
+                    ", not a regular file: refusing to replace it");
+  std::tie(file_, partial_) = create_partial(path_, target_);
 }
 
 FileSink::~FileSink() {
@@ -118,7 +189,7 @@ void FileSink::commit() {
     std::remove(partial_.c_str());
     fail(path_, std::string("write failed: ") + std::strerror(flushed ? errno : flush_errno));
   }
-  if (std::rename(partial_.c_str(), path_.c_str()) != 0) {
+  if (std::rename(partial_.c_str(), target_.c_str()) != 0) {
     const int rename_errno = errno;
     std::remove(partial_.c_str());
     fail(path_, std::string("cannot rename ") + partial_ + " to it: " + std::strerror(rename_errno));

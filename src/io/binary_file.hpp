@@ -75,8 +75,12 @@ class VectorSink final : public ByteSink {
   std::vector<std::byte> bytes;
 };
 
-// Writes to "<path>.partial" and renames it to `path` on commit(), so that a failed write never
-// leaves a truncated file under the real name; without commit() the partial file is removed.
+// Writes a new file beside the target and renames it over the target on commit(), so that a failed
+// write never leaves a truncated file under the real name and a reader sees the old file or the whole
+// new one. The target is `path`, or when `path` is a symbolic link, the file at the end of its chain of
+// links (the link stays, its target gets the new contents). A target that exists and is not a regular
+// file (a directory, FIFO, device or socket) is refused before anything is written. The new file is
+// "<target>.partial.<pid>.<n>", created exclusively (never through a link); without commit() it is removed.
 class FileSink final : public ByteSink {
  public:
   explicit FileSink(std::string path);
@@ -87,8 +91,8 @@ class FileSink final : public ByteSink {
   void commit();
 
  private:
-  std::string path_, partial_;
-  std::FILE* file_;
+  std::string path_, target_, partial_;
+  std::FILE* file_ = nullptr;
 };
 
 }  // namespace mha::io

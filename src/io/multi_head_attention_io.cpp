@@ -55,6 +55,8 @@ class MetadataReader {
     const std::string& s = text(key);
     std::int64_t v = 0;
     const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (ec == std::errc::result_out_of_range)
+      fail(file_, "__metadata__: " + key + " must be an integer that fits 64 bits, got " + printable(s));
     if (ec != std::errc() || end != s.data() + s.size() || s.empty())
       fail(file_, "__metadata__: " + key + " must be an integer, got " + printable(s));
     return v;
@@ -69,8 +71,8 @@ class MetadataReader {
   }
   bool flag(const std::string& key) const {
     const std::string& s = text(key);
-    if (s == "true" || s == "True") return true;
-    if (s == "false" || s == "False") return false;
+    if (s == "true") return true;  // exactly what config_metadata writes
+    if (s == "false") return false;
     fail(file_, "__metadata__: " + key + " must be true or false, got " + printable(s));
   }
   DType dtype(const std::string& key) const {
@@ -84,6 +86,8 @@ class MetadataReader {
   const std::map<std::string, std::string>& metadata_;
   const std::string& file_;
 };
+
+}  // namespace
 
 MultiHeadAttentionConfig config_from_metadata(const std::map<std::string, std::string>& metadata,
                                               const std::string& file) {
@@ -107,8 +111,6 @@ MultiHeadAttentionConfig config_from_metadata(const std::map<std::string, std::s
   c.dtype = m.dtype("dtype");
   return c;
 }
-
-}  // namespace
 
 void save_safetensors(const MultiHeadAttention& layer, const std::string& path) {
   write_safetensors(path, layer.state_dict(), config_metadata(layer.config()));

@@ -3,8 +3,8 @@
 
 #include <algorithm>
 #include <array>
-#include <limits>
 
+#include "checked_arithmetic.hpp"
 #include "io/half.hpp"
 #include "io/little_endian.hpp"
 
@@ -30,19 +30,10 @@ DType natural_dtype(StoredType type) {
 }
 
 std::optional<std::uint64_t> checked_byte_size(const Shape& shape, std::size_t itemsize) {
-  constexpr std::uint64_t kMaxElements = std::numeric_limits<std::int64_t>::max() / 8;
-  std::uint64_t nonzero_product = 1;
-  bool empty = false;
-  for (std::int64_t d : shape) {
-    if (d == 0) {
-      empty = true;
-      continue;
-    }
-    const auto u = static_cast<std::uint64_t>(d);
-    if (u > kMaxElements / nonzero_product) return std::nullopt;
-    nonzero_product *= u;
-  }
-  return empty ? 0 : nonzero_product * itemsize;
+  const auto nonzero_product = detail::nonzero_size_product(shape);
+  if (!nonzero_product) return std::nullopt;
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return 0;
+  return static_cast<std::uint64_t>(*nonzero_product) * itemsize;
 }
 
 namespace {

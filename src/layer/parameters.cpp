@@ -5,6 +5,7 @@
 #include <cmath>
 #include <string>
 
+#include "checked_arithmetic.hpp"
 #include "dtype_dispatch.hpp"
 #include "layer/random_init.hpp"
 #include "mha/error.hpp"
@@ -18,6 +19,35 @@ namespace {
 [[noreturn]] void fail(const std::string& message) { throw Error(message); }
 
 std::string str(std::int64_t v) { return std::to_string(v); }
+
+// a * b, the element count of `what`: an mha::Error naming `product` (e.g. "num_heads * d_k") and the
+// values when it overflows or exceeds what a tensor may hold (detail::kMaxElements).
+std::int64_t size_product(std::int64_t a, std::int64_t b, const std::string& product, const std::string& what) {
+  const auto n = detail::checked_mul(a, b);
+  if (!n || *n > detail::kMaxElements)
+    fail(product + " = " + str(a) + " * " + str(b) + " is too large for " + what + ": a tensor holds at most " +
+         str(detail::kMaxElements) + " elements (2^60 - 1)");
+  return *n;
+}
+
+// The sizes of the parameters (and of the projections' widths), checked before anything is allocated,
+// so that num_heads = d_k = 2^32 is an error rather than a wrapped (zero or negative) shape. The
+// packed in_proj_weight's size [2 h d_k + h d_v, E] is checked whether the layer packs it or not: it
+// bounds in_proj_bias, q_proj_weight and out_proj.weight ([E, h d_v]).
+void check_parameter_sizes(const MultiHeadAttentionConfig& c) {
+  for (auto [value, name] :
+       {std::pair{c.d_model, "d_model"}, std::pair{c.num_heads, "num_heads"}, std::pair{c.d_k, "d_k"},
+        std::pair{c.d_v, "d_v"}, std::pair{c.kdim, "kdim"}, std::pair{c.vdim, "vdim"}})
+    if (value > detail::kMaxElements)
+      fail(std::string(name) + ": " + str(value) + " is too large: a tensor holds at most " +
+           str(detail::kMaxElements) + " elements (2^60 - 1)");
+  const std::int64_t qk = size_product(c.num_heads, c.d_k, "num_heads * d_k", "the query/key projections");
+  const std::int64_t vw = size_product(c.num_heads, c.d_v, "num_heads * d_v", "the value projection");
+  const std::int64_t qkv = 2 * qk + vw;  // below 3 * 2^60: no overflow
+  size_product(qkv, c.d_model, "(2 * num_heads * d_k + num_heads * d_v) * d_model", "the input projections");
+  size_product(qk, c.kdim, "num_heads * d_k * kdim", "k_proj_weight");
+  size_product(vw, c.vdim, "num_heads * d_v * vdim", "v_proj_weight");
+}
 
 MultiHeadAttentionConfig resolve(MultiHeadAttentionConfig c) {
   if (c.num_heads <= 0) fail("num_heads: expected a positive number of heads, got " + str(c.num_heads));
@@ -36,6 +66,7 @@ MultiHeadAttentionConfig resolve(MultiHeadAttentionConfig c) {
     if (*value < 0) fail(std::string(name) + ": expected a positive width or 0 for d_model, got " + str(*value));
     if (*value == 0) *value = c.d_model;
   }
+  check_parameter_sizes(c);
   if (!(c.dropout >= 0.0 && c.dropout < 1.0))
     fail("dropout: expected a probability in [0, 1), got " + std::to_string(c.dropout));
   if (!detail::is_floating(c.dtype))

@@ -75,6 +75,20 @@ std::vector<BadCase> bad_cases() {
   c.push_back({"mha_d_v_negative", [] { construct([](auto& c) { c.d_v = -1; }); }, "d_v"});
   c.push_back({"mha_kdim_negative", [] { construct([](auto& c) { c.kdim = -3; }); }, "kdim"});
   c.push_back({"mha_vdim_negative", [] { construct([](auto& c) { c.vdim = -3; }); }, "vdim"});
+  // Sizes whose products overflow (num_heads * d_k, the parameters' element counts): refused naming
+  // the config, never built with wrapped (zero or negative) shapes.
+  constexpr std::int64_t k2_31 = std::int64_t{1} << 31, k2_32 = std::int64_t{1} << 32, k2_62 = std::int64_t{1} << 62;
+  c.push_back({"mha_num_heads_times_d_k_overflows",
+               [] { construct([](auto& c) { c.d_model = c.num_heads = c.d_k = c.d_v = k2_32; }); },
+               "num_heads \\* d_k"});
+  c.push_back({"mha_d_model_2_62", [] { construct([](auto& c) { c.d_model = k2_62, c.num_heads = 1; }); }, "d_model"});
+  c.push_back({"mha_kdim_2_62", [] { construct([](auto& c) { c.kdim = k2_62; }); }, "kdim"});
+  c.push_back({"mha_in_proj_elements_overflow", [] { construct([](auto& c) { c.d_model = k2_31, c.num_heads = 1; }); },
+               "d_model"});
+  c.push_back({"mha_k_proj_elements_overflow", [] { construct([](auto& c) { c.kdim = std::int64_t{1} << 58; }); },
+               "num_heads \\* d_k \\* kdim"});
+  c.push_back({"mha_v_proj_elements_overflow", [] { construct([](auto& c) { c.vdim = std::int64_t{1} << 58; }); },
+               "num_heads \\* d_v \\* vdim"});
   c.push_back({"mha_dropout_one", [] { construct([](auto& c) { c.dropout = 1.0; }); }, "dropout"});
   c.push_back({"mha_dropout_negative", [] { construct([](auto& c) { c.dropout = -0.5; }); }, "dropout"});
   c.push_back({"mha_dropout_nan", [nan] { construct([nan](auto& c) { c.dropout = nan; }); }, "dropout"});

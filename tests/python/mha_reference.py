@@ -90,6 +90,31 @@ def split_in_proj(params, num_heads, d_k, d_v):
     return w_q, w_k, w_v, b[:hk], b[hk:2 * hk], b[2 * hk:2 * hk + hv]
 
 
+def project_to_heads(p, x_q, x_k, x_v, h, d_k, d_v, add, add_zero_attn, dtype):
+    """The projected inputs per head, with the bias_k / zero-attention positions appended as PyTorch
+    does: (q [B, h, L, d_k], k [B, h, S', d_k], v [B, h, S', d_v], add [B, h, L, S'] with the appended
+    positions allowed). x_*: batch_first [B, T, width]; add [B, h, L, S] covers the S input keys."""
+    B, L = x_q.shape[0], x_q.shape[1]
+    w_q, w_k, w_v, b_q, b_k, b_v = split_in_proj(p, h, d_k, d_v)
+    q, k, v = x_q @ w_q.T, x_k @ w_k.T, x_v @ w_v.T
+    if b_q is not None:
+        q, k, v = q + b_q, k + b_k, v + b_v
+    extra = []
+    if "bias_k" in p:
+        extra.append((p["bias_k"].reshape(1, 1, h * d_k), p["bias_v"].reshape(1, 1, h * d_v)))
+    if add_zero_attn:
+        extra.append((np.zeros((1, 1, h * d_k), dtype), np.zeros((1, 1, h * d_v), dtype)))
+    for ek, ev in extra:
+        k = np.concatenate([k, np.broadcast_to(ek, (B, 1, h * d_k))], axis=1)
+        v = np.concatenate([v, np.broadcast_to(ev, (B, 1, h * d_v))], axis=1)
+        add = np.concatenate([add, np.zeros((B, h, L, 1), dtype)], axis=3)
+    S2 = k.shape[1]
+    qh = q.reshape(B, L, h, d_k).transpose(0, 2, 1, 3)
+    kh = k.reshape(B, S2, h, d_k).transpose(0, 2, 1, 3)
+    vh = v.reshape(B, S2, h, d_v).transpose(0, 2, 1, 3)
+    return qh, kh, vh, add
+
+
 def mha_reference(params, query, key, value, num_heads, d_k, d_v, attn_mask=None,
                   key_padding_mask=None, causal=False, add_zero_attn=False, dtype=np.float64,
                   weights_override=None):
@@ -105,26 +130,8 @@ def mha_reference(params, query, key, value, num_heads, d_k, d_v, attn_mask=None
     h = num_heads
     B, L, _ = query.shape
     S = key.shape[1]
-    w_q, w_k, w_v, b_q, b_k, b_v = split_in_proj(p, h, d_k, d_v)
-    q = query @ w_q.T
-    k = key @ w_k.T
-    v = value @ w_v.T
-    if b_q is not None:
-        q, k, v = q + b_q, k + b_k, v + b_v
     add = additive_mask(B, h, L, S, attn_mask, key_padding_mask, causal, dtype)
-    extra = []
-    if "bias_k" in p:
-        extra.append((p["bias_k"].reshape(1, 1, h * d_k), p["bias_v"].reshape(1, 1, h * d_v)))
-    if add_zero_attn:
-        extra.append((np.zeros((1, 1, h * d_k), dtype), np.zeros((1, 1, h * d_v), dtype)))
-    for ek, ev in extra:
-        k = np.concatenate([k, np.broadcast_to(ek, (B, 1, h * d_k))], axis=1)
-        v = np.concatenate([v, np.broadcast_to(ev, (B, 1, h * d_v))], axis=1)
-        add = np.concatenate([add, np.zeros((B, h, L, 1), dtype)], axis=3)
-    S2 = k.shape[1]
-    qh = q.reshape(B, L, h, d_k).transpose(0, 2, 1, 3)
-    kh = k.reshape(B, S2, h, d_k).transpose(0, 2, 1, 3)
-    vh = v.reshape(B, S2, h, d_v).transpose(0, 2, 1, 3)
+    qh, kh, vh, add = project_to_heads(p, query, key, value, h, d_k, d_v, add, add_zero_attn, dtype)
     logits = (qh @ kh.transpose(0, 1, 3, 2)) * np.array(1.0 / np.sqrt(d_k), dtype=dtype) + add
     weights = softmax_rows(logits) if weights_override is None else np.asarray(weights_override).astype(dtype)
     heads = (weights @ vh).transpose(0, 2, 1, 3).reshape(B, L, h * d_v)

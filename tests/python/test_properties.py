@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from numpy.lib.stride_tricks import as_strided, sliding_window_view
 
 import mha
-from mha_reference import additive_mask, softmax_rows, split_in_proj
+from mha_reference import additive_mask, project_to_heads, softmax_rows, split_in_proj
 
 KERNELS = {"flash": mha.Kernel.flash, "reference": mha.Kernel.reference}
 DTYPES = {"float32": np.float32, "float64": np.float64}
@@ -170,24 +170,10 @@ def module_ref(state, query, key, value, num_heads, d_k, d_v, additive, add_zero
     h = num_heads
     B, L, E = x_q.shape
     S = x_k.shape[1]
-    w_q, w_k, w_v, b_q, b_k, b_v = split_in_proj(p, h, d_k, d_v)
-    q, k, v = x_q @ w_q.T, x_k @ w_k.T, x_v @ w_v.T
-    if b_q is not None:
-        q, k, v = q + b_q, k + b_k, v + b_v
-    add = np.asarray(additive).astype(dtype)
-    extra = []
-    if "bias_k" in p:
-        extra.append((p["bias_k"].reshape(1, 1, h * d_k), p["bias_v"].reshape(1, 1, h * d_v)))
-    if add_zero_attn:
-        extra.append((np.zeros((1, 1, h * d_k), dtype), np.zeros((1, 1, h * d_v), dtype)))
-    for ek, ev in extra:
-        k = np.concatenate([k, np.broadcast_to(ek, (B, 1, h * d_k))], axis=1)
-        v = np.concatenate([v, np.broadcast_to(ev, (B, 1, h * d_v))], axis=1)
-        add = np.concatenate([add, np.zeros((B, h, L, 1), dtype)], axis=3)
-    S2 = k.shape[1]
-    qh = q.reshape(B, L, h, d_k).transpose(0, 2, 1, 3)
-    kh = k.reshape(B, S2, h, d_k).transpose(0, 2, 1, 3)
-    vh = v.reshape(B, S2, h, d_v).transpose(0, 2, 1, 3)
+    w_q, w_k, w_v, b_q, _, _ = split_in_proj(p, h, d_k, d_v)
+    qh, kh, vh, add = project_to_heads(p, x_q, x_k, x_v, h, d_k, d_v, np.asarray(additive).astype(dtype),
+                                       add_zero_attn, dtype)
+    S2 = kh.shape[2]
     w_o = p["out_proj.weight"]
     dheads = (dout @ w_o).reshape(B, L, h, d_v).transpose(0, 2, 1, 3)
     out_h, weights, _, (dqh, dkh, dvh) = attention_ref(qh, kh, vh, add, 1.0 / np.sqrt(d_k), dtype, dheads)

@@ -22,6 +22,15 @@
 /// and its log-sum-exp is -inf. (PyTorch 1.13 returns NaN there; we return a defined result.)
 /// Masked keys are never read, so NaN or Inf stored at a masked position cannot reach any output.
 ///
+/// NaN and Inf (both kernels, forward and backward, every mask kind): a NaN or Inf in a query row, in
+/// an allowed key or value, or in an allowed additive mask entry reaches exactly the outputs and
+/// gradients that depend on it, never as a finite number: the row's output, weights (at its allowed
+/// keys) and log-sum-exp become non-finite, other rows are unchanged. Logits that overflow to +inf
+/// give NaN rows likewise. IEEE arithmetic decides the corner cases: a logit of -inf (an infinite key
+/// component against the sign of q's) is weight 0, so that row's output stays finite, as in PyTorch;
+/// a row whose allowed logits are all -inf is 0 / 0, NaN. A forbidden key's weight is exactly 0 and its
+/// gradients stay 0 whatever the row holds; only a row with no allowed key gets 0 / 0 weights / -inf.
+///
 /// Sizes: B, h, L, S and d_v may be 0 (the results are then empty or, for S = 0, zero); d_k >= 1.
 /// scale may be any finite number. key_padding_mask and key_lengths may be given together (both apply).
 /// A float attn_mask must have q's dtype (MultiHeadAttention converts the other float dtype for you).

@@ -29,7 +29,8 @@
 /// give NaN rows likewise. IEEE arithmetic decides the corner cases: a logit of -inf (an infinite key
 /// component against the sign of q's) is weight 0, so that row's output stays finite, as in PyTorch;
 /// a row whose allowed logits are all -inf is 0 / 0, NaN. A forbidden key's weight is exactly 0 and its
-/// gradients stay 0 whatever the row holds; only a row with no allowed key gets 0 / 0 weights / -inf.
+/// gradients stay 0 whatever the row holds; only a row with no allowed key gets output 0, weights 0
+/// and log-sum-exp -inf.
 ///
 /// Sizes: B, h, L, S and d_v may be 0 (the results are then empty or, for S = 0, zero); d_k >= 1.
 /// scale may be any finite number. key_padding_mask and key_lengths may be given together (both apply).

@@ -126,8 +126,9 @@ void ExactProbabilitiesOfNonfiniteKeys(const AttentionInputs<float>& p, std::int
 }
 
 // S = scale Q_i K_j^T -> P (in t.s), and dP = dO_i V_j^T -> dS (in t.dp), for query rows i0.. and
-// keys j0... A key whose k or v holds NaN or Inf gets dS = NaN in the rows that attend to it (P != 0),
-// as the reference computes; rows that do not attend to it are untouched.
+// keys j0... A key whose k holds NaN or Inf gets its exact P (0 for a -inf logit, else NaN); one whose
+// v does gets dS = NaN in the rows that attend to it (P != 0). Rows that do not attend to it are
+// untouched.
 void TileGradients(const BackwardContext& ctx, const BackwardTiles& t, std::int64_t b, std::int64_t head,
                    std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols, const KeyBlocks& kv) {
   const AttentionBackwardParams<float>& p = ctx.p;

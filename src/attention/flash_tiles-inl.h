@@ -42,8 +42,9 @@ inline hwy::AlignedFreeUniquePtr<float[]> AllocateFloats(std::int64_t count) {
   return scratch;
 }
 
-// A row of weights of query i, keys [j0, j0 + cols), whose log-sum-exp is NaN: every entry is NaN after
-// the exp, but a forbidden key's weight stays exactly 0 (a masked position is ignored, whatever the row).
+// Sets the forbidden entries of a tile row of query i, keys [j0, j0 + cols), back to exactly 0: for a
+// row of weights whose log-sum-exp is NaN (every entry is NaN after the exp) and for a row of dS whose
+// D is not finite. A masked position is ignored, whatever the row holds.
 inline void ZeroForbiddenEntries(const AttentionInputs<float>& p, std::int64_t b, std::int64_t head, std::int64_t i,
                                  std::int64_t j0, std::int64_t cols, float* row) {
   for (std::int64_t c = 0; c < cols; ++c) {

@@ -4,7 +4,8 @@
 // NaN propagates: a NaN logit makes its row's maximum NaN, and exp(NaN) is NaN (Highway's Exp alone
 // returns 0 for NaN), so a row that depends on a NaN or an overflowing logit becomes NaN, never a number.
 //
-// Included once per SIMD target by flash_forward.cpp, flash_backward.cpp and flash_exp.cpp through Highway's foreach_target.h.
+// Included once per SIMD target by flash_forward.cpp, flash_backward.cpp and flash_exp.cpp through Highway's
+// foreach_target.h.
 #if defined(MHA_ONLINE_SOFTMAX_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef MHA_ONLINE_SOFTMAX_INL_H_
 #undef MHA_ONLINE_SOFTMAX_INL_H_

@@ -47,8 +47,8 @@ namespace mha {
 
 /// Which implementation computes the attention core.
 enum class Kernel {
-  Flash,  ///< src/attention/flash_forward.cpp, flash_backward.cpp: FlashAttention-2, tiled, O(L + S) extra memory;
-          ///< float32 (float64 inputs run the reference: float64 is the verification dtype)
+  Flash,      ///< src/attention/flash_*.cpp: FlashAttention-2, tiled, O(L + S) extra memory; float32
+              ///< (float64 inputs run the reference: float64 is the verification dtype)
   Reference,  ///< src/attention/reference.cpp: plain loops, the specification
 };
 

@@ -108,17 +108,28 @@ bool TensorView::is_contiguous() const {
 
 void Tensor::Free::operator()(std::byte* p) const { ::operator delete[](p, std::align_val_t{kAlignment}); }
 
-Tensor::Tensor(DType dtype, Shape shape) : dtype_(dtype), shape_(std::move(shape)) {
+Tensor::Tensor(DType dtype, Shape shape) : Tensor(uninitialized(dtype, std::move(shape))) {
+  if (data_) std::memset(data_.get(), 0, nbytes());
+}
+
+Tensor Tensor::uninitialized(DType dtype, Shape shape_in) {
+  Tensor t;
+  t.dtype_ = dtype;
+  t.shape_ = std::move(shape_in);
+  t.allocate();
+  return t;
+}
+
+void Tensor::allocate() {
   for (std::int64_t d : shape_)
     if (d < 0) throw Error("Tensor: negative size in shape " + shape_str(shape_));
   check_not_too_large("Tensor", shape_);  // so the byte size below is at most 8 * kMaxElements < 2^63
-  const std::size_t bytes = static_cast<std::size_t>(shape_numel(shape_)) * dtype_size(dtype);
+  const std::size_t bytes = static_cast<std::size_t>(shape_numel(shape_)) * dtype_size(dtype_);
   if (bytes == 0) {
     defined_empty_ = true;
     return;
   }
   data_.reset(new (std::align_val_t{kAlignment}) std::byte[bytes]);
-  std::memset(data_.get(), 0, bytes);
 }
 
 namespace {

@@ -74,7 +74,8 @@ class TensorView {
   Shape strides_;
 };
 
-/// Owning, contiguous (C order), 64-byte aligned, zero-initialised storage. Move-only; copy with clone().
+/// Owning, contiguous (C order), 64-byte aligned, zero-initialised storage (unless made uninitialized()). Move-only;
+/// copy with clone().
 class Tensor {
  public:
   Tensor() = default;  ///< an undefined tensor: defined() is false
@@ -83,6 +84,10 @@ class Tensor {
   /// dtype fits 63 bits (NumPy refuses the same shapes). A shape within that limit whose memory
   /// cannot be allocated throws std::bad_alloc.
   Tensor(DType dtype, Shape shape);
+
+  /// Like Tensor(dtype, shape), but the contents are unspecified: for buffers that the caller
+  /// overwrites whole before reading (the library's own outputs), saving the zero fill.
+  static Tensor uninitialized(DType dtype, Shape shape);
 
   /// A contiguous copy of any view, converted to `dtype` (float32 <-> float64; bool stays bool).
   static Tensor copy_of(const TensorView& view, DType dtype);
@@ -119,6 +124,7 @@ class Tensor {
   struct Free {
     void operator()(std::byte* p) const;
   };
+  void allocate();  // storage for shape_, contents unspecified; checks the shape
   std::unique_ptr<std::byte, Free> data_;
   DType dtype_ = DType::Float32;
   Shape shape_;

@@ -152,11 +152,11 @@ void run_typed(const TensorView& q, const TensorView& k, const TensorView& v, co
   fill_common(p, q, k, v, o);
   p.out = strided_output<T>(out);
   if (o.need_weights) {
-    weights = Tensor(dtype_of<T>(), {p.B, p.h, p.L, p.S});
+    weights = Tensor::uninitialized(dtype_of<T>(), {p.B, p.h, p.L, p.S});  // written whole by the kernels
     p.weights = weights.data_as<T>();
   }
   if (o.need_lse) {
-    lse = Tensor(dtype_of<T>(), {p.B, p.h, p.L});
+    lse = Tensor::uninitialized(dtype_of<T>(), {p.B, p.h, p.L});
     p.lse = lse.data_as<T>();
   }
   if constexpr (std::is_same_v<T, float>) {

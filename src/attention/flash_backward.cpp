@@ -27,15 +27,16 @@ HWY_BEFORE_NAMESPACE();
 namespace mha::detail::HWY_NAMESPACE {
 
 // ---- backward -------------------------------------------------------------------------------------
-// The FlashAttention-2 backward, without atomics: one pass over key blocks writes dK and dV (each
-// block by one thread), a second pass over query blocks writes dQ; both recompute P from the
-// log-sum-exp. Compared with FlashAttention-2's single pass this recomputes Q K^T and dO V^T once
-// more (7 products instead of 5) in exchange for a deterministic result and no shared writes.
+// The FlashAttention-2 backward, without atomics and deterministic: five products per tile, in one
+// pass over key blocks. Each work item is one group of key blocks of one (b, head); it owns their dK
+// and dV, and adds its share of dQ into a dQ of its own (group 0: the output itself; group g > 0: a
+// scratch copy), summed into the output after the pass in the order of the groups. The groups are a
+// function of the shape only (dq_groups), so the result is the same for every thread count.
 //   D_i = dO_i . O_i
-//   pass 1, key block j:   for each query block i:  S = scale Q_i K_j^T;  P = exp(S - lse_i)
-//                          dV_j += dropout(P)^T dO_i;  dP = dO_i V_j^T;  dS = P (f dP - D_i)
-//                          dK_j += scale dS^T Q_i
-//   pass 2, query block i: for each key block j:  (S, P, dP, dS as above);  dQ_i += scale dS K_j
+//   key block j:  for each query block i that sees it:  S = scale Q_i K_j^T;  P = exp(S - lse_i)
+//                 dV_j += dropout(P)^T dO_i;  dP = dO_i V_j^T;  dS = P (f dP - D_i)
+//                 dK_j += scale dS^T Q_i;  dQ_i(group of j) += scale dS K_j
+//   dQ_i = sum over the groups, in order
 
 // dS = P * (f dP - D) for a tile: dp [rows, cols] holds dO V^T on entry and dS (without the logit
 // scale) on exit; f is the dropout factor (1 without dropout). In a row whose D is not finite (its dO
@@ -66,12 +67,21 @@ struct KeyBlocks {
   SafeBlock k, v;
 };
 
-// What both backward passes share: the parameters, D = rowsum(dO * O) and the lse gathered
-// contiguous ([B*h*L] each), and the per-thread workspace.
+// Where one work item adds its share of dQ for one (b, head): rows [L, d_k], row stride ld.
+struct DqTarget {
+  float* data;
+  std::int64_t ld;
+};
+
+// What the backward's work items share: the parameters, D = rowsum(dO * O) and the lse gathered
+// contiguous ([B*h*L] each), the non-finite flags of the query rows ([B*h*L]: kQueryRow, kDoutRow) and
+// of the key rows ([B*h*S]: kKeyRow, kValueRow), and the per-thread workspace.
 struct BackwardContext {
   const AttentionBackwardParams<float>& p;
   const float* D;
   const float* lse;
+  const std::uint8_t* query_flags;
+  const std::uint8_t* key_flags;
   float* workspace;
   std::int64_t per_thread, tile, kv_size, q_size;
   std::int64_t* nonfinite_lists;  // kListsPerThread per thread
@@ -97,8 +107,9 @@ struct BackwardContext {
   }
   KeyBlocks key_blocks(const BackwardTiles& t, std::int64_t b, std::int64_t head, std::int64_t j0,
                        std::int64_t cols) const {
-    return {safe_block(p, p.k, b, head, j0, cols, p.d_k, t.k_copy, t.nonfinite_k),
-            safe_block(p, p.v, b, head, j0, cols, p.d_v, t.v_copy, t.nonfinite_v)};
+    const std::uint8_t* flags = key_flags + (b * p.h + head) * p.S;
+    return {safe_block(p, p.k, b, head, j0, cols, p.d_k, flags, kKeyRow, t.k_copy, t.nonfinite_k),
+            safe_block(p, p.v, b, head, j0, cols, p.d_v, flags, kValueRow, t.v_copy, t.nonfinite_v)};
   }
 };
 
@@ -160,17 +171,56 @@ void AddNonfiniteRows(const Strided4<const float>& x, std::int64_t b, std::int64
   }
 }
 
-// Pass 1: dK and dV of keys [j0, j0 + kBlockK) of (b, head), from every query block that sees them.
-void KeyBlockGradients(const BackwardContext& ctx, std::int64_t b, std::int64_t head, std::int64_t j0) {
+// dQ_i += scale dS K_j for the query rows i0.. of one tile, into the work item's dQ. The k rows holding
+// NaN or Inf were zeroed in the product: their exact terms scale dS k_j are added for every allowed
+// (i, j), as the reference adds them (0 * Inf is NaN there too).
+void AddQueryGradients(const BackwardContext& ctx, const BackwardTiles& t, std::int64_t b, std::int64_t head,
+                       std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols, const KeyBlocks& kv,
+                       const DqTarget& dq) {
+  const AttentionBackwardParams<float>& p = ctx.p;
+  gemm_tile(rows, p.d_k, cols, plain(t.dp, kBlockK), plain(kv.k.data, kv.k.ld),
+            accumulate_into(dq.data + i0 * dq.ld, dq.ld), p.scale);
+  for (std::int64_t n = 0; n < kv.k.nonfinite_count; ++n) {
+    const std::int64_t j = j0 + t.nonfinite_k[n];
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const bool forbidden = p.forbidden(b, head, i0 + r, j);
+      if (forbidden || ctx.lse[(b * p.h + head) * p.L + i0 + r] == kMinusInf) continue;
+      const float ds = p.scale * t.dp[r * kBlockK + t.nonfinite_k[n]];
+      for (std::int64_t e = 0; e < p.d_k; ++e) dq.data[(i0 + r) * dq.ld + e] += ds * p.k(b, head, j, e);
+    }
+  }
+}
+
+// Zeroes rows [r0, r1) of x(b, head) [.., width].
+void ZeroRows(const Strided4<float>& x, std::int64_t b, std::int64_t head, std::int64_t r0, std::int64_t r1,
+              std::int64_t width) {
+  for (std::int64_t r = r0; r < r1; ++r)
+    for (std::int64_t e = 0; e < width; ++e) x(b, head, r, e) = 0.0f;
+}
+
+// dK and dV of keys [j0, j0 + kBlockK) of (b, head), and their share of dQ, from every query block
+// that sees them.
+void KeyBlockGradients(const BackwardContext& ctx, const BackwardTiles& t, std::int64_t b, std::int64_t head,
+                       std::int64_t j0, const DqTarget& dq) {
   const AttentionBackwardParams<float>& p = ctx.p;
   const std::int64_t key_end = p.key_lengths ? std::min(p.S, p.key_lengths[b]) : p.S;
-  if (j0 >= key_end) return;  // only padding: no gradient
-  const std::int64_t cols = std::min(kBlockK, key_end - j0);
-  const BackwardTiles t = ctx.tiles();
-  const KeyBlocks kv = ctx.key_blocks(t, b, head, j0, cols);
+  const std::int64_t cols = std::clamp<std::int64_t>(key_end - j0, 0, kBlockK);
   // Causal: query i sees key j only when i >= j - (S - L); earlier query blocks see nothing here.
   const std::int64_t first_query = p.causal ? std::max<std::int64_t>(0, j0 - (p.S - p.L)) : 0;
-  for (std::int64_t i0 = first_query / kBlockQ * kBlockQ; i0 < p.L; i0 += kBlockQ) {
+  const std::int64_t first_block = first_query / kBlockQ * kBlockQ;
+  // Keys past key_end (padding) and keys no query sees get exactly 0.
+  if (cols == 0 || first_block >= p.L) {
+    const std::int64_t end = std::min(p.S, j0 + kBlockK);
+    ZeroRows(p.dk, b, head, j0, end, p.d_k), ZeroRows(p.dv, b, head, j0, end, p.d_v);
+    return;
+  }
+  if (cols < std::min(kBlockK, p.S - j0)) {  // the block straddles key_end
+    const std::int64_t end = std::min(p.S, j0 + kBlockK);
+    ZeroRows(p.dk, b, head, j0 + cols, end, p.d_k), ZeroRows(p.dv, b, head, j0 + cols, end, p.d_v);
+  }
+  const KeyBlocks kv = ctx.key_blocks(t, b, head, j0, cols);
+  const std::uint8_t* query_flags = ctx.query_flags + (b * p.h + head) * p.L;
+  for (std::int64_t i0 = first_block; i0 < p.L; i0 += kBlockQ) {
     const std::int64_t rows = std::min(kBlockQ, p.L - i0);
     TileGradients(ctx, t, b, head, i0, rows, j0, cols, kv);
     const float* pd = t.s;  // dropout(P)
@@ -179,48 +229,56 @@ void KeyBlockGradients(const BackwardContext& ctx, std::int64_t b, std::int64_t 
       apply_dropout(p, b, head, i0, rows, j0, cols, t.pd, kBlockK);
       pd = t.pd;
     }
-    // dV_j += dropout(P)^T dO_i;  dK_j += scale dS^T Q_i, through copies of dO_i and Q_i whose
-    // non-finite rows are zeroed and added apart where their coefficient is not 0 (nonfinite.hpp).
-    const SafeBlock dout_rows = safe_query_rows(p.dout, b, head, i0, rows, p.d_v, t.do_copy, t.nonfinite_do);
-    const SafeBlock q_rows = safe_query_rows(p.q, b, head, i0, rows, p.d_k, t.q_copy, t.nonfinite_q);
+    // dV_j += dropout(P)^T dO_i;  dK_j += scale dS^T Q_i (the first query block overwrites), through
+    // copies of dO_i and Q_i whose non-finite rows are zeroed and added apart where their coefficient
+    // is not 0 (nonfinite.hpp).
+    const SafeBlock dout_rows =
+        safe_query_rows(p.dout, b, head, i0, rows, p.d_v, query_flags, kDoutRow, t.do_copy, t.nonfinite_do);
+    const SafeBlock q_rows =
+        safe_query_rows(p.q, b, head, i0, rows, p.d_k, query_flags, kQueryRow, t.q_copy, t.nonfinite_q);
+    const bool first = i0 == first_block;
+    float* dv = &p.dv(b, head, j0, 0);
+    float* dk = &p.dk(b, head, j0, 0);
     gemm_tile(cols, p.d_v, rows, transposed(pd, kBlockK), plain(dout_rows.data, dout_rows.ld),
-              accumulate_into(&p.dv(b, head, j0, 0), p.dv.stride[2]));
+              first ? overwrite(dv, p.dv.stride[2]) : accumulate_into(dv, p.dv.stride[2]));
     gemm_tile(cols, p.d_k, rows, transposed(t.dp, kBlockK), plain(q_rows.data, q_rows.ld),
-              accumulate_into(&p.dk(b, head, j0, 0), p.dk.stride[2]), p.scale);
+              first ? overwrite(dk, p.dk.stride[2]) : accumulate_into(dk, p.dk.stride[2]), p.scale);
     AddNonfiniteRows(p.dout, b, head, i0, t.nonfinite_do, dout_rows.nonfinite_count, pd, 1.0f, cols, p.d_v, p.dv, j0);
     AddNonfiniteRows(p.q, b, head, i0, t.nonfinite_q, q_rows.nonfinite_count, t.dp, p.scale, cols, p.d_k, p.dk, j0);
+    AddQueryGradients(ctx, t, b, head, i0, rows, j0, cols, kv, dq);
   }
 }
 
-// Pass 2: dQ of query rows [i0, i0 + rows) of (b, head), from every key block they see.
-void QueryBlockGradients(const BackwardContext& ctx, std::int64_t b, std::int64_t head, std::int64_t i0,
-                         std::int64_t rows) {
-  const AttentionBackwardParams<float>& p = ctx.p;
-  const BackwardTiles t = ctx.tiles();
-  const std::int64_t key_end = key_range_end(p, b, i0, rows);
-  for (std::int64_t j0 = 0; j0 < key_end; j0 += kBlockK) {
-    const std::int64_t cols = std::min(kBlockK, key_end - j0);
-    const KeyBlocks kv = ctx.key_blocks(t, b, head, j0, cols);
-    TileGradients(ctx, t, b, head, i0, rows, j0, cols, kv);
-    gemm_tile(rows, p.d_k, cols, plain(t.dp, kBlockK), plain(kv.k.data, kv.k.ld),
-              accumulate_into(&p.dq(b, head, i0, 0), p.dq.stride[2]), p.scale);
-    // The k rows holding NaN or Inf were zeroed in the product: their exact terms scale dS k_j, for
-    // every allowed (i, j), as the reference adds them (0 * Inf is NaN there too).
-    for (std::int64_t n = 0; n < kv.k.nonfinite_count; ++n) {
-      const std::int64_t j = j0 + t.nonfinite_k[n];
-      for (std::int64_t r = 0; r < rows; ++r) {
-        const bool forbidden = p.forbidden(b, head, i0 + r, j);
-        if (forbidden || ctx.lse[(b * p.h + head) * p.L + i0 + r] == kMinusInf) continue;
-        const float ds = p.scale * t.dp[r * kBlockK + t.nonfinite_k[n]];
-        for (std::int64_t e = 0; e < p.d_k; ++e) p.dq(b, head, i0 + r, e) += ds * p.k(b, head, j, e);
-      }
-    }
+// How many groups the key blocks of one (b, head) are dealt into, each a work item with a dQ of its
+// own: enough items for the threads of a typical machine when B * h is small, few enough that the
+// extra dQ copies stay small. A function of the shape only, never of the thread count, so that the
+// order in which dQ is summed, and so the result, is the same for every thread count.
+std::int64_t dq_groups(const AttentionBackwardParams<float>& p, std::int64_t k_blocks) {
+  constexpr std::int64_t kTargetItems = 16, kMaxGroups = 8;
+  const std::int64_t wanted = (kTargetItems + p.B * p.h - 1) / (p.B * p.h);
+  return std::clamp<std::int64_t>(wanted, 1, std::min(kMaxGroups, std::max<std::int64_t>(1, k_blocks)));
+}
+
+// D = rowsum(dO * O) and the lse, gathered contiguous [B*h*L]; the non-finite flags of q, dO, k, v.
+void GatherRowData(const AttentionBackwardParams<float>& p, float* D_all, float* lse_all, std::uint8_t* query_flags,
+                   std::uint8_t* key_flags) {
+#pragma omp parallel for schedule(static)
+  for (std::int64_t r = 0; r < p.B * p.h * p.L; ++r) {
+    const std::int64_t b = r / (p.h * p.L), head = (r / p.L) % p.h, i = r % p.L;
+    float D = 0.0f;
+    for (std::int64_t c = 0; c < p.d_v; ++c) D += p.dout(b, head, i, c) * p.o(b, head, i, c);
+    D_all[r] = D;
+    lse_all[r] = p.lse_in(b, head, i, 0);
   }
+  FlagNonfiniteRows(p.q, p.B, p.h, p.L, p.d_k, kQueryRow, query_flags);
+  FlagNonfiniteRows(p.dout, p.B, p.h, p.L, p.d_v, kDoutRow, query_flags);
+  FlagNonfiniteRows(p.k, p.B, p.h, p.S, p.d_k, kKeyRow, key_flags);
+  FlagNonfiniteRows(p.v, p.B, p.h, p.S, p.d_v, kValueRow, key_flags);
 }
 
 void FlashBackward(const AttentionBackwardParams<float>& p) {
   const SerialIfSmall serial_if_small(5.0 * p.B * p.h * p.L * p.S * (p.d_k + p.d_v));
-  const std::int64_t q_blocks = (p.L + kBlockQ - 1) / kBlockQ, k_blocks = (p.S + kBlockK - 1) / kBlockK;
+  const std::int64_t k_blocks = (p.S + kBlockK - 1) / kBlockK, groups = dq_groups(p, k_blocks);
   // Sized to need: tiles of at most min(kBlockQ, L) rows (row stride kBlockK), K/V blocks of at most
   // min(kBlockK, S) keys.
   const std::int64_t max_rows = std::min(kBlockQ, p.L), max_cols = std::min(kBlockK, p.S);
@@ -228,30 +286,38 @@ void FlashBackward(const AttentionBackwardParams<float>& p) {
   const std::int64_t q_size = round_up(max_rows * std::max(p.d_k, p.d_v), kRowAlign);
   const std::int64_t per_thread = 3 * tile + 2 * kv_size + 2 * q_size;
   const auto workspace = AllocateFloats(omp_get_max_threads() * per_thread);
-  const auto D_all = AllocateFloats(std::max<std::int64_t>(1, p.B * p.h * p.L));
-  const auto lse_all = AllocateFloats(std::max<std::int64_t>(1, p.B * p.h * p.L));
+  const std::int64_t rows_all = std::max<std::int64_t>(1, p.B * p.h * p.L);
+  const auto D_all = AllocateFloats(rows_all), lse_all = AllocateFloats(rows_all);
+  // dQ of groups 1.. [groups - 1, B, h, L, d_k]; group 0 adds into p.dq itself
+  const auto dq_extra = AllocateFloats(std::max<std::int64_t>(1, (groups - 1) * p.B * p.h * p.L * p.d_k));
+  std::vector<std::uint8_t> query_flags(static_cast<std::size_t>(p.B * p.h * p.L));
+  std::vector<std::uint8_t> key_flags(static_cast<std::size_t>(p.B * p.h * p.S));
   std::vector<std::int64_t> nonfinite_lists(
       static_cast<std::size_t>(omp_get_max_threads() * BackwardContext::kListsPerThread));
+  GatherRowData(p, D_all.get(), lse_all.get(), query_flags.data(), key_flags.data());
+  const BackwardContext ctx{
+      p,    D_all.get(), lse_all.get(), query_flags.data(),    key_flags.data(), workspace.get(), per_thread,
+      tile, kv_size,     q_size,        nonfinite_lists.data()};
 
-#pragma omp parallel for schedule(static)
-  for (std::int64_t r = 0; r < p.B * p.h * p.L; ++r) {  // D = rowsum(dO * O); lse gathered contiguous
-    const std::int64_t b = r / (p.h * p.L), head = (r / p.L) % p.h, i = r % p.L;
-    float D = 0.0f;
-    for (std::int64_t c = 0; c < p.d_v; ++c) D += p.dout(b, head, i, c) * p.o(b, head, i, c);
-    D_all[r] = D;
-    lse_all[r] = p.lse_in(b, head, i, 0);
+#pragma omp parallel for schedule(dynamic, 1)
+  for (std::int64_t item = 0; item < p.B * p.h * groups; ++item) {
+    const std::int64_t bh = item / groups, b = bh / p.h, head = bh % p.h, group = item % groups;
+    DqTarget dq{&p.dq(b, head, 0, 0), p.dq.stride[2]};
+    if (group == 0) ZeroRows(p.dq, b, head, 0, p.L, p.d_k);
+    else dq = {dq_extra.get() + ((group - 1) * p.B * p.h + bh) * p.L * p.d_k, p.d_k};
+    if (group > 0) std::fill_n(dq.data, p.L * p.d_k, 0.0f);
+    const BackwardTiles t = ctx.tiles();
+    for (std::int64_t block = group; block < k_blocks; block += groups)  // dealt round-robin: balances causal
+      KeyBlockGradients(ctx, t, b, head, block * kBlockK, dq);
   }
-  const BackwardContext ctx{p,    D_all.get(), lse_all.get(), workspace.get(),       per_thread,
-                            tile, kv_size,     q_size,        nonfinite_lists.data()};
-
-#pragma omp parallel for schedule(dynamic, 1)
-  for (std::int64_t item = 0; item < p.B * p.h * k_blocks; ++item)  // pass 1: dK, dV
-    KeyBlockGradients(ctx, item / (p.h * k_blocks), (item / k_blocks) % p.h, (item % k_blocks) * kBlockK);
-
-#pragma omp parallel for schedule(dynamic, 1)
-  for (std::int64_t item = 0; item < p.B * p.h * q_blocks; ++item) {  // pass 2: dQ
-    const std::int64_t i0 = (item % q_blocks) * kBlockQ;
-    QueryBlockGradients(ctx, item / (p.h * q_blocks), (item / q_blocks) % p.h, i0, std::min(kBlockQ, p.L - i0));
+  if (groups == 1) return;
+#pragma omp parallel for schedule(static)
+  for (std::int64_t r = 0; r < p.B * p.h * p.L; ++r) {  // dQ = the groups' shares, summed in order
+    const std::int64_t b = r / (p.h * p.L), head = (r / p.L) % p.h, i = r % p.L;
+    for (std::int64_t group = 1; group < groups; ++group) {
+      const float* share = dq_extra.get() + ((group - 1) * p.B * p.h * p.L + r) * p.d_k;
+      for (std::int64_t e = 0; e < p.d_k; ++e) p.dq(b, head, i, e) += share[e];
+    }
   }
 }
 

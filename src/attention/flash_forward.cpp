@@ -48,25 +48,29 @@ struct ForwardBlock {
   float* l;                 // [rows]: running sum
   std::int64_t* nonfinite;  // [kBlockK]
   std::int64_t ld_acc;
+  const std::uint8_t* key_flags;  // [S] of this (b, head): kValueRow where v holds NaN or Inf
 };
 
-// The online softmax over one logits tile (masks applied, cols <= kBlockK): P = exp(S - m') in place,
-// l = a l + rowsum P, acc = a acc, m = m' with a = exp(m - m').
-void OnlineSoftmaxTile(const ForwardBlock& w, std::int64_t rows, std::int64_t cols) {
+// The online softmax over one logits tile (data masks applied, cols <= kBlockK) of query rows i0..:
+// P = exp(S - m') in place (0 past each row's causal prefix and in the padding), l = a l + rowsum P,
+// acc = a acc, m = m' with a = exp(m - m'). Two passes over each row: its max, then its exp and sum.
+void OnlineSoftmaxTile(const AttentionInputs<float>& p, const ForwardBlock& w, std::int64_t i0, std::int64_t rows,
+                       std::int64_t j0, std::int64_t cols) {
   const std::int64_t padded_cols = round_up(cols, kRowAlign);
   for (std::int64_t r = 0; r < rows; ++r) {
     float* row = w.s + r * kBlockK;
-    std::fill(row + cols, row + padded_cols, kMinusInf);
-    const float row_max = RowMax(row, padded_cols);              // NaN when the row holds a NaN
+    const std::int64_t visible = causal_visible(p, i0 + r, j0, cols);
+    const float row_max = RowMax(row, padded_cols, visible);     // NaN when the row holds a NaN
     const bool nan = std::isnan(row_max) || std::isnan(w.m[r]);  // std::max would drop it
     const float m_new = nan ? std::numeric_limits<float>::quiet_NaN() : std::max(w.m[r], row_max);
     if (m_new == kMinusInf) {  // nothing allowed yet in this row
       std::fill(row, row + padded_cols, 0.0f);
       continue;
     }
-    const float rescale = std::exp(w.m[r] - m_new);  // 0 when m was -inf
-    w.l[r] = w.l[r] * rescale + ExpShiftedRowSum(row, padded_cols, m_new);
-    ScaleRow(w.acc + r * w.ld_acc, w.ld_acc, rescale);
+    // a = exp(m - m'): 0 when m was -inf, exactly 1 when the max did not change (no rescale then).
+    const float rescale = m_new == w.m[r] ? 1.0f : std::exp(w.m[r] - m_new);
+    w.l[r] = w.l[r] * rescale + ExpShiftedRowSum(row, padded_cols, visible, m_new);
+    if (rescale != 1.0f) ScaleRow(w.acc + r * w.ld_acc, w.ld_acc, rescale);
     w.m[r] = m_new;
   }
 }
@@ -75,7 +79,8 @@ void OnlineSoftmaxTile(const ForwardBlock& w, std::int64_t rows, std::int64_t co
 // their weight is not 0.
 void AccumulateValues(const AttentionParams<float>& p, const ForwardBlock& w, std::int64_t b, std::int64_t head,
                       std::int64_t rows, std::int64_t j0, std::int64_t cols) {
-  const SafeBlock v_block = safe_block(p, p.v, b, head, j0, cols, p.d_v, w.kv_copy, w.nonfinite);
+  const SafeBlock v_block =
+      safe_block(p, p.v, b, head, j0, cols, p.d_v, w.key_flags, kValueRow, w.kv_copy, w.nonfinite);
   gemm_tile(rows, p.d_v, cols, plain(w.s, kBlockK), plain(v_block.data, v_block.ld), accumulate_into(w.acc, w.ld_acc));
   for (std::int64_t n = 0; n < v_block.nonfinite_count; ++n) {
     const std::int64_t c = w.nonfinite[n];
@@ -105,7 +110,7 @@ void FinishRows(const AttentionParams<float>& p, const ForwardBlock& w, std::int
 }
 
 // The weights of query rows [i0, i0 + rows), recomputed block by block from the log-sum-exp (in w.m),
-// straight into the [B, h, L, S] output (already zero outside the key range).
+// straight into the [B, h, L, S] output (0 outside the key range).
 void WriteWeights(const AttentionParams<float>& p, const ForwardBlock& w, std::int64_t b, std::int64_t head,
                   std::int64_t i0, std::int64_t rows, std::int64_t key_end) {
   for (std::int64_t j0 = 0; j0 < key_end; j0 += kBlockK) {
@@ -115,6 +120,10 @@ void WriteWeights(const AttentionParams<float>& p, const ForwardBlock& w, std::i
     if (p.dropout_p > 0) apply_dropout(p, b, head, i0, rows, j0, cols, w.s, kBlockK);
     for (std::int64_t r = 0; r < rows; ++r)
       std::copy_n(w.s + r * kBlockK, cols, p.weights + ((b * p.h + head) * p.L + i0 + r) * p.S + j0);
+  }
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float* row = p.weights + ((b * p.h + head) * p.L + i0 + r) * p.S;
+    std::fill(row + key_end, row + p.S, 0.0f);
   }
 }
 
@@ -129,8 +138,8 @@ void ForwardQueryBlock(const AttentionParams<float>& p, const ForwardBlock& w, s
   for (std::int64_t j0 = 0; j0 < key_end; j0 += kBlockK) {
     const std::int64_t cols = std::min(kBlockK, key_end - j0);
     ScaledLogits(p, q_rows, rows, &p.k(b, head, j0, 0), p.k.stride[2], cols, w.s);
-    if (tile_needs_masks(p, i0, j0, cols)) apply_masks(p, b, head, i0, rows, j0, cols, w.s, kBlockK);
-    OnlineSoftmaxTile(w, rows, cols);
+    if (needs_data_masks(p)) apply_masks(p, b, head, i0, rows, j0, cols, w.s, kBlockK);
+    OnlineSoftmaxTile(p, w, i0, rows, j0, cols);
     if (p.dropout_p > 0) apply_dropout(p, b, head, i0, rows, j0, cols, w.s, kBlockK);
     AccumulateValues(p, w, b, head, rows, j0, cols);
   }
@@ -150,6 +159,8 @@ void FlashForward(const AttentionParams<float>& p) {
   const std::int64_t per_thread = s_size + acc_size + round_up(kv_size, kRowAlign) + 2 * kBlockQ;
   const auto workspace = AllocateFloats(omp_get_max_threads() * per_thread);
   std::vector<std::int64_t> nonfinite_lists(static_cast<std::size_t>(omp_get_max_threads() * kBlockK));
+  std::vector<std::uint8_t> key_flags(static_cast<std::size_t>(p.B * p.h * p.S));  // [B, h, S]
+  FlagNonfiniteRows(p.v, p.B, p.h, p.S, p.d_v, kValueRow, key_flags.data());
 
 #pragma omp parallel for schedule(dynamic, 1)
   for (std::int64_t item = 0; item < p.B * p.h * q_blocks; ++item) {
@@ -163,6 +174,7 @@ void FlashForward(const AttentionParams<float>& p) {
     w.l = w.m + kBlockQ;
     w.nonfinite = nonfinite_lists.data() + omp_get_thread_num() * kBlockK;
     w.ld_acc = ld_acc;
+    w.key_flags = key_flags.data() + (b * p.h + head) * p.S;
     ForwardQueryBlock(p, w, b, head, i0, rows);
   }
 }

@@ -26,6 +26,7 @@
 
 HWY_BEFORE_NAMESPACE();
 namespace mha::detail::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
 
 using flash::kBlockK;
 using flash::kBlockQ;
@@ -65,13 +66,35 @@ inline void ScaledLogits(const AttentionInputs<float>& p, const float* q_rows, s
 inline void ProbabilitiesFromLse(const AttentionInputs<float>& p, std::int64_t b, std::int64_t head, std::int64_t i0,
                                  std::int64_t rows, std::int64_t j0, std::int64_t cols, const float* lse, float* s) {
   const std::int64_t padded_cols = round_up(cols, kRowAlign);
-  if (tile_needs_masks(p, i0, j0, cols)) apply_masks(p, b, head, i0, rows, j0, cols, s, kBlockK);
+  if (needs_data_masks(p)) apply_masks(p, b, head, i0, rows, j0, cols, s, kBlockK);
   for (std::int64_t r = 0; r < rows; ++r) {
     float* row = s + r * kBlockK;
-    std::fill(row + cols, row + padded_cols, kMinusInf);
-    if (lse[r] == kMinusInf) std::fill(row, row + padded_cols, 0.0f);
-    else ExpShiftedRow(row, padded_cols, lse[r]);
+    const std::int64_t visible = lse[r] == kMinusInf ? 0 : causal_visible(p, i0 + r, j0, cols);
+    ExpShiftedRow(row, padded_cols, visible, lse[r]);
     if (std::isnan(lse[r])) ZeroForbiddenEntries(p, b, head, i0 + r, j0, cols, row);
+  }
+}
+
+// Whether row[0, n) holds only finite floats.
+inline bool RowIsFinite(const float* HWY_RESTRICT row, std::int64_t n) {
+  const hn::ScalableTag<float> d;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+  std::int64_t e = 0;
+  for (; e + N <= n; e += N)
+    if (!hn::AllTrue(d, hn::IsFinite(hn::LoadU(d, row + e)))) return false;
+  for (; e < n; ++e)
+    if (!std::isfinite(row[e])) return false;
+  return true;
+}
+
+// flags[(b * h + head) * rows + r] |= bit for each row r of x [B, h, rows, width] (unit inner stride)
+// that holds NaN or Inf: one pass over x, so that the tiles only read a byte per row (nonfinite.hpp).
+inline void FlagNonfiniteRows(const Strided4<const float>& x, std::int64_t B, std::int64_t h, std::int64_t rows,
+                              std::int64_t width, std::uint8_t bit, std::uint8_t* flags) {
+#pragma omp parallel for schedule(static)
+  for (std::int64_t n = 0; n < B * h * rows; ++n) {
+    const std::int64_t b = n / (h * rows), head = (n / rows) % h, r = n % rows;
+    if (!RowIsFinite(&x(b, head, r, 0), width)) flags[n] |= bit;
   }
 }
 

@@ -20,10 +20,20 @@ inline std::int64_t key_range_end(const AttentionInputs<float>& p, std::int64_t 
   return end;
 }
 
-// Whether a tile needs per-element masking (beyond the key range already cut by key_range_end).
-inline bool tile_needs_masks(const AttentionInputs<float>& p, std::int64_t i0, std::int64_t j0, std::int64_t cols) {
-  if (p.key_padding || p.bool_mask || p.additive_mask || p.key_bias) return true;
-  return p.causal && j0 + cols - 1 > i0 + p.S - p.L;  // the first row of the tile does not see every key
+// Whether logits tiles need per-element masking by the masks given as data (key padding, boolean and
+// additive masks). The causal rule and key_lengths need none: key_range_end cuts the key range, and
+// causal_visible gives each row's visible prefix of a tile, which the row operations mask with vector
+// compares.
+inline bool needs_data_masks(const AttentionInputs<float>& p) {
+  return p.key_padding || p.bool_mask || p.additive_mask || p.key_bias;
+}
+
+// How many of the keys [j0, j0 + cols) query i may see by the causal rule (a prefix of them; all
+// without causal).
+inline std::int64_t causal_visible(const AttentionInputs<float>& p, std::int64_t i, std::int64_t j0,
+                                   std::int64_t cols) {
+  if (!p.causal) return cols;
+  return std::clamp<std::int64_t>(i + p.S - p.L - j0 + 1, 0, cols);
 }
 
 // Applies the masks to a logits tile s [rows, cols] (row stride ld): forbidden -> -inf, additive added.

@@ -6,7 +6,7 @@
 // coefficient is not 0, so a NaN or Inf reaches exactly the outputs that depend on it.
 #pragma once
 
-#include <cmath>
+#include <algorithm>
 #include <cstdint>
 
 #include "attention/params.hpp"
@@ -20,51 +20,58 @@ struct SafeBlock {
   std::int64_t nonfinite_count;  // entries written to the caller's list
 };
 
+// Which rows of the arrays a kernel reads whole hold NaN or Inf, found once per call (one vectorised
+// pass over each array, flash_tiles-inl.h) rather than per tile: one byte per row, a bit per array.
+enum NonfiniteBit : std::uint8_t {
+  kKeyRow = 1,    // per key row: its k
+  kValueRow = 2,  //              its v
+  kQueryRow = 1,  // per query row: its q
+  kDoutRow = 2,   //                its dout
+};
+
 // Rows [0, count) of `block` (row stride ld, `width` floats each, unit inner stride) made safe: used in
-// place when no row is skipped and none holds NaN or Inf, else copied into `scratch` [count, width]
-// with the skipped and the non-finite rows zeroed. The non-finite rows that are not skipped are listed
-// (as row indices) in `nonfinite` [count], for the caller to add their exact contribution where their
-// coefficient is not 0. skip(c): whether row c is padding that no output may read.
+// place when no row is skipped and none holds NaN or Inf (flags[c] & bit), else copied into `scratch`
+// [count, width] with the skipped and the non-finite rows zeroed. The non-finite rows that are not
+// skipped are listed (as row indices) in `nonfinite` [count], for the caller to add their exact
+// contribution where their coefficient is not 0. skip(c): whether row c is padding that no output may
+// read.
 template <class Skip>
 SafeBlock safe_rows(const float* block, std::int64_t ld, std::int64_t count, std::int64_t width, Skip skip,
-                    float* scratch, std::int64_t* nonfinite) {
+                    const std::uint8_t* flags, std::uint8_t bit, float* scratch, std::int64_t* nonfinite) {
   std::int64_t listed = 0;
   bool any_skipped = false;
   for (std::int64_t c = 0; c < count; ++c) {
-    if (skip(c)) {
-      any_skipped = true;
-      continue;
-    }
-    for (std::int64_t e = 0; e < width; ++e)
-      if (!std::isfinite(block[c * ld + e])) {
-        nonfinite[listed++] = c;
-        break;
-      }
+    if (skip(c)) any_skipped = true;
+    else if (flags[c] & bit) nonfinite[listed++] = c;
   }
   if (!any_skipped && listed == 0) return {block, ld, 0};
   for (std::int64_t c = 0, next = 0; c < count; ++c) {
     bool zero = skip(c);
     if (next < listed && nonfinite[next] == c) zero = true, ++next;
-    for (std::int64_t e = 0; e < width; ++e) scratch[c * width + e] = zero ? 0.0f : block[c * ld + e];
+    if (zero) std::fill_n(scratch + c * width, width, 0.0f);
+    else std::copy_n(block + c * ld, width, scratch + c * width);
   }
   return {scratch, width, listed};
 }
 
 // The block of keys [j0, j0 + cols) of x (a K or V [B, h, S, width]) made safe: rows of padded keys
-// (key_padding_mask) skipped, non-finite rows listed (column indices within the block).
+// (key_padding_mask) skipped, non-finite rows listed (column indices within the block). key_flags:
+// the flags of (b, head)'s keys [S].
 inline SafeBlock safe_block(const AttentionInputs<float>& p, const Strided4<const float>& x, std::int64_t b,
-                            std::int64_t head, std::int64_t j0, std::int64_t cols, std::int64_t width, float* scratch,
-                            std::int64_t* nonfinite) {
+                            std::int64_t head, std::int64_t j0, std::int64_t cols, std::int64_t width,
+                            const std::uint8_t* key_flags, std::uint8_t bit, float* scratch, std::int64_t* nonfinite) {
   auto padded = [&](std::int64_t c) { return p.key_padding && p.key_padding(b, head, 0, j0 + c); };
-  return safe_rows(&x(b, head, j0, 0), x.stride[2], cols, width, padded, scratch, nonfinite);
+  return safe_rows(&x(b, head, j0, 0), x.stride[2], cols, width, padded, key_flags + j0, bit, scratch, nonfinite);
 }
 
 // The rows [i0, i0 + rows) of a query-side array x (Q or dO [B, h, L, width]) made safe: nothing
-// skipped, non-finite rows listed (row indices within the block).
+// skipped, non-finite rows listed (row indices within the block). query_flags: (b, head)'s [L].
 inline SafeBlock safe_query_rows(const Strided4<const float>& x, std::int64_t b, std::int64_t head, std::int64_t i0,
-                                 std::int64_t rows, std::int64_t width, float* scratch, std::int64_t* nonfinite) {
+                                 std::int64_t rows, std::int64_t width, const std::uint8_t* query_flags,
+                                 std::uint8_t bit, float* scratch, std::int64_t* nonfinite) {
   return safe_rows(
-      &x(b, head, i0, 0), x.stride[2], rows, width, [](std::int64_t) { return false; }, scratch, nonfinite);
+      &x(b, head, i0, 0), x.stride[2], rows, width, [](std::int64_t) { return false; }, query_flags + i0, bit, scratch,
+      nonfinite);
 }
 
 }  // namespace mha::detail

@@ -30,14 +30,18 @@ HWY_INLINE V ExpKeepNaN(D d, V x) {
   return hn::IfThenElse(hn::IsNaN(x), x, hn::Exp(d, x));
 }
 
-// The largest of row[0, n); n a multiple of the vector length. -inf for an all -inf row, NaN for a
-// row holding a NaN (the vector Max, like std::max, would drop it).
-HWY_INLINE float RowMax(const float* HWY_RESTRICT row, std::int64_t n) {
+// The largest of row[0, visible) (row[visible, n) is ignored: keys the row may not see); n a multiple
+// of the vector length. -inf for an all -inf (or empty) range, NaN for one holding a NaN (the vector
+// Max, like std::max, would drop it).
+HWY_INLINE float RowMax(const float* HWY_RESTRICT row, std::int64_t n, std::int64_t visible) {
   const hn::CappedTag<float, 16> d;  // rows are padded to 16 floats
-  auto m = hn::Set(d, -std::numeric_limits<float>::infinity());
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+  const auto minus_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
+  auto m = minus_inf;
   auto any_nan = hn::IsNaN(m);  // all false
-  for (std::int64_t j = 0; j < n; j += static_cast<std::int64_t>(hn::Lanes(d))) {
-    const auto x = hn::Load(d, row + j);
+  for (std::int64_t j = 0; j < n && j < visible; j += N) {
+    auto x = hn::Load(d, row + j);
+    if (j + N > visible) x = hn::IfThenElse(hn::FirstN(d, static_cast<std::size_t>(visible - j)), x, minus_inf);
     m = hn::Max(m, x);
     any_nan = hn::Or(any_nan, hn::IsNaN(x));
   }
@@ -45,27 +49,31 @@ HWY_INLINE float RowMax(const float* HWY_RESTRICT row, std::int64_t n) {
   return hn::GetLane(hn::MaxOfLanes(d, m));
 }
 
-// row[j] = exp(row[j] - m) for j in [0, n), returning their sum. exp is Highway's (max error 1 ULP
-// in float32, documented in hwy/contrib/math/math-inl.h and tested against std::exp in our tests);
-// row[j] - m <= 0 here, and -inf (a forbidden key) gives exactly 0.
-HWY_INLINE float ExpShiftedRowSum(float* HWY_RESTRICT row, std::int64_t n, float m) {
+// row[j] = exp(row[j] - m) for j in [0, visible) and 0 for j in [visible, n), returning their sum. exp
+// is Highway's (max error 1 ULP in float32, documented in hwy/contrib/math/math-inl.h and tested
+// against std::exp in our tests); row[j] - m <= 0 here, and -inf (a forbidden key) gives exactly 0.
+HWY_INLINE float ExpShiftedRowSum(float* HWY_RESTRICT row, std::int64_t n, std::int64_t visible, float m) {
   const hn::CappedTag<float, 16> d;  // rows are padded to 16 floats
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
   const auto vm = hn::Set(d, m);
   auto sum = hn::Zero(d);
-  for (std::int64_t j = 0; j < n; j += static_cast<std::int64_t>(hn::Lanes(d))) {
-    const auto e = ExpKeepNaN(d, hn::Sub(hn::Load(d, row + j), vm));
+  for (std::int64_t j = 0; j < n; j += N) {
+    if (j >= visible) {
+      hn::Store(hn::Zero(d), d, row + j);
+      continue;
+    }
+    auto e = ExpKeepNaN(d, hn::Sub(hn::Load(d, row + j), vm));
+    if (j + N > visible) e = hn::IfThenElseZero(hn::FirstN(d, static_cast<std::size_t>(visible - j)), e);
     hn::Store(e, d, row + j);
     sum = hn::Add(sum, e);
   }
   return hn::GetLane(hn::SumOfLanes(d, sum));
 }
 
-// row[j] = exp(row[j] - shift) for j in [0, n): probabilities from a known log-sum-exp.
-HWY_INLINE void ExpShiftedRow(float* HWY_RESTRICT row, std::int64_t n, float shift) {
-  const hn::CappedTag<float, 16> d;  // rows are padded to 16 floats
-  const auto vs = hn::Set(d, shift);
-  for (std::int64_t j = 0; j < n; j += static_cast<std::int64_t>(hn::Lanes(d)))
-    hn::Store(ExpKeepNaN(d, hn::Sub(hn::Load(d, row + j), vs)), d, row + j);
+// row[j] = exp(row[j] - shift) for j in [0, visible) and 0 for j in [visible, n): probabilities from
+// a known log-sum-exp.
+HWY_INLINE void ExpShiftedRow(float* HWY_RESTRICT row, std::int64_t n, std::int64_t visible, float shift) {
+  ExpShiftedRowSum(row, n, visible, shift);
 }
 
 // row[j] *= factor for j in [0, n); n a multiple of the vector length.

@@ -91,10 +91,29 @@ void reference_attention_forward(const AttentionParams<T>& p) {
 //   dV_j += p_ij f_ij dO_i                (forward: out_i = sum_j p_ij f_ij v_j)
 //   dP_ij = f_ij dO_i . v_j;  dS_ij = p_ij (dP_ij - D_i)
 //   dQ_i += scale dS_ij k_j;  dK_j += scale dS_ij q_i
+namespace {
+
+// dq, dk, dv = 0: the gradients are accumulated into them (the caller's buffers are not zeroed).
+template <class T>
+void zero_gradients(const AttentionBackwardParams<T>& p) {
+  for (std::int64_t b = 0; b < p.B; ++b)
+    for (std::int64_t head = 0; head < p.h; ++head) {
+      for (std::int64_t i = 0; i < p.L; ++i)
+        for (std::int64_t c = 0; c < p.d_k; ++c) p.dq(b, head, i, c) = 0;
+      for (std::int64_t j = 0; j < p.S; ++j) {
+        for (std::int64_t c = 0; c < p.d_k; ++c) p.dk(b, head, j, c) = 0;
+        for (std::int64_t c = 0; c < p.d_v; ++c) p.dv(b, head, j, c) = 0;
+      }
+    }
+}
+
+}  // namespace
+
 template <class T>
 void reference_attention_backward(const AttentionBackwardParams<T>& p) {
   constexpr T kMinusInf = -std::numeric_limits<T>::infinity();
   const SerialIfSmall serial_if_small(4.0 * p.B * p.h * p.L * p.S * (p.d_k + p.d_v));
+  zero_gradients(p);
 #pragma omp parallel for schedule(static)
   for (std::int64_t bh = 0; bh < p.B * p.h; ++bh) {
     const std::int64_t b = bh / p.h, head = bh % p.h;

@@ -7,8 +7,8 @@ AttentionResult scaled_dot_product_attention(const TensorView& q, const TensorVi
                                              const AttentionOptions& options) {
   detail::validate_attention(q, k, v, options);
   AttentionResult result;
-  // out: [B, h, L, d_v]
-  result.out = Tensor(q.dtype(), {q.size(0), q.size(1), q.size(2), v.size(3)});
+  // out: [B, h, L, d_v], written whole by the kernel
+  result.out = Tensor::uninitialized(q.dtype(), {q.size(0), q.size(1), q.size(2), v.size(3)});
   detail::run_attention(q, k, v, options, {result.out.data(), result.out.strides()}, result.weights, result.lse);
   return result;
 }
@@ -18,7 +18,9 @@ AttentionGradients scaled_dot_product_attention_backward(const TensorView& dout,
                                                          const TensorView& out, const TensorView& lse,
                                                          const AttentionOptions& options) {
   detail::validate_attention_backward(dout, q, k, v, out, lse, options);
-  AttentionGradients grads{Tensor(q.dtype(), q.shape()), Tensor(q.dtype(), k.shape()), Tensor(q.dtype(), v.shape())};
+  // written whole by the kernel
+  AttentionGradients grads{Tensor::uninitialized(q.dtype(), q.shape()), Tensor::uninitialized(q.dtype(), k.shape()),
+                           Tensor::uninitialized(q.dtype(), v.shape())};
   detail::run_attention_backward(dout, q, k, v, out, lse, options, {grads.dq.data(), grads.dq.strides()},
                                  {grads.dk.data(), grads.dk.strides()}, {grads.dv.data(), grads.dv.strides()});
   return grads;

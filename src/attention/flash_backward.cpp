@@ -144,7 +144,7 @@ void TileGradients(const BackwardContext& ctx, const BackwardTiles& t, std::int6
                    std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols, const KeyBlocks& kv) {
   const AttentionBackwardParams<float>& p = ctx.p;
   const std::int64_t row0 = (b * p.h + head) * p.L + i0;
-  ScaledLogits(p, &p.q(b, head, i0, 0), rows, kv.k.data, kv.k.ld, cols, t.s);
+  ScaledLogits(p, &p.q(b, head, i0, 0), p.q.stride[2], rows, kv.k.data, kv.k.ld, cols, t.s);
   ProbabilitiesFromLse(p, b, head, i0, rows, j0, cols, ctx.lse + row0, t.s);
   ExactProbabilitiesOfNonfiniteKeys(p, b, head, i0, rows, j0, t.nonfinite_k, kv.k.nonfinite_count, ctx.lse + row0, t.s);
   gemm_tile(rows, cols, p.d_v, plain(&p.dout(b, head, i0, 0), p.dout.stride[2]), transposed(kv.v.data, kv.v.ld),

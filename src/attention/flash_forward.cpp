@@ -43,9 +43,10 @@ namespace mha::detail::HWY_NAMESPACE {
 struct ForwardBlock {
   float* s;                 // [rows, kBlockK]: logits, then probabilities
   float* acc;               // [rows, ld_acc]: the unnormalised output
-  float* kv_copy;           // [kBlockK, max(d_k, d_v)]: a K or V block made safe (nonfinite.hpp)
+  float* kv_copy;           // [kBlockK, max(d_k, d_v)]: a K or V block, adjacent and safe (nonfinite.hpp)
   float* m;                 // [rows]: running max, then the log-sum-exp
   float* l;                 // [rows]: running sum
+  float* q_copy;            // [rows, d_k]: the Q rows, adjacent
   std::int64_t* nonfinite;  // [kBlockK]
   std::int64_t ld_acc;
   const std::uint8_t* key_flags;  // [S] of this (b, head): kValueRow where v holds NaN or Inf
@@ -115,7 +116,7 @@ void WriteWeights(const AttentionParams<float>& p, const ForwardBlock& w, std::i
                   std::int64_t i0, std::int64_t rows, std::int64_t key_end) {
   for (std::int64_t j0 = 0; j0 < key_end; j0 += kBlockK) {
     const std::int64_t cols = std::min(kBlockK, key_end - j0);
-    ScaledLogits(p, &p.q(b, head, i0, 0), rows, &p.k(b, head, j0, 0), p.k.stride[2], cols, w.s);
+    ScaledLogits(p, &p.q(b, head, i0, 0), p.q.stride[2], rows, &p.k(b, head, j0, 0), p.k.stride[2], cols, w.s);
     ProbabilitiesFromLse(p, b, head, i0, rows, j0, cols, w.m, w.s);
     if (p.dropout_p > 0) apply_dropout(p, b, head, i0, rows, j0, cols, w.s, kBlockK);
     for (std::int64_t r = 0; r < rows; ++r)
@@ -130,14 +131,15 @@ void WriteWeights(const AttentionParams<float>& p, const ForwardBlock& w, std::i
 // The forward of query rows [i0, i0 + rows) of (b, head).
 void ForwardQueryBlock(const AttentionParams<float>& p, const ForwardBlock& w, std::int64_t b, std::int64_t head,
                        std::int64_t i0, std::int64_t rows) {
-  const float* q_rows = &p.q(b, head, i0, 0);  // [rows, d_k], row stride p.q.stride[2]
+  const float* q_rows = adjacent_rows(&p.q(b, head, i0, 0), p.q.stride[2], rows, p.d_k, w.q_copy);  // [rows, d_k]
   std::fill(w.m, w.m + rows, kMinusInf);
   std::fill(w.l, w.l + rows, 0.0f);
   std::fill(w.acc, w.acc + rows * w.ld_acc, 0.0f);
   const std::int64_t key_end = key_range_end(p, b, i0, rows);
   for (std::int64_t j0 = 0; j0 < key_end; j0 += kBlockK) {
     const std::int64_t cols = std::min(kBlockK, key_end - j0);
-    ScaledLogits(p, q_rows, rows, &p.k(b, head, j0, 0), p.k.stride[2], cols, w.s);
+    const float* k_block = adjacent_rows(&p.k(b, head, j0, 0), p.k.stride[2], cols, p.d_k, w.kv_copy);  // [cols, d_k]
+    ScaledLogits(p, q_rows, p.d_k, rows, k_block, p.d_k, cols, w.s);
     if (needs_data_masks(p)) apply_masks(p, b, head, i0, rows, j0, cols, w.s, kBlockK);
     OnlineSoftmaxTile(p, w, i0, rows, j0, cols);
     if (p.dropout_p > 0) apply_dropout(p, b, head, i0, rows, j0, cols, w.s, kBlockK);
@@ -151,12 +153,13 @@ void FlashForward(const AttentionParams<float>& p) {
   const SerialIfSmall serial_if_small(2.0 * p.B * p.h * p.L * p.S * (p.d_k + p.d_v));
   const std::int64_t q_blocks = (p.L + kBlockQ - 1) / kBlockQ;
   const std::int64_t ld_acc = round_up(p.d_v, kRowAlign);
-  // Per-thread workspace, allocated once per call: logits tile, accumulator, K/V block copy, m, l.
+  // Per-thread workspace, allocated once per call: logits tile, accumulator, K/V block copy, m, l, Q copy.
   // Sized to need: a block holds at most min(kBlockQ, L) query rows and min(kBlockK, S) keys.
   const std::int64_t max_rows = std::min(kBlockQ, p.L), max_cols = std::min(kBlockK, p.S);
   const std::int64_t s_size = max_rows * kBlockK, acc_size = max_rows * ld_acc;
   const std::int64_t kv_size = max_cols * std::max(p.d_k, p.d_v);
-  const std::int64_t per_thread = s_size + acc_size + round_up(kv_size, kRowAlign) + 2 * kBlockQ;
+  const std::int64_t per_thread =
+      s_size + acc_size + round_up(kv_size, kRowAlign) + 2 * kBlockQ + round_up(max_rows * p.d_k, kRowAlign);
   const auto workspace = AllocateFloats(omp_get_max_threads() * per_thread);
   std::vector<std::int64_t> nonfinite_lists(static_cast<std::size_t>(omp_get_max_threads() * kBlockK));
   std::vector<std::uint8_t> key_flags(static_cast<std::size_t>(p.B * p.h * p.S));  // [B, h, S]
@@ -165,13 +168,16 @@ void FlashForward(const AttentionParams<float>& p) {
 #pragma omp parallel for schedule(dynamic, 1)
   for (std::int64_t item = 0; item < p.B * p.h * q_blocks; ++item) {
     const std::int64_t b = item / (p.h * q_blocks), head = (item / q_blocks) % p.h;
-    const std::int64_t i0 = (item % q_blocks) * kBlockQ, rows = std::min(kBlockQ, p.L - i0);
+    // The last query blocks first: under causal they see the most keys, and the dynamic schedule
+    // balances best when the longest items start first.
+    const std::int64_t i0 = (q_blocks - 1 - item % q_blocks) * kBlockQ, rows = std::min(kBlockQ, p.L - i0);
     ForwardBlock w;
     w.s = workspace.get() + omp_get_thread_num() * per_thread;
     w.acc = w.s + s_size;
     w.kv_copy = w.acc + acc_size;
     w.m = w.kv_copy + round_up(kv_size, kRowAlign);
     w.l = w.m + kBlockQ;
+    w.q_copy = w.l + kBlockQ;
     w.nonfinite = nonfinite_lists.data() + omp_get_thread_num() * kBlockK;
     w.ld_acc = ld_acc;
     w.key_flags = key_flags.data() + (b * p.h + head) * p.S;

@@ -56,9 +56,9 @@ inline void ZeroForbiddenEntries(const AttentionInputs<float>& p, std::int64_t b
 // S [rows, cols] (row stride kBlockK) = scale Q_rows K_blk^T. The scale goes in as sgemm's alpha in the
 // forward and in both backward passes alike, so the backward's P = exp(S - lse) is normalised to float
 // precision.
-inline void ScaledLogits(const AttentionInputs<float>& p, const float* q_rows, std::int64_t rows, const float* k_block,
-                         std::int64_t ldk, std::int64_t cols, float* s) {
-  gemm_tile(rows, cols, p.d_k, plain(q_rows, p.q.stride[2]), transposed(k_block, ldk), overwrite(s, kBlockK), p.scale);
+inline void ScaledLogits(const AttentionInputs<float>& p, const float* q_rows, std::int64_t ldq, std::int64_t rows,
+                         const float* k_block, std::int64_t ldk, std::int64_t cols, float* s) {
+  gemm_tile(rows, cols, p.d_k, plain(q_rows, ldq), transposed(k_block, ldk), overwrite(s, kBlockK), p.scale);
 }
 
 // Probabilities of a tile: s [rows, cols] (row stride kBlockK) holds scale * Q K^T; masks are applied

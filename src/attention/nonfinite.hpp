@@ -13,6 +13,15 @@
 
 namespace mha::detail {
 
+// Rows [0, count) of `block` (row stride ld, `width` floats each), adjacent: in place when they are
+// (ld == width), else copied into `scratch` [count, width]. Returns where they are (row stride width).
+inline const float* adjacent_rows(const float* block, std::int64_t ld, std::int64_t count, std::int64_t width,
+                                  float* scratch) {
+  if (ld == width) return block;
+  for (std::int64_t c = 0; c < count; ++c) std::copy_n(block + c * ld, width, scratch + c * width);
+  return scratch;
+}
+
 // A block of rows ready for whole-block products.
 struct SafeBlock {
   const float* data;  // [count, width], row stride ld
@@ -30,8 +39,10 @@ enum NonfiniteBit : std::uint8_t {
 };
 
 // Rows [0, count) of `block` (row stride ld, `width` floats each, unit inner stride) made safe: used in
-// place when no row is skipped and none holds NaN or Inf (flags[c] & bit), else copied into `scratch`
-// [count, width] with the skipped and the non-finite rows zeroed. The non-finite rows that are not
+// place when no row is skipped, none holds NaN or Inf (flags[c] & bit) and the rows are adjacent
+// (ld == width), else copied into `scratch` [count, width], adjacent, with the skipped and the
+// non-finite rows zeroed. (Products read adjacent rows faster: the layer's [B, N, h, d] heads have
+// ld = h d.) The non-finite rows that are not
 // skipped are listed (as row indices) in `nonfinite` [count], for the caller to add their exact
 // contribution where their coefficient is not 0. skip(c): whether row c is padding that no output may
 // read.
@@ -44,7 +55,7 @@ SafeBlock safe_rows(const float* block, std::int64_t ld, std::int64_t count, std
     if (skip(c)) any_skipped = true;
     else if (flags[c] & bit) nonfinite[listed++] = c;
   }
-  if (!any_skipped && listed == 0) return {block, ld, 0};
+  if (!any_skipped && listed == 0 && ld == width) return {block, ld, 0};
   for (std::int64_t c = 0, next = 0; c < count; ++c) {
     bool zero = skip(c);
     if (next < listed && nonfinite[next] == c) zero = true, ++next;

@@ -137,9 +137,24 @@ void expect_same_run(const KernelRun& got, const KernelRun& want, const std::str
   EXPECT_TRUE(same_bits(got.dv, want.dv)) << what << ": dv";
 }
 
-TEST(FlashDeterminism, KernelRepeatsAndThreadCounts) {
+// One (b, head) with many key blocks: the backward deals them into several groups, each with a dQ of its
+// own, summed in a fixed order (flash_backward.cpp); interleaved heads, as the layer has them.
+KernelCase one_head_determinism_case() {
+  KernelCase c;
+  c.seed = 4242;
+  c.B = 1, c.h = 1, c.L = kSanitized ? 40 : 2 * kBlockQ + 5, c.S = kSanitized ? 60 : 5 * kBlockK + 7;
+  c.d_k = kSanitized ? 8 : 64, c.d_v = kSanitized ? 8 : 64;
+  c.causal = true;
+  c.amplitude = 2.0;
+  c.layout = Layout::Interleaved;
+  return c;
+}
+
+class FlashDeterminism : public ::testing::TestWithParam<int> {};
+
+TEST_P(FlashDeterminism, KernelRepeatsAndThreadCounts) {
   ThreadCountGuard restore;
-  const KernelCase c = determinism_case();
+  const KernelCase c = GetParam() == 0 ? determinism_case() : one_head_determinism_case();
   const CaseData d = make_case_data(c);
   mha::set_num_threads(2);
   const KernelRun first = run_kernel(c, d, DType::Float32, mha::Kernel::Flash, true);
@@ -151,6 +166,12 @@ TEST(FlashDeterminism, KernelRepeatsAndThreadCounts) {
                     std::to_string(threads) + " threads vs 2");
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Cases, FlashDeterminism, ::testing::Values(0, 1),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return info.param == 0 ? std::string("MasksDropoutWeights")
+                                                  : std::string("OneHeadManyKeyBlocks");
+                         });
 
 // ---- (c) the vectorised exp ----------------------------------------------------------------------
 

@@ -16,6 +16,7 @@
 #include <iterator>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "support/kernel_compare.hpp"
@@ -57,8 +58,12 @@ std::vector<KernelCase> hand_picked_cases() {
   };
   std::vector<KernelCase> cases;
   int index = 10000;
+  // Each shape without weights in both head layouts (the layer's interleaved one reads rows h*d apart,
+  // which the kernel packs per block), and with weights, dropout and large logits interleaved.
+  const std::pair<bool, Layout> variants[] = {
+      {false, Layout::Contiguous}, {false, Layout::Interleaved}, {true, Layout::Interleaved}};
   for (const Shape6& s : shapes) {
-    for (bool weights : {false, true}) {
+    for (auto [weights, layout] : variants) {
       KernelCase c;
       c.index = index++;
       c.seed = 77 + static_cast<std::uint64_t>(c.index);
@@ -68,7 +73,7 @@ std::vector<KernelCase> hand_picked_cases() {
       c.need_weights = weights;
       c.dropout_p = weights ? 0.25 : 0.0;
       c.amplitude = weights ? 3.0 : 1.0;
-      c.layout = weights ? Layout::Interleaved : Layout::Contiguous;
+      c.layout = layout;
       cases.push_back(c);
     }
   }

@@ -115,17 +115,19 @@ std::vector<KernelCase> backward_cases() {
       {2, 2, 200, 1, 32, 96, 0u, false, 0.0},  // one key: dq and dk are exactly 0 in exact arithmetic
   };
   int index = 20000;
-  for (const Shape7& s : shapes) {
-    KernelCase c;
-    c.index = index++;
-    c.seed = 99 + static_cast<std::uint64_t>(c.index);
-    c.B = s.B, c.h = s.h, c.L = s.L, c.S = s.S, c.d_k = s.d_k, c.d_v = s.d_v;
-    c.masks = s.masks;
-    c.causal = s.causal;
-    c.dropout_p = s.dropout_p;
-    c.amplitude = 2.0;
-    cases.push_back(c);
-  }
+  for (const Shape7& s : shapes)
+    for (Layout layout : {Layout::Contiguous, Layout::Interleaved}) {  // interleaved: as the layer calls it
+      KernelCase c;
+      c.index = index++;
+      c.seed = 99 + static_cast<std::uint64_t>(c.index);
+      c.B = s.B, c.h = s.h, c.L = s.L, c.S = s.S, c.d_k = s.d_k, c.d_v = s.d_v;
+      c.masks = s.masks;
+      c.causal = s.causal;
+      c.dropout_p = s.dropout_p;
+      c.amplitude = 2.0;
+      c.layout = layout;
+      cases.push_back(c);
+    }
   return cases;
 }
 

@@ -254,7 +254,7 @@ void KeyBlockGradients(const BackwardContext& ctx, const BackwardTiles& t, std::
 // extra dQ copies stay small. A function of the shape only, never of the thread count, so that the
 // order in which dQ is summed, and so the result, is the same for every thread count.
 std::int64_t dq_groups(const AttentionBackwardParams<float>& p, std::int64_t k_blocks) {
-  constexpr std::int64_t kTargetItems = 16, kMaxGroups = 8;
+  constexpr std::int64_t kTargetItems = 8, kMaxGroups = 8;
   const std::int64_t wanted = (kTargetItems + p.B * p.h - 1) / (p.B * p.h);
   return std::clamp<std::int64_t>(wanted, 1, std::min(kMaxGroups, std::max<std::int64_t>(1, k_blocks)));
 }

@@ -104,7 +104,12 @@ void FinishRows(const AttentionParams<float>& p, const ForwardBlock& w, std::int
       empty = false;
     }
     const float inv_l = empty ? 0.0f : 1.0f / w.l[r];
-    for (std::int64_t c = 0; c < p.d_v; ++c) p.out(b, head, i0 + r, c) = empty ? 0.0f : w.acc[r * w.ld_acc + c] * inv_l;
+    float* out_row = &p.out(b, head, i0 + r, 0);
+    const float* acc_row = w.acc + r * w.ld_acc;
+    if (p.out.stride[3] == 1)  // (vectorised)
+      for (std::int64_t c = 0; c < p.d_v; ++c) out_row[c] = empty ? 0.0f : acc_row[c] * inv_l;
+    else
+      for (std::int64_t c = 0; c < p.d_v; ++c) out_row[c * p.out.stride[3]] = empty ? 0.0f : acc_row[c] * inv_l;
     w.m[r] = empty ? kMinusInf : w.m[r] + std::log(w.l[r]);
     if (p.lse) p.lse[(b * p.h + head) * p.L + i0 + r] = w.m[r];
   }

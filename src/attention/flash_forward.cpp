@@ -61,7 +61,7 @@ void OnlineSoftmaxTile(const AttentionInputs<float>& p, const ForwardBlock& w, s
   for (std::int64_t r = 0; r < rows; ++r) {
     float* row = w.s + r * kBlockK;
     const std::int64_t visible = causal_visible(p, i0 + r, j0, cols);
-    const float row_max = RowMax(row, padded_cols, visible);     // NaN when the row holds a NaN
+    const float row_max = RowMax(row, padded_cols, visible);     // see RowMax for a row holding a NaN
     const bool nan = std::isnan(row_max) || std::isnan(w.m[r]);  // std::max would drop it
     const float m_new = nan ? std::numeric_limits<float>::quiet_NaN() : std::max(w.m[r], row_max);
     if (m_new == kMinusInf) {  // nothing allowed yet in this row

@@ -1,8 +1,9 @@
 // Per-target row operations of the fused kernel: the online softmax (Milakov & Gimelshein 2018, as
 // used by FlashAttention-2) on rows of a logits tile, and row scaling of the output accumulator.
-// Rows are padded to whole vectors by the caller (padding logits are -inf, so they contribute 0).
-// NaN propagates: a NaN logit makes its row's maximum NaN, and exp(NaN) is NaN (Highway's Exp alone
-// returns 0 for NaN), so a row that depends on a NaN or an overflowing logit becomes NaN, never a number.
+// Rows are padded to whole vectors by the caller; each row has a visible prefix (the keys the causal rule
+// lets it see), past which it contributes exactly 0. NaN propagates: exp(NaN) is NaN (Highway's Exp
+// alone returns 0 for NaN), so a NaN logit makes its row's sum, output and lse NaN, and an overflowing
+// one (+inf, whose exp(inf - inf) is NaN) too: a row that depends on them becomes NaN, never a number.
 //
 // Included once per SIMD target by flash_forward.cpp, flash_backward.cpp and flash_exp.cpp through Highway's
 // foreach_target.h.
@@ -13,6 +14,7 @@
 #define MHA_ONLINE_SOFTMAX_INL_H_
 #endif
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
 
@@ -41,37 +43,43 @@ HWY_INLINE V ExpInRange(D d, V x) {
   p = hn::MulAdd(p, r, hn::Set(d, 1.0f / 6));
   p = hn::MulAdd(p, r, hn::Set(d, 0.5f));
   p = hn::MulAdd(p, r, hn::Set(d, 1.0f));
-  p = hn::MulAdd(p, r, hn::Set(d, 1.0f));  // e^r, in [0.7, 1.42]
+  p = hn::MulAdd(p, r, hn::Set(d, 1.0f));                                    // e^r, in [0.7, 1.42]
   return hn::BitCast(d, hn::Add(hn::BitCast(di, p), hn::ShiftLeft<23>(n)));  // e^r 2^n, n in [-126, 126]
 }
 
-// exp(x) lane by lane, NaN kept. Vectors whose lanes all lie in |x| < 87 (the usual case: logits
-// minus their row maximum) take ExpInRange; others (a -inf from a mask, results that are subnormal
-// or overflow, NaN) take Highway's Exp, except that a NaN lane stays NaN (Exp clamps its argument
-// and would return 0 for it). -inf gives exactly 0.
+// exp(x) lane by lane, NaN kept. Lanes with |x| < 87 (the usual case: logits minus their row
+// maximum) take ExpInRange; the others (a -inf from a mask, results that are subnormal or overflow,
+// NaN) take Highway's Exp, except that a NaN lane stays NaN (Exp clamps its argument and would return
+// 0 for it). Each lane's value depends on that lane alone, never on its neighbours (which may be
+// padding or another key's logit). -inf gives exactly 0.
 template <class D, class V>
 HWY_INLINE V ExpKeepNaN(D d, V x) {
-  if (HWY_LIKELY(hn::AllTrue(d, hn::Lt(hn::Abs(x), hn::Set(d, 87.0f))))) return ExpInRange(d, x);
-  return hn::IfThenElse(hn::IsNaN(x), x, hn::Exp(d, x));
+  const auto in_range = hn::Lt(hn::Abs(x), hn::Set(d, 87.0f));
+  if (HWY_LIKELY(hn::AllTrue(d, in_range))) return ExpInRange(d, x);
+  const V fast = ExpInRange(d, hn::IfThenElseZero(in_range, x));
+  return hn::IfThenElse(in_range, fast, hn::IfThenElse(hn::IsNaN(x), x, hn::Exp(d, x)));
 }
 
 // The largest of row[0, visible) (row[visible, n) is ignored: keys the row may not see); n a multiple
-// of the vector length. -inf for an all -inf (or empty) range, NaN for one holding a NaN (the vector
-// Max, like std::max, would drop it).
+// of the vector length. -inf for an all -inf (or empty) range. A row holding a NaN gives NaN or the
+// largest of its other entries (the vector Max keeps either); either way its probabilities, their sum
+// and so the row's output and lse become NaN (exp keeps the NaN), except when that maximum is -inf:
+// then the row is scanned for a NaN, so that a row of NaN and -inf is not taken for an empty one.
 HWY_INLINE float RowMax(const float* HWY_RESTRICT row, std::int64_t n, std::int64_t visible) {
   const hn::CappedTag<float, 16> d;  // rows are padded to 16 floats
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
   const auto minus_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
   auto m = minus_inf;
-  auto any_nan = hn::IsNaN(m);  // all false
   for (std::int64_t j = 0; j < n && j < visible; j += N) {
     auto x = hn::Load(d, row + j);
     if (j + N > visible) x = hn::IfThenElse(hn::FirstN(d, static_cast<std::size_t>(visible - j)), x, minus_inf);
-    m = hn::Max(m, x);
-    any_nan = hn::Or(any_nan, hn::IsNaN(x));
+    m = hn::Max(x, m);
   }
-  if (!hn::AllFalse(d, any_nan)) return std::numeric_limits<float>::quiet_NaN();
-  return hn::GetLane(hn::MaxOfLanes(d, m));
+  const float row_max = hn::GetLane(hn::MaxOfLanes(d, m));
+  if (row_max != -std::numeric_limits<float>::infinity()) return row_max;
+  for (std::int64_t j = 0; j < n && j < visible; ++j)
+    if (std::isnan(row[j])) return std::numeric_limits<float>::quiet_NaN();
+  return row_max;
 }
 
 // row[j] = exp(row[j] - m) for j in [0, visible) and 0 for j in [visible, n), returning their sum. exp

@@ -108,8 +108,10 @@ struct BackwardContext {
   KeyBlocks key_blocks(const BackwardTiles& t, std::int64_t b, std::int64_t head, std::int64_t j0,
                        std::int64_t cols) const {
     const std::uint8_t* flags = key_flags + (b * p.h + head) * p.S;
-    return {safe_block(p, p.k, b, head, j0, cols, p.d_k, flags, kKeyRow, t.k_copy, t.nonfinite_k),
-            safe_block(p, p.v, b, head, j0, cols, p.d_v, flags, kValueRow, t.v_copy, t.nonfinite_v)};
+    return {safe_block(p, &p.k(b, head, 0, 0), p.k.stride[2], b, head, j0, cols, p.d_k, flags, kKeyRow, t.k_copy,
+                       t.nonfinite_k),
+            safe_block(p, &p.v(b, head, 0, 0), p.v.stride[2], b, head, j0, cols, p.d_v, flags, kValueRow, t.v_copy,
+                       t.nonfinite_v)};
   }
 };
 

@@ -43,13 +43,15 @@ namespace mha::detail::HWY_NAMESPACE {
 struct ForwardBlock {
   float* s;                 // [rows, kBlockK]: logits, then probabilities
   float* acc;               // [rows, ld_acc]: the unnormalised output
-  float* kv_copy;           // [kBlockK, max(d_k, d_v)]: a K or V block, adjacent and safe (nonfinite.hpp)
+  float* v_copy;            // [kBlockK, d_v]: a V block made safe (nonfinite.hpp)
   float* m;                 // [rows]: running max, then the log-sum-exp
   float* l;                 // [rows]: running sum
   float* q_copy;            // [rows, d_k]: the Q rows, adjacent
   std::int64_t* nonfinite;  // [kBlockK]
   std::int64_t ld_acc;
   const std::uint8_t* key_flags;  // [S] of this (b, head): kValueRow where v holds NaN or Inf
+  const float* k_head;            // [S, d_k] of this (b, head), adjacent rows (the caller's or a copy)
+  const float* v_head;            // [S, d_v], likewise
 };
 
 // The online softmax over one logits tile (data masks applied, cols <= kBlockK) of query rows i0..:
@@ -81,7 +83,7 @@ void OnlineSoftmaxTile(const AttentionInputs<float>& p, const ForwardBlock& w, s
 void AccumulateValues(const AttentionParams<float>& p, const ForwardBlock& w, std::int64_t b, std::int64_t head,
                       std::int64_t rows, std::int64_t j0, std::int64_t cols) {
   const SafeBlock v_block =
-      safe_block(p, p.v, b, head, j0, cols, p.d_v, w.key_flags, kValueRow, w.kv_copy, w.nonfinite);
+      safe_block(p, w.v_head, p.d_v, b, head, j0, cols, p.d_v, w.key_flags, kValueRow, w.v_copy, w.nonfinite);
   gemm_tile(rows, p.d_v, cols, plain(w.s, kBlockK), plain(v_block.data, v_block.ld), accumulate_into(w.acc, w.ld_acc));
   for (std::int64_t n = 0; n < v_block.nonfinite_count; ++n) {
     const std::int64_t c = w.nonfinite[n];
@@ -143,8 +145,7 @@ void ForwardQueryBlock(const AttentionParams<float>& p, const ForwardBlock& w, s
   const std::int64_t key_end = key_range_end(p, b, i0, rows);
   for (std::int64_t j0 = 0; j0 < key_end; j0 += kBlockK) {
     const std::int64_t cols = std::min(kBlockK, key_end - j0);
-    const float* k_block = adjacent_rows(&p.k(b, head, j0, 0), p.k.stride[2], cols, p.d_k, w.kv_copy);  // [cols, d_k]
-    ScaledLogits(p, q_rows, p.d_k, rows, k_block, p.d_k, cols, w.s);
+    ScaledLogits(p, q_rows, p.d_k, rows, w.k_head + j0 * p.d_k, p.d_k, cols, w.s);
     if (needs_data_masks(p)) apply_masks(p, b, head, i0, rows, j0, cols, w.s, kBlockK);
     OnlineSoftmaxTile(p, w, i0, rows, j0, cols);
     if (p.dropout_p > 0) apply_dropout(p, b, head, i0, rows, j0, cols, w.s, kBlockK);
@@ -154,21 +155,57 @@ void ForwardQueryBlock(const AttentionParams<float>& p, const ForwardBlock& w, s
   if (p.weights) WriteWeights(p, w, b, head, i0, rows, key_end);
 }
 
+// The K and V rows of one (b, head), adjacent, for one thread: the caller's rows when they are (a
+// [B, h, S, d] layout), else copies made when the thread starts on a head it did not copy last (the
+// layer's [B, S, h, d] layout: its rows lie h d apart, which the products read much slower, and a
+// copy per key block would be made once per query block; a copy per head serves all the thread's
+// query blocks of that head, since the work items run through the heads in order).
+class HeadCopies {
+ public:
+  HeadCopies(const AttentionParams<float>& p, int threads)
+      : p_(p),
+        copy_k_(p.k.stride[2] != p.d_k),
+        copy_v_(p.v.stride[2] != p.d_v),
+        per_thread_((copy_k_ ? p.S * p.d_k : 0) + (copy_v_ ? p.S * p.d_v : 0)),
+        storage_(AllocateFloats(std::max<std::int64_t>(1, threads * per_thread_))),
+        copied_(static_cast<std::size_t>(threads), -1) {}
+
+  // Sets w.k_head and w.v_head for (b, head) on thread `thread`.
+  void use(ForwardBlock& w, int thread, std::int64_t b, std::int64_t head) {
+    float* k_copy = storage_.get() + thread * per_thread_;
+    float* v_copy = k_copy + (copy_k_ ? p_.S * p_.d_k : 0);
+    const bool fresh = copied_[static_cast<std::size_t>(thread)] != b * p_.h + head;
+    copied_[static_cast<std::size_t>(thread)] = b * p_.h + head;
+    w.k_head = copy_k_ ? (fresh ? adjacent_rows(&p_.k(b, head, 0, 0), p_.k.stride[2], p_.S, p_.d_k, k_copy) : k_copy)
+                       : &p_.k(b, head, 0, 0);
+    w.v_head = copy_v_ ? (fresh ? adjacent_rows(&p_.v(b, head, 0, 0), p_.v.stride[2], p_.S, p_.d_v, v_copy) : v_copy)
+                       : &p_.v(b, head, 0, 0);
+  }
+
+ private:
+  const AttentionParams<float>& p_;
+  bool copy_k_, copy_v_;
+  std::int64_t per_thread_;
+  hwy::AlignedFreeUniquePtr<float[]> storage_;
+  std::vector<std::int64_t> copied_;  // per thread: the b * h + head its copies hold, -1 for none
+};
+
 void FlashForward(const AttentionParams<float>& p) {
   const SerialIfSmall serial_if_small(2.0 * p.B * p.h * p.L * p.S * (p.d_k + p.d_v));
   const std::int64_t q_blocks = (p.L + kBlockQ - 1) / kBlockQ;
   const std::int64_t ld_acc = round_up(p.d_v, kRowAlign);
-  // Per-thread workspace, allocated once per call: logits tile, accumulator, K/V block copy, m, l, Q copy.
+  const int threads = omp_get_max_threads();
+  // Per-thread workspace, allocated once per call: logits tile, accumulator, V block copy, m, l, Q copy.
   // Sized to need: a block holds at most min(kBlockQ, L) query rows and min(kBlockK, S) keys.
   const std::int64_t max_rows = std::min(kBlockQ, p.L), max_cols = std::min(kBlockK, p.S);
   const std::int64_t s_size = max_rows * kBlockK, acc_size = max_rows * ld_acc;
-  const std::int64_t kv_size = max_cols * std::max(p.d_k, p.d_v);
-  const std::int64_t per_thread =
-      s_size + acc_size + round_up(kv_size, kRowAlign) + 2 * kBlockQ + round_up(max_rows * p.d_k, kRowAlign);
-  const auto workspace = AllocateFloats(omp_get_max_threads() * per_thread);
-  std::vector<std::int64_t> nonfinite_lists(static_cast<std::size_t>(omp_get_max_threads() * kBlockK));
+  const std::int64_t v_size = round_up(max_cols * p.d_v, kRowAlign);
+  const std::int64_t per_thread = s_size + acc_size + v_size + 2 * kBlockQ + round_up(max_rows * p.d_k, kRowAlign);
+  const auto workspace = AllocateFloats(threads * per_thread);
+  std::vector<std::int64_t> nonfinite_lists(static_cast<std::size_t>(threads * kBlockK));
   std::vector<std::uint8_t> key_flags(static_cast<std::size_t>(p.B * p.h * p.S));  // [B, h, S]
   FlagNonfiniteRows(p.v, p.B, p.h, p.S, p.d_v, kValueRow, key_flags.data());
+  HeadCopies head_copies(p, threads);
 
 #pragma omp parallel for schedule(dynamic, 1)
   for (std::int64_t item = 0; item < p.B * p.h * q_blocks; ++item) {
@@ -176,16 +213,18 @@ void FlashForward(const AttentionParams<float>& p) {
     // The last query blocks first: under causal they see the most keys, and the dynamic schedule
     // balances best when the longest items start first.
     const std::int64_t i0 = (q_blocks - 1 - item % q_blocks) * kBlockQ, rows = std::min(kBlockQ, p.L - i0);
+    const int thread = omp_get_thread_num();
     ForwardBlock w;
-    w.s = workspace.get() + omp_get_thread_num() * per_thread;
+    w.s = workspace.get() + thread * per_thread;
     w.acc = w.s + s_size;
-    w.kv_copy = w.acc + acc_size;
-    w.m = w.kv_copy + round_up(kv_size, kRowAlign);
+    w.v_copy = w.acc + acc_size;
+    w.m = w.v_copy + v_size;
     w.l = w.m + kBlockQ;
     w.q_copy = w.l + kBlockQ;
-    w.nonfinite = nonfinite_lists.data() + omp_get_thread_num() * kBlockK;
+    w.nonfinite = nonfinite_lists.data() + thread * kBlockK;
     w.ld_acc = ld_acc;
     w.key_flags = key_flags.data() + (b * p.h + head) * p.S;
+    head_copies.use(w, thread, b, head);
     ForwardQueryBlock(p, w, b, head, i0, rows);
   }
 }

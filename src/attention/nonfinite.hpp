@@ -65,14 +65,15 @@ SafeBlock safe_rows(const float* block, std::int64_t ld, std::int64_t count, std
   return {scratch, width, listed};
 }
 
-// The block of keys [j0, j0 + cols) of x (a K or V [B, h, S, width]) made safe: rows of padded keys
+// The block of keys [j0, j0 + cols) of a K or V head made safe: `head_rows` holds the head's keys
+// [S, width] with row stride ld (the caller's rows or an adjacent copy of them); rows of padded keys
 // (key_padding_mask) skipped, non-finite rows listed (column indices within the block). key_flags:
 // the flags of (b, head)'s keys [S].
-inline SafeBlock safe_block(const AttentionInputs<float>& p, const Strided4<const float>& x, std::int64_t b,
+inline SafeBlock safe_block(const AttentionInputs<float>& p, const float* head_rows, std::int64_t ld, std::int64_t b,
                             std::int64_t head, std::int64_t j0, std::int64_t cols, std::int64_t width,
                             const std::uint8_t* key_flags, std::uint8_t bit, float* scratch, std::int64_t* nonfinite) {
   auto padded = [&](std::int64_t c) { return p.key_padding && p.key_padding(b, head, 0, j0 + c); };
-  return safe_rows(&x(b, head, j0, 0), x.stride[2], cols, width, padded, key_flags + j0, bit, scratch, nonfinite);
+  return safe_rows(head_rows + j0 * ld, ld, cols, width, padded, key_flags + j0, bit, scratch, nonfinite);
 }
 
 // The rows [i0, i0 + rows) of a query-side array x (Q or dO [B, h, L, width]) made safe: nothing

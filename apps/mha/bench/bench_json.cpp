@@ -189,7 +189,7 @@ json to_json(const BenchResults& r) {
         {"shapes", "self-attention, batch_first, float32, h = E / 64 unless given; each implementation's grid in one "
                    "process per thread count; forward: eval mode; train: forward + backward in train mode; "
                    "speedups: torch time / mha time (best calls)"},
-        {"policy", r.grid_policy},
+        {"policy", r.grid_status == "ok" ? json(r.grid_policy) : json(nullptr)},
         {"rows", r.grid}}},
       {"targets", r.targets},
   };

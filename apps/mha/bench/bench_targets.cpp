@@ -100,7 +100,7 @@ TargetResult layer_roof_target(const BenchResults& r, const std::string& pass, d
   for (std::int64_t n : kLayerSizes) {
     const LayerResult* l = find_layer(r.layer, n, false, pass);
     if (!l || !l->mha.ok()) {
-      t.measured += fmt::format("{}N {}: {}", t.measured.empty() ? "" : "; ", n, not_measured("not in this run"));
+      t.measured += fmt::format("{}N {}: not in this run", t.measured.empty() ? "" : "; ", n);
       continue;
     }
     const double fraction = l->mha.gflops / l->roof.gflops;
@@ -108,6 +108,7 @@ TargetResult layer_roof_target(const BenchResults& r, const std::string& pass, d
                               100 * fraction, l->mha.gflops, l->roof.gflops);
     worst = worst ? std::min(*worst, fraction) : fraction;
   }
+  if (!worst) t.measured = not_measured("needs N 4096 or 16384 and 2 threads");
   if (worst) {
     t.met = *worst >= threshold;
     t.margin = points_margin(*worst, threshold) + " (the worst size)";
@@ -237,6 +238,13 @@ TargetResult causal_target(const BenchResults& r, const CausalTarget& target) {
 
 // ---- the grid of small and mid shapes -------------------------------------------------------------------
 
+// Why the grid has no figures: "--no-grid", "--quick" (results.grid_status "not run: --no-grid").
+std::string grid_not_run(const BenchResults& r) {
+  const std::string prefix = "not run: ";
+  if (r.grid_status.empty()) return "the grid did not run";
+  return r.grid_status.rfind(prefix, 0) == 0 ? r.grid_status.substr(prefix.size()) : r.grid_status;
+}
+
 std::string grid_cell(const GridRow& g) {
   return fmt::format("B {}, N {}, E {}, h {}, {}", g.batch, g.n, g.d_model, g.heads, threads_label(g.threads));
 }
@@ -252,7 +260,7 @@ TargetResult grid_speedup_target(const BenchResults& r, bool train, double thres
                              min_tokens > 0 ? fmt::format(" with B*N >= {}", min_tokens) : " (never slower)"),
                  "", std::nullopt, ""};
   if (r.grid_status != "ok") {
-    t.measured = not_measured(r.grid_status.empty() ? "grid not run" : r.grid_status);
+    t.measured = not_measured(grid_not_run(r));
     return t;
   }
   const GridRow* worst = nullptr;
@@ -284,7 +292,7 @@ TargetResult grid_thread_target(const BenchResults& r) {
                  std::nullopt, ""};
   const std::vector<GridThreadRatio> ratios = grid_thread_ratios(r.grid);
   if (ratios.empty()) {
-    t.measured = not_measured(r.grid_status != "ok" ? r.grid_status : "needs the grid at 1 and 2 threads");
+    t.measured = not_measured(r.grid_status != "ok" ? grid_not_run(r) : "needs the grid at 1 and 2 threads");
     return t;
   }
   const auto worst =

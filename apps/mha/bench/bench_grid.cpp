@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <cstdio>
 #include <map>
 #include <stdexcept>
@@ -160,7 +161,9 @@ void run_grid(BenchResults& results, const std::vector<int>& threads, const Benc
   print_grid_header(options.torch ? torch_label(options.torch_blas) : "nothing (--no-torch)", kGridPolicy);
   for (int t : threads) {
     std::string our_error, torch_error;
+    const auto start = std::chrono::steady_clock::now();
     const std::map<ShapeKey, Timing> ours = timings_of(run_ours_grid(shapes, t, our_error), our_error);
+    const auto ours_done = std::chrono::steady_clock::now();
     // PyTorch's [B*h, N, N] weights: shapes estimated past --torch-memory-limit are left out.
     std::vector<GridShape> torch_shapes;
     for (const GridShape& s : shapes)
@@ -187,6 +190,10 @@ void run_grid(BenchResults& results, const std::vector<int>& threads, const Benc
       results.grid.push_back(row);
       print_grid_row(row);
     }
+    const std::chrono::duration<double> our_s = ours_done - start,
+                                        torch_s = std::chrono::steady_clock::now() - ours_done;
+    fmt::print("        ({} thread{}: the grid took {:.0f} s in mha's process{})\n", t, t == 1 ? "" : "s",
+               our_s.count(), options.torch ? fmt::format(", {:.0f} s in PyTorch's", torch_s.count()) : "");
     if (!our_error.empty()) fmt::print("        mha ({} threads): {}\n", t, our_error);
     if (!torch_error.empty()) fmt::print("        torch ({} threads): {}\n", t, torch_error);
   }

@@ -189,7 +189,8 @@ void print_grid_header(const std::string& torch_label, const RepeatPolicy& p) {
       "   self-attention, batch_first, float32, h = E / 64 (d = 64); each implementation runs the whole grid in\n"
       "   one process per thread count. fwd: eval mode, need_weights false (torch: under no_grad). train: train\n"
       "   mode, forward + backward (gradients of the input and every parameter). Times: the best of at least {}\n"
-      "   calls and {} s after {} warm-up calls. ratio: torch time / mha time (above 1: ours is faster).\n",
+      "   calls and {} s after {} warm-up calls. ratio: torch time / mha time (above 1: ours is faster).\n"
+      "   A thread count's rows appear once both its processes are done (minutes for the whole grid).\n",
       torch_label, p.min_reps, p.min_time_s, p.warmup);
   fmt::print("{:>4} {:>5} {:>5} {:>3} {:>7} | {:>10} {:>10} {:>6} | {:>10} {:>11} {:>6}\n", "B", "N", "E", "h",
              "threads", "mha fwd", "torch fwd", "ratio", "mha train", "torch train", "ratio");

@@ -331,6 +331,25 @@ void check_torch_setup(const BenchOptions& options) {
     throw std::runtime_error("--torch-blas " + options.torch_blas + ": " + *why + " (or choose another --torch-blas)");
 }
 
+// A 1-minute load average (this run's own threads included) above the CPUs, at the start or the end,
+// means other work competed for the cores and the run's threads were descheduled: a parallel region
+// then waits for its slowest thread, which on 2 cores turned 0.3 ms calls into 50 ms (11:29 UTC,
+// 2026-12-01, load 2.4-4). Said plainly, since the tables cannot show it.
+void warn_if_busy(const BenchResults& results, int threads) {
+  double worst = 0;
+  for (const std::string& load : {results.load_start, results.load_end}) {
+    try {
+      worst = std::max(worst, std::stod(load));  // the 1-minute average, first of the three
+    } catch (const std::exception&) {
+    }
+  }
+  if (results.machine.logical_cpus > 0 && worst > results.machine.logical_cpus + 0.5)
+    fmt::print("warning: the 1-minute load average reached {:.1f} on {} logical CPUs: other work competed for the "
+               "cores, so figures at {} threads (above all the grid's small shapes) are unreliable; repeat on a quiet "
+               "machine\n",
+               worst, results.machine.logical_cpus, threads);
+}
+
 }  // namespace
 
 int run_bench(const BenchOptions& options, const std::string& command) {
@@ -364,6 +383,7 @@ int run_bench(const BenchOptions& options, const std::string& command) {
 
   results.load_end = load_average();
   fmt::print("\nload average (1, 5, 15 min): {} at the start, {} at the end\n", results.load_start, results.load_end);
+  warn_if_busy(results, plan.big_threads);
   results.targets = evaluate_targets(results);
   print_targets(results.targets);
 

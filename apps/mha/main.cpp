@@ -11,6 +11,7 @@
 #include <CLI/CLI.hpp>
 
 #include "bench/bench.hpp"
+#include "bench/bench_grid.hpp"
 #include "bench/bench_one.hpp"
 #include "commands/demo.hpp"
 #include "commands/heads.hpp"
@@ -109,18 +110,45 @@ void add_bench_command(CLI::App& app, mha_cli::BenchOptions& options) {
   bench->add_option("--out", options.out_dir, "Directory for bench.json and bench.png")->capture_default_str();
   threads_option(bench->add_option("--threads", options.threads, "Thread counts, comma-separated")->delimiter(','), 1)
       ->default_str("1,2");
-  integer_in(bench->add_option("--sizes", options.sizes, "Sequence lengths N = L = S, comma-separated")->delimiter(','),
-             1, kMaxBenchN)
-      ->default_str("512,2048,4096,16384");
-  integer_in(bench->add_option("--big", options.big, "N of the long forward-only run of ours alone (0: none)"), 0,
-             kMaxBenchN)
-      ->capture_default_str();
+  CLI::Option* sizes = integer_in(
+      bench->add_option("--sizes", options.sizes, "Sequence lengths N = L = S, comma-separated")->delimiter(','), 1,
+      kMaxBenchN);
+  sizes->default_str("512,2048,4096,16384");
+  CLI::Option* big = integer_in(
+      bench->add_option("--big", options.big,
+                        "N of the long runs of ours alone: forward, and the layer's training step (0: none)"),
+      0, kMaxBenchN);
+  big->capture_default_str();
   bench->add_flag("!--no-torch", options.torch, "Do not run PyTorch");
-  bench->add_flag("--quick", options.quick, "A smoke run: sizes 512,2048 only, no big size");
+  CLI::Option* quick =
+      bench->add_flag("--quick", options.quick, "A smoke run: sizes 512,2048 only, no big size, no grid");
+  CLI::Option* no_grid = bench->add_flag("!--no-grid", options.grid,
+                                         "Skip the grid of small and mid shapes (B 1,8,64 x N 16,64,256,512 x "
+                                         "E 64,256,512, h = E/64: ours against PyTorch), which runs last");
+  CLI::Option* grid_only = bench->add_flag("--grid-only", options.grid_only,
+                                           "Run only the grid of small and mid shapes (a few minutes), nothing else");
+  bench
+      ->add_option("--grid-shapes", options.grid_shapes,
+                   "The grid's shapes instead of the default: B:N:E or B:N:E:h (h = E/64 unless given), "
+                   "comma-separated, e.g. 1:64:256,8:512:512")
+      ->check(CLI::Validator(
+          [](std::string& spec) {
+            try {
+              mha_cli::bench::parse_grid_shapes(spec);
+              return std::string();
+            } catch (const std::invalid_argument& e) {
+              return std::string(e.what());
+            }
+          },
+          "B:N:E[:h],..."))
+      ->excludes(no_grid)
+      ->excludes(quick);
+  grid_only->excludes(no_grid)->excludes(quick)->excludes(sizes)->excludes(big);
   bench
       ->add_option("--torch-blas", options.torch_blas,
-                   "BLAS under PyTorch's products: onednn (its sgemm_ preloaded onto oneDNN) or installed")
-      ->check(CLI::IsMember({"onednn", "installed"}))
+                   "BLAS under PyTorch's products: onednn (its sgemm_ preloaded onto oneDNN), openblas (Debian's "
+                   "libopenblas0-pthread) or installed (libblas.so.3); the others are measured once at N 4096")
+      ->check(CLI::IsMember({"onednn", "openblas", "installed"}))
       ->capture_default_str();
   bench->add_option("--python", options.python, "The Python with torch")->capture_default_str();
   bench->add_option("--torch-script", options.torch_script, "PyTorch's side (default: apps/mha/bench/torch_mha.py)");
@@ -177,6 +205,19 @@ void add_bench_one_command(CLI::App& app, mha_cli::BenchOneOptions& options) {
   number_in(one->add_option("--max-time", options.policy.max_time_s), 0.0, kMaxSeconds);
 }
 
+// `mha bench-grid`: the grid of small and mid shapes, ours, in one process; hidden from --help.
+void add_bench_grid_command(CLI::App& app, mha_cli::BenchGridOptions& options) {
+  CLI::App* grid = app.add_subcommand("bench-grid", "The grid's shapes timed in this process; prints JSON lines");
+  grid->group("");
+  grid->add_option("--shapes", options.shapes)->required();
+  threads_option(grid->add_option("--threads", options.threads), 1);
+  integer_in(grid->add_option("--warmup", options.policy.warmup), 0, kMaxReps);
+  integer_in(grid->add_option("--min-reps", options.policy.min_reps), 1, kMaxReps);
+  integer_in(grid->add_option("--max-reps", options.policy.max_reps), 1, kMaxReps);
+  number_in(grid->add_option("--min-time", options.policy.min_time_s), 0.0, kMaxSeconds);
+  number_in(grid->add_option("--max-time", options.policy.max_time_s), 0.0, kMaxSeconds);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -195,6 +236,8 @@ int main(int argc, char** argv) {
   add_run_command(app, run_options);
   mha_cli::BenchOneOptions bench_one_options;
   add_bench_one_command(app, bench_one_options);
+  mha_cli::BenchGridOptions bench_grid_options;
+  add_bench_grid_command(app, bench_grid_options);
 
   try {
     app.parse(argc, argv);
@@ -214,6 +257,7 @@ int main(int argc, char** argv) {
       return mha_cli::run_bench(bench_options, command);
     }
     if (app.got_subcommand("bench-one")) return mha_cli::run_bench_one(bench_one_options);
+    if (app.got_subcommand("bench-grid")) return mha_cli::run_bench_grid(bench_grid_options);
   } catch (const std::exception& e) {  // mha::Error; files that cannot be written, unexpected results
     // Messages may quote file names and other text from outside: no control bytes reach the terminal.
     fmt::print(stderr, "mha: error: {}\n", mha_cli::terminal_safe(e.what()));

@@ -103,6 +103,51 @@ def test_integer_options_refuse_values_outside_their_range_naming_option_and_val
     refused(mha(*args, *extra, option, value), option, value.split(",")[-1], expected)
 
 
+# ---- the bench's grid options: shapes read strictly, options that cannot apply refused ------------------
+
+@pytest.mark.parametrize("spec, message", [
+    ("1:16", 'entry "1:16": expected B:N:E or B:N:E:h'),
+    ("1:16:64:2:1", "expected B:N:E or B:N:E:h"),
+    ("1:16:64,,2:16:64", 'entry "": expected B:N:E or B:N:E:h'),
+    ("0:16:64", "B must be a decimal integer in [1, 65536]"),
+    ("1:0x10:64", "N must be a decimal integer in [1, 4194304]"),
+    ("1:16:-64", "E must be a decimal integer in [1, 65536]"),
+    ("1:16:100", "E must be a multiple of 64 (h = E / 64), or give h: B:N:E:h"),
+    ("1:16:64:3", "E must be a multiple of h"),
+    ("1:16:64:0", "h must be a decimal integer in [1, 65536]"),
+    ("1:16:\x1b[31m", "\\x1b[31m"),  # text from outside reaches the terminal escaped
+])
+def test_bench_refuses_bad_grid_shapes(tmp_path, spec, message):
+    result = mha("bench", "--out", tmp_path / "bench", "--grid-only", "--grid-shapes", spec)
+    refused(result, "--grid-shapes", message)
+    assert "\x1b" not in result.stderr
+    assert not (tmp_path / "bench").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--grid-only", "--no-grid"], "--no-grid excludes --grid-only"),
+    (["--quick", "--grid-only"], "--quick excludes --grid-only"),
+    (["--grid-only", "--sizes", "512"], "--sizes excludes --grid-only"),
+    (["--grid-only", "--big", "0"], "--big excludes --grid-only"),
+    (["--no-grid", "--grid-shapes", "1:16:64"], "--no-grid excludes --grid-shapes"),
+    (["--quick", "--grid-shapes", "1:16:64"], "--quick excludes --grid-shapes"),
+    (["--torch-blas", "blis"], "blis not in {onednn,openblas,installed}"),
+])
+def test_bench_refuses_grid_options_that_cannot_apply(tmp_path, args, message):
+    refused(mha("bench", "--out", tmp_path / "bench", *args), message)
+    assert not (tmp_path / "bench").exists()
+
+
+@pytest.mark.skipif(pathlib.Path("/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3").exists(),
+                    reason="OpenBLAS is installed: the run would start")
+def test_bench_on_missing_openblas_says_how_to_install_it(tmp_path):
+    result = mha("bench", "--out", tmp_path / "bench", "--grid-only", "--grid-shapes", "1:16:64",
+                 "--torch-blas", "openblas")
+    assert result.returncode == 1, result.stderr
+    assert "apt-get install libopenblas0-pthread" in result.stderr, result.stderr
+    assert not (tmp_path / "bench" / "bench.json").exists()
+
+
 def test_integers_are_read_as_decimal():
     # CLI11 reads integers with base 0: "010" was 8 (octal). bench-one reports the n it ran.
     result = mha("bench-one", "--impl", "core", "--n", "010", "--warmup", "0", "--min-reps", "1", "--max-reps", "1",
@@ -122,7 +167,8 @@ def test_thread_options_take_the_library_bound(tmp_path):
     ("run", ["--heads INT in [1, 65536]", "--threads INT in [0, "]),
     ("demo", ["--dropout FLOAT in [0, 0.99]", "--lr-factor FLOAT in [1e-06, 1000]", "--steps INT in [1, 10000000]",
               "--seed INT in [0, 18446744073709551615]", "--maps INT in [0, 6]"]),
-    ("bench", ["--threads INT in [1, ", "--sizes INT in [1, 4194304]", "--torch-timeout FLOAT in [1, 604800]"]),
+    ("bench", ["--threads INT in [1, ", "--sizes INT in [1, 4194304]", "--torch-timeout FLOAT in [1, 604800]",
+               "--grid-only", "--no-grid", "--grid-shapes TEXT:B:N:E[:h],...", "{onednn,openblas,installed}"]),
 ])
 def test_help_states_the_ranges(command, ranges):
     result = mha(command, "--help")

@@ -12,11 +12,13 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
+#include "bench/bench_grid.hpp"
 #include "bench/bench_machine.hpp"
 #include "bench/bench_measure.hpp"
 #include "bench/bench_plot.hpp"
 #include "bench/bench_process.hpp"
 #include "bench/bench_results.hpp"
+#include "bench/bench_runs.hpp"
 #include "bench/bench_tables.hpp"
 #include "bench/bench_targets.hpp"
 #include "bench/bench_workloads.hpp"
@@ -27,16 +29,12 @@ namespace {
 
 using namespace bench;
 
-constexpr std::int64_t kHeads = 8;                     // h
-constexpr std::int64_t kDModel = 512;                  // E
-constexpr std::int64_t kHeadWidth = kDModel / kHeads;  // d = 64
 constexpr std::int64_t kQuickSizes[] = {512, 2048};
-constexpr std::int64_t kScalingN = 4096;                    // the B*h = 1 thread-scaling shape
-constexpr std::int64_t kCausalN = 4096;                     // the causal / non-causal comparison
-constexpr std::int64_t kLayoutMinN = 4096;                  // the head-layout comparison, from this N up
-constexpr std::int64_t kBlasCheckN = 4096;                  // the one shape PyTorch also runs on the other BLAS
-constexpr double kOwnTimeoutS = 3600;                       // our own processes: the --big ones take minutes
-constexpr const char* kBlasShim = "libmha_onednn_blas.so";  // built beside this program
+constexpr std::int64_t kScalingN = 4096;              // the B*h = 1 thread-scaling shape
+constexpr std::int64_t kCausalSizes[] = {512, 4096};  // the causal / non-causal comparison
+constexpr std::int64_t kLayoutMinN = 4096;            // the head-layout comparison, from this N up
+constexpr std::int64_t kBlasCheckN = 4096;            // the one shape PyTorch also runs on the other BLAS libraries
+constexpr const char* kBlasNames[] = {"onednn", "openblas", "installed"};  // the peers' order
 
 // Timed calls in this process and in the per-shape processes (ours and PyTorch's).
 const RepeatPolicy kPolicy{};
@@ -49,14 +47,18 @@ struct Plan {
   std::vector<std::int64_t> sizes;
   std::int64_t big = 0;
   int big_threads = 0;  // the largest thread count
+  bool grid = true;     // the grid of small and mid shapes
+  bool grid_only = false;
 };
 
 Plan make_plan(const BenchOptions& o) {
-  Plan plan{o.threads, o.sizes, o.big, 0};
+  Plan plan{o.threads, o.sizes, o.big, 0, !o.quick && o.grid, o.grid_only};
   if (o.quick) {
     plan.sizes.assign(std::begin(kQuickSizes), std::end(kQuickSizes));
     plan.big = 0;
   }
+  if (o.grid_only) plan.grid = true;
+  if (plan.grid && !o.grid_shapes.empty()) parse_grid_shapes(o.grid_shapes);  // refuses bad shapes before the run
   if (plan.threads.empty() || plan.sizes.empty())
     throw std::invalid_argument("--threads and --sizes must not be empty");
   for (int t : plan.threads)
@@ -181,10 +183,11 @@ void run_layout(BenchResults& results, const Plan& plan) {
   }
 }
 
-// Non-causal time over causal time at kCausalN, from the core rows.
+// Non-causal time over causal time at kCausalSizes, from the core rows.
 void derive_causal(BenchResults& results) {
   for (const CoreResult& full : results.core) {
-    if (full.n != kCausalN || full.causal) continue;
+    if (full.causal || std::find(std::begin(kCausalSizes), std::end(kCausalSizes), full.n) == std::end(kCausalSizes))
+      continue;
     for (const CoreResult& causal : results.core) {
       if (causal.n != full.n || causal.threads != full.threads || !causal.causal) continue;
       results.causal.push_back({full.threads, full.n, full.forward.timing.min_s / causal.forward.timing.min_s,
@@ -194,98 +197,7 @@ void derive_causal(BenchResults& results) {
   print_causal(results.causal);
 }
 
-// ---- one shape per process: ours and PyTorch's ----------------------------------------------------
-
-std::vector<std::string> policy_args(const RepeatPolicy& p) {
-  return {"--warmup",   std::to_string(p.warmup),       "--min-reps", std::to_string(p.min_reps),
-          "--max-reps", std::to_string(p.max_reps),     "--min-time", fmt::format("{}", p.min_time_s),
-          "--max-time", fmt::format("{}", p.max_time_s)};
-}
-
-// Reads the JSON line a per-shape process prints last; `flops` per call gives its rate.
-ProcessRun parse_run(const ProcessResult& process, double timeout_s, double flops, nlohmann::json* raw) {
-  ProcessRun run;
-  if (process.timed_out) {
-    run.status = fmt::format("timed out after {:.0f} s", timeout_s);
-    return run;
-  }
-  const std::string out = process.out.substr(0, process.out.find_last_not_of("\n ") + 1);
-  const std::string last_line = out.substr(out.find_last_of('\n') + 1);
-  if (process.exit_code != 0 || last_line.empty()) {
-    const std::string err = process.err.substr(0, process.err.find_last_not_of("\n ") + 1);
-    run.status = fmt::format("failed (exit {}): {}", process.exit_code, err.substr(err.find_last_of('\n') + 1));
-    return run;
-  }
-  try {
-    const nlohmann::json j = nlohmann::json::parse(last_line);
-    run.timing = {j.at("min_s").get<double>(), j.at("median_s").get<double>(), j.at("reps").get<int>()};
-    run.baseline_rss_bytes = j.at("baseline_rss_bytes").get<std::int64_t>();
-    run.peak_rss_first_bytes = j.at("peak_rss_first_bytes").get<std::int64_t>();
-    run.peak_rss_bytes = j.at("peak_rss_bytes").get<std::int64_t>();
-    run.gflops = flops / run.timing.min_s * 1e-9;
-    if (raw) *raw = j;
-  } catch (const nlohmann::json::exception& e) {
-    run.status = fmt::format("failed: unreadable output ({}): {}", e.what(), last_line);
-  }
-  return run;
-}
-
-// `mha bench-one` in a new process of this program.
-ProcessRun run_ours(const std::string& impl, std::int64_t n, bool causal, int threads, Pass pass,
-                    const RepeatPolicy& policy, double flops) {
-  std::vector<std::string> argv = {
-      kSelfExecutable,   "bench-one",    "--impl",           impl,        "--n",
-      std::to_string(n), "--causal",     causal ? "1" : "0", "--threads", std::to_string(threads),
-      "--pass",          pass_name(pass)};
-  for (std::string& a : policy_args(policy)) argv.push_back(std::move(a));
-  return parse_run(run_process(argv, {}, kOwnTimeoutS), kOwnTimeoutS, flops, nullptr);
-}
-
-// PyTorch materialises the [B*h, N, N] logits and weights. Peak RSS measured at N = 1024..4096
-// (2 threads) was the interpreter and torch (~0.25 GiB) plus about this many float32 [h, N, N]
-// tensors: 1.1-1.6 forward (no mask: the fused eval path), 2.3-2.5 forward with the causal mask,
-// 3.3-4.6 forward + backward. The estimate takes the upper ends.
-double torch_memory_estimate_bytes(std::int64_t n, bool causal, Pass pass) {
-  const double tensors = pass == Pass::ForwardBackward ? 4.0 : causal ? 2.5 : 1.6;
-  const double one = 4.0 * static_cast<double>(kHeads) * static_cast<double>(n) * static_cast<double>(n);
-  return 0.3 * (1 << 30) + tensors * one;
-}
-
-std::string torch_script(const BenchOptions& options) {
-  if (!options.torch_script.empty()) return options.torch_script;
-  return std::string(MHA_SOURCE_DIR) + "/apps/mha/bench/torch_mha.py";
-}
-
-struct TorchRunner {
-  const BenchOptions& options;
-  BenchResults& results;
-
-  // torch_mha.py in a new Python process, on `blas` ("onednn" or "installed").
-  ProcessRun run(std::int64_t n, bool causal, int threads, Pass pass, const std::string& blas,
-                 const RepeatPolicy& policy, double flops) const {
-    const double need = torch_memory_estimate_bytes(n, causal, pass);
-    if (need > options.torch_memory_limit_gib * (1 << 30)) {
-      ProcessRun skipped;
-      skipped.status = fmt::format("skipped: would need ~{:.1f} GiB (limit {:.0f} GiB; --torch-memory-limit)",
-                                   need / (1 << 30), options.torch_memory_limit_gib);
-      return skipped;
-    }
-    std::vector<std::string> argv = {options.python, torch_script(options), "--n",       std::to_string(n),
-                                     "--causal",     causal ? "1" : "0",    "--threads", std::to_string(threads),
-                                     "--pass",       pass_name(pass),       "--d-model", std::to_string(kDModel),
-                                     "--heads",      std::to_string(kHeads)};
-    for (std::string& a : policy_args(policy)) argv.push_back(std::move(a));
-    std::vector<std::string> env;
-    if (blas == "onednn") env.push_back("LD_PRELOAD=" + (self_directory() / kBlasShim).string());
-    nlohmann::json raw;
-    ProcessRun run = parse_run(run_process(argv, env, options.torch_timeout_s), options.torch_timeout_s, flops, &raw);
-    if (run.ok()) {
-      results.torch_version = raw.value("version", "");
-      results.python_version = raw.value("python", "");
-    }
-    return run;
-  }
-};
+// ---- one shape per process: ours and PyTorch's (bench_runs.hpp) ---------------------------------
 
 void finish_layer_row(LayerResult& row) {
   if (row.mha.ok() && row.torch.ok()) {
@@ -293,11 +205,6 @@ void finish_layer_row(LayerResult& row) {
     row.memory_ratio =
         static_cast<double>(row.mha.peak_rss_first_bytes) / static_cast<double>(row.torch.peak_rss_first_bytes);
   }
-}
-
-std::string torch_label(const std::string& blas) {
-  return blas == "onednn" ? "PyTorch 1.13 with its sgemm_ calls sent to oneDNN (LD_PRELOAD libmha_onednn_blas.so)"
-                          : "PyTorch 1.13 on Debian's default BLAS (libblas.so.3)";
 }
 
 void run_layer(BenchResults& results, const Plan& plan, const BenchOptions& options) {
@@ -328,53 +235,77 @@ void run_layer(BenchResults& results, const Plan& plan, const BenchOptions& opti
   }
 }
 
-// PyTorch on the BLAS not used above, at one shape, one call each: how much the BLAS matters.
-void run_torch_blas_check(BenchResults& results, const Plan& plan, const BenchOptions& options) {
-  if (!options.torch) return;
+// PyTorch on each BLAS not used in the layer table, at one shape: how much the BLAS matters. Netlib's
+// reference BLAS ("installed", unless Debian's alternatives point elsewhere) takes minutes at this
+// shape: one call each. OpenBLAS, when its package is missing, gets a line saying how to install it.
+void run_torch_blas_peer(BenchResults& results, const Plan& plan, const BenchOptions& options,
+                         const std::string& blas) {
   const std::int64_t n = std::min(kBlasCheckN, *std::max_element(plan.sizes.begin(), plan.sizes.end()));
-  const std::string other = options.torch_blas == "onednn" ? "installed" : "onednn";
-  results.torch_other_blas = other;
-  const TorchRunner torch{options, results};
-  print_layer_header(torch_label(other) + " (one call each)");
-  GroupRoof group(results, plan.big_threads);
-  std::vector<LayerResult> rows;
-  for (Pass pass : {Pass::Forward, Pass::ForwardBackward}) {
-    const double flops = layer_flops(1, n, kDModel, kHeads, false, pass);
-    LayerResult row{plan.big_threads, n, false, pass_name(pass), flops * 1e-9, {}, {}, {}, {}, {}};
-    for (const LayerResult& l : results.layer)  // ours, as measured above at this shape
-      if (l.threads == row.threads && l.n == n && !l.causal && l.pass == row.pass) row.mha = l.mha;
-    row.torch = torch.run(n, false, plan.big_threads, pass, other, kSingleCall, flops);
-    finish_layer_row(row);
-    rows.push_back(row);
+  BlasPeer peer{
+      blas, fmt::format("{}, N {}{}", torch_label(blas), n, blas == "installed" ? " (one call each)" : ""), "ok", {}};
+  if (const auto why = blas_unavailable(blas)) peer.status = *why;
+  print_blas_peer(peer);
+  if (peer.status == "ok") {
+    const TorchRunner torch{options, results};
+    const RepeatPolicy& policy = blas == "installed" ? kSingleCall : kPolicy;
+    GroupRoof group(results, plan.big_threads);
+    for (Pass pass : {Pass::Forward, Pass::ForwardBackward}) {
+      const double flops = layer_flops(1, n, kDModel, kHeads, false, pass);
+      LayerResult row{plan.big_threads, n, false, pass_name(pass), flops * 1e-9, {}, {}, {}, {}, {}};
+      for (const LayerResult& l : results.layer)  // ours, as measured above at this shape
+        if (l.threads == row.threads && l.n == n && !l.causal && l.pass == row.pass) row.mha = l.mha;
+      row.torch = torch.run(n, false, plan.big_threads, pass, blas, policy, flops);
+      finish_layer_row(row);
+      peer.layer.push_back(row);
+    }
+    const Roof roof = group.finish();
+    for (LayerResult& row : peer.layer) {
+      row.roof = roof;
+      print_layer_row(row);
+    }
+    if (!peer.layer.empty() && !peer.layer.front().torch.blas_library.empty())
+      fmt::print("        PyTorch's process loaded {}\n", peer.layer.front().torch.blas_library);
   }
-  const Roof roof = group.finish();
-  for (LayerResult& row : rows) {
-    row.roof = roof;
-    results.torch_other_blas_layer.push_back(row);
-    print_layer_row(row);
-  }
+  results.torch_blas_peers.push_back(peer);
 }
 
+void run_torch_blas_check(BenchResults& results, const Plan& plan, const BenchOptions& options) {
+  if (!options.torch) return;
+  for (const char* blas : kBlasNames)
+    if (blas != options.torch_blas) run_torch_blas_peer(results, plan, options, blas);
+}
+
+// The --big size, ours alone: the core's and the layer's forward (non-causal and causal), then the
+// layer's training step (non-causal: causal changes the work, not what is kept for the backward).
 void run_big(BenchResults& results, const Plan& plan) {
   if (plan.big <= 0) return;
   print_big_header();
-  for (const char* impl : {"core", "mha"}) {
-    for (bool causal : {false, true}) {
-      BigResult row{impl, plan.big, causal, plan.big_threads, {}, {}, 0, 0, 0};
-      const double attention = attention_forward_flops(1, kHeads, plan.big, kHeadWidth, causal);
-      const double flops =
-          row.impl == "core" ? attention : layer_flops(1, plan.big, kDModel, kHeads, causal, Pass::Forward);
-      GroupRoof group(results, plan.big_threads);
-      row.run = run_ours(impl, plan.big, causal, plan.big_threads, Pass::Forward, kSingleCall, flops);
-      row.roof = group.finish();
-      row.attention_gflop = attention * 1e-9;
-      if (row.run.ok()) {
-        row.attention_gflops = attention / row.run.timing.min_s * 1e-9;
-        row.roof_fraction = row.attention_gflops / row.roof.gflops;
-      }
-      results.big.push_back(row);
-      print_big_row(row);
+  struct Run {
+    const char* impl;
+    Pass pass;
+    bool causal;
+  };
+  const Run runs[] = {{"core", Pass::Forward, false},
+                      {"core", Pass::Forward, true},
+                      {"mha", Pass::Forward, false},
+                      {"mha", Pass::Forward, true},
+                      {"mha", Pass::ForwardBackward, false}};
+  for (const Run& r : runs) {
+    BigResult row{r.impl, pass_name(r.pass), plan.big, r.causal, plan.big_threads, {}, {}, 0, 0, 0};
+    const double attention_forward = attention_forward_flops(1, kHeads, plan.big, kHeadWidth, r.causal);
+    const double attention =
+        r.pass == Pass::Forward ? attention_forward : (1 + kBackwardFlopsRatio) * attention_forward;
+    const double flops = row.impl == "core" ? attention : layer_flops(1, plan.big, kDModel, kHeads, r.causal, r.pass);
+    GroupRoof group(results, plan.big_threads);
+    row.run = run_ours(r.impl, plan.big, r.causal, plan.big_threads, r.pass, kSingleCall, flops);
+    row.roof = group.finish();
+    row.attention_gflop = attention * 1e-9;
+    if (row.run.ok()) {
+      row.attention_gflops = attention / row.run.timing.min_s * 1e-9;
+      row.roof_fraction = row.attention_gflops / row.roof.gflops;
     }
+    results.big.push_back(row);
+    print_big_row(row);
   }
 }
 
@@ -396,16 +327,34 @@ void check_torch_setup(const BenchOptions& options) {
   for (const std::filesystem::path& file :
        {std::filesystem::path(options.python), std::filesystem::path(torch_script(options))})
     if (!std::filesystem::exists(file)) throw std::runtime_error(file.string() + " not found (or run with --no-torch)");
-  if (options.torch_blas == "onednn" && !std::filesystem::exists(self_directory() / kBlasShim))
-    throw std::runtime_error((self_directory() / kBlasShim).string() +
-                             " not found: build the target mha_onednn_blas, or run with --torch-blas installed");
+  if (const auto why = blas_unavailable(options.torch_blas))
+    throw std::runtime_error("--torch-blas " + options.torch_blas + ": " + *why + " (or choose another --torch-blas)");
+}
+
+// A 1-minute load average (this run's own threads included) above the CPUs, at the start or the end,
+// means other work competed for the cores and the run's threads were descheduled: a parallel region
+// then waits for its slowest thread, which on 2 cores turned 0.3 ms calls into 50 ms (11:29 UTC,
+// 2026-12-01, load 2.4-4). Said plainly, since the tables cannot show it.
+void warn_if_busy(const BenchResults& results, int threads) {
+  double worst = 0;
+  for (const std::string& load : {results.load_start, results.load_end}) {
+    try {
+      worst = std::max(worst, std::stod(load));  // the 1-minute average, first of the three
+    } catch (const std::exception&) {
+    }
+  }
+  if (results.machine.logical_cpus > 0 && worst > results.machine.logical_cpus + 0.5)
+    fmt::print("warning: the 1-minute load average reached {:.1f} on {} logical CPUs: other work competed for the "
+               "cores, so figures at {} threads (above all the grid's small shapes) are unreliable; repeat on a quiet "
+               "machine\n",
+               worst, results.machine.logical_cpus, threads);
 }
 
 }  // namespace
 
 int run_bench(const BenchOptions& options, const std::string& command) {
-  if (options.torch_blas != "onednn" && options.torch_blas != "installed")
-    throw std::invalid_argument("--torch-blas: expected onednn or installed, got " + options.torch_blas);
+  if (std::find(std::begin(kBlasNames), std::end(kBlasNames), options.torch_blas) == std::end(kBlasNames))
+    throw std::invalid_argument("--torch-blas: expected onednn, openblas or installed, got " + options.torch_blas);
   const Plan plan = make_plan(options);
   check_torch_setup(options);
   const std::filesystem::path out_dir = options.out_dir;
@@ -418,18 +367,23 @@ int run_bench(const BenchOptions& options, const std::string& command) {
   results.load_start = load_average();
   results.torch_blas = options.torch ? options.torch_blas : "";
   print_machine(results);
-  print_roof_note();
+  if (!plan.grid_only) print_roof_note();
 
-  run_core(results, plan);
-  run_scaling(results, plan);
-  derive_causal(results);
-  run_layout(results, plan);
-  run_layer(results, plan, options);
-  run_torch_blas_check(results, plan, options);
-  run_big(results, plan);
+  if (!plan.grid_only) {
+    run_core(results, plan);
+    run_scaling(results, plan);
+    derive_causal(results);
+    run_layout(results, plan);
+    run_layer(results, plan, options);
+    run_torch_blas_check(results, plan, options);
+    run_big(results, plan);
+  }
+  if (plan.grid) run_grid(results, plan.threads, options);
+  else results.grid_status = options.quick ? "not run: --quick" : "not run: --no-grid";
 
   results.load_end = load_average();
   fmt::print("\nload average (1, 5, 15 min): {} at the start, {} at the end\n", results.load_start, results.load_end);
+  warn_if_busy(results, plan.big_threads);
   results.targets = evaluate_targets(results);
   print_targets(results.targets);
 
@@ -438,6 +392,10 @@ int run_bench(const BenchOptions& options, const std::string& command) {
     std::ofstream out(json_path);
     out << to_json(results).dump(2) << '\n';
     if (!out) throw std::runtime_error("cannot write " + json_path.string());
+  }
+  if (plan.grid_only) {  // the plot shows the layer table, which a grid-only run has not measured
+    fmt::print("\nwrote {}\n", json_path.string());
+    return 0;
   }
   write_bench_plot(png_path, results, plan.big_threads);
   fmt::print("\nwrote {} and {}\n", json_path.string(), png_path.string());

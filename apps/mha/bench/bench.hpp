@@ -14,12 +14,16 @@ struct BenchOptions {
   std::vector<std::int64_t> sizes = {512, 2048, 4096, 16384};  // N = L = S
   std::int64_t big = 65536;                                    // N of the forward-only run of ours alone; 0: none
   bool torch = true;                                           // false: no PyTorch runs
-  bool quick = false;                                          // sizes 512, 2048 only and no big size: a smoke run
-  std::string python = "/usr/bin/python3";                     // Debian's, with python3-torch
-  std::string torch_script;  // default: apps/mha/bench/torch_mha.py of the source tree
+  bool quick = false;       // sizes 512, 2048 only, no big size, no grid: a smoke run
+  bool grid = true;         // the grid of small and mid shapes (bench_grid.hpp), after the rest
+  bool grid_only = false;   // the grid alone
+  std::string grid_shapes;  // "B:N:E[:h],..." (bench_grid.hpp's parse_grid_shapes); empty: the default grid
+  std::string python = "/usr/bin/python3";  // Debian's, with python3-torch
+  std::string torch_script;                 // default: apps/mha/bench/torch_mha.py of the source tree
   // "onednn": PyTorch's sgemm_ calls go to oneDNN (LD_PRELOAD of libmha_onednn_blas.so, built beside
   // this program); "installed": the BLAS Debian's libblas.so.3 points to (netlib's reference BLAS
-  // unless OpenBLAS or BLIS is installed). The other one is also measured once, at N = 4096.
+  // unless OpenBLAS or BLIS is installed); "openblas": Debian's libopenblas0-pthread, through
+  // LD_LIBRARY_PATH on its directory. The others are also measured at N = 4096 (when present).
   std::string torch_blas = "onednn";
   double torch_memory_limit_gib = 16;  // PyTorch runs estimated to need more are skipped
   double torch_timeout_s = 900;        // per PyTorch process

@@ -57,6 +57,7 @@ void to_json(json& j, const ProcessRun& p) {
             {"baseline_rss_bytes", p.baseline_rss_bytes},
             {"peak_rss_first_bytes", p.peak_rss_first_bytes},
             {"peak_rss_bytes", p.peak_rss_bytes}});
+  if (!p.blas_library.empty()) j["blas_library"] = p.blas_library;
 }
 
 void to_json(json& j, const LayerResult& l) {
@@ -102,6 +103,7 @@ void to_json(json& j, const CausalResult& c) {
 
 void to_json(json& j, const BigResult& b) {
   j = {{"impl", b.impl},
+       {"pass", b.pass},
        {"n", b.n},
        {"causal", b.causal},
        {"threads", b.threads},
@@ -110,6 +112,35 @@ void to_json(json& j, const BigResult& b) {
        {"attention_gflop", b.attention_gflop},
        {"attention_gflops", b.attention_gflops},
        {"roof_fraction", b.roof_fraction}};
+}
+
+void to_json(json& j, const BlasPeer& p) {
+  j = {{"blas", p.blas}, {"label", p.label}, {"status", p.status}, {"layer", p.layer}};
+}
+
+void to_json(json& j, const RepeatPolicy& p) {
+  j = {{"warmup", p.warmup},
+       {"min_reps", p.min_reps},
+       {"max_reps", p.max_reps},
+       {"min_time_s", p.min_time_s},
+       {"max_time_s", p.max_time_s}};
+}
+
+void to_json(json& j, const GridTime& t) {
+  j = {{"status", t.status}};
+  if (t.ok()) j["timing"] = t.timing;
+}
+
+void to_json(json& j, const GridRow& r) {
+  j = {{"batch", r.batch},
+       {"n", r.n},
+       {"d_model", r.d_model},
+       {"heads", r.heads},
+       {"threads", r.threads},
+       {"mha", {{"forward", r.mha_forward}, {"train", r.mha_train}}},
+       {"torch", {{"forward", r.torch_forward}, {"train", r.torch_train}}},
+       {"forward_speedup", optional_json(r.forward_speedup)},
+       {"train_speedup", optional_json(r.train_speedup)}};
 }
 
 void to_json(json& j, const TargetResult& t) {
@@ -148,11 +179,18 @@ json to_json(const BenchResults& r) {
       {"roofs", r.roofs},
       {"core", r.core},
       {"layer", r.layer},
-      {"torch_other_blas", {{"blas", r.torch_other_blas}, {"layer", r.torch_other_blas_layer}}},
+      {"torch_blas_peers", r.torch_blas_peers},
       {"scaling", optional_json(r.scaling)},
       {"layout", r.layout},
       {"causal", r.causal},
       {"big", r.big},
+      {"grid",
+       {{"status", r.grid_status.empty() ? "not run" : r.grid_status},
+        {"shapes", "self-attention, batch_first, float32, h = E / 64 unless given; each implementation's grid in one "
+                   "process per thread count; forward: eval mode; train: forward + backward in train mode; "
+                   "speedups: torch time / mha time (best calls)"},
+        {"policy", r.grid_status == "ok" ? json(r.grid_policy) : json(nullptr)},
+        {"rows", r.grid}}},
       {"targets", r.targets},
   };
 }

@@ -120,8 +120,9 @@ void add_point(Series& s, double n, double gflops) {
 }  // namespace
 
 void write_bench_plot(const std::filesystem::path& path, const BenchResults& r, int threads) {
-  const std::string torch_name =
-      r.torch_blas == "onednn" ? "PyTorch 1.13 (sgemm on oneDNN)" : "PyTorch 1.13 (Debian's default BLAS)";
+  const std::string torch_name = r.torch_blas == "onednn"     ? "PyTorch 1.13 (sgemm on oneDNN)"
+                                 : r.torch_blas == "openblas" ? "PyTorch 1.13 (OpenBLAS)"
+                                                              : "PyTorch 1.13 (Debian's default BLAS)";
   const bool with_torch = !r.torch_blas.empty();
   // Series order: ours non-causal, ours causal, then (with PyTorch) theirs non-causal, theirs causal.
   auto make_series = [&] {
@@ -146,7 +147,7 @@ void write_bench_plot(const std::filesystem::path& path, const BenchResults& r, 
   }
   for (const BigResult& b : r.big) {
     if (b.impl != "mha" || b.threads != threads || !b.run.ok()) continue;
-    add_point(forward.series[b.causal ? 1 : 0], double(b.n), b.run.gflops);
+    add_point((b.pass == "fwd" ? forward : backward).series[b.causal ? 1 : 0], double(b.n), b.run.gflops);
     n_ticks.push_back(double(b.n));
   }
   if (n_ticks.empty()) return;  // nothing measured at this thread count

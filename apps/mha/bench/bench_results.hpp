@@ -44,6 +44,7 @@ struct ProcessRun {
   std::int64_t peak_rss_first_bytes = 0;  // after the first call
   std::int64_t peak_rss_bytes = 0;        // at the end
   double gflops = 0;                      // the FLOPs of what ran (layer or core) over the best time
+  std::string blas_library;               // PyTorch's runs: the BLAS library its process loaded
   bool ok() const { return status == "ok"; }
 };
 
@@ -86,17 +87,41 @@ struct CausalResult {
   double forward_speedup = 0, backward_speedup = 0;  // non-causal time / causal time
 };
 
-// The --big size, ours alone, forward only, each in its own process.
+// The --big size, ours alone, each in its own process: the core's and the layer's forward, and the
+// layer's training step (forward + backward, train mode), whose peak RSS is the memory target's.
 struct BigResult {
   std::string impl;  // "core" or "mha"
+  std::string pass;  // "fwd" or "fwdbwd"
   std::int64_t n = 0;
   bool causal = false;
   int threads = 0;
   Roof roof;
   ProcessRun run;
-  double attention_gflop = 0;   // the attention core's FLOPs per call
+  double attention_gflop = 0;   // the attention core's FLOPs per call (forward and backward for "fwdbwd")
   double attention_gflops = 0;  // attention FLOPs over the time (for the layer: including its projections' time)
   double roof_fraction = 0;
+};
+
+// PyTorch on a BLAS other than the layer table's, at one shape: how much the BLAS matters.
+struct BlasPeer {
+  std::string blas;                // "onednn", "installed" or "openblas"
+  std::string label;               // what it is, in words
+  std::string status = "ok";       // "ok", or why it was not measured (e.g. not installed, and how to install it)
+  std::vector<LayerResult> layer;  // ours as in the layer table, PyTorch on this BLAS
+};
+
+// One shape of the grid of small and mid shapes (bench_grid.hpp), at one thread count: our layer
+// against PyTorch's nn.MultiheadAttention, forward (eval) and training step (train: forward + backward).
+struct GridTime {
+  std::string status = "ok";  // "ok", or why there is no time
+  Timing timing;
+  bool ok() const { return status == "ok"; }
+};
+struct GridRow {
+  std::int64_t batch = 0, n = 0, d_model = 0, heads = 0;  // B, N = L = S, E, h
+  int threads = 0;
+  GridTime mha_forward, torch_forward, mha_train, torch_train;
+  std::optional<double> forward_speedup, train_speedup;  // torch time / our time
 };
 
 struct TargetResult {
@@ -116,12 +141,14 @@ struct BenchResults {
   std::vector<Roof> roofs;  // every roof measurement, in order
   std::vector<CoreResult> core;
   std::vector<LayerResult> layer;
-  std::string torch_other_blas;                     // the other BLAS, tried at one shape
-  std::vector<LayerResult> torch_other_blas_layer;  // that shape, with PyTorch on the other BLAS
+  std::vector<BlasPeer> torch_blas_peers;  // PyTorch on the other BLAS libraries, at one shape
   std::optional<ScalingResult> scaling;
   std::vector<LayoutResult> layout;
   std::vector<CausalResult> causal;
   std::vector<BigResult> big;
+  std::string grid_status;  // "ok" when the grid ran, else why not ("--no-grid", "--quick")
+  RepeatPolicy grid_policy;
+  std::vector<GridRow> grid;
   std::vector<TargetResult> targets;
 };
 

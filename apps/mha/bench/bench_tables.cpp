@@ -2,9 +2,12 @@
 // rates in GFLOP/s, memory as the peak resident set (RSS) of the process after its first call.
 #include "bench/bench_tables.hpp"
 
+#include <algorithm>
 #include <cstdio>
 
 #include <fmt/core.h>
+
+#include "bench/bench_grid.hpp"
 
 namespace mha_cli::bench {
 namespace {
@@ -156,20 +159,82 @@ void print_layer_row(const LayerResult& l) {
   flush();
 }
 
+void print_blas_peer(const BlasPeer& peer) {
+  if (peer.status != "ok") {
+    fmt::print("\n== {}\n   {}\n", peer.label, peer.status);
+    flush();
+    return;
+  }
+  print_layer_header(peer.label);
+}
+
+namespace {
+
+// A short time for the grid's cells: microseconds to seconds.
+std::string grid_time_cell(const GridTime& t) {
+  if (!t.ok()) return "-";
+  const double s = t.timing.min_s;
+  return s < 1e-3 ? fmt::format("{:.1f} us", s * 1e6)
+         : s < 1  ? fmt::format("{:.2f} ms", s * 1e3)
+                  : fmt::format("{:.2f} s", s);
+}
+
+std::string ratio_cell(const std::optional<double>& r) { return r ? fmt::format("{:.2f}x", *r) : "-"; }
+
+}  // namespace
+
+void print_grid_header(const std::string& torch_label, const RepeatPolicy& p) {
+  fmt::print(
+      "\n== Grid of small and mid shapes: mha::MultiHeadAttention against {}\n"
+      "   self-attention, batch_first, float32, h = E / 64 (d = 64); each implementation runs the whole grid in\n"
+      "   one process per thread count. fwd: eval mode, need_weights false (torch: under no_grad). train: train\n"
+      "   mode, forward + backward (gradients of the input and every parameter). Times: the best of at least {}\n"
+      "   calls and {} s after {} warm-up calls. ratio: torch time / mha time (above 1: ours is faster).\n"
+      "   A thread count's rows appear once both its processes are done (minutes for the whole grid).\n",
+      torch_label, p.min_reps, p.min_time_s, p.warmup);
+  fmt::print("{:>4} {:>5} {:>5} {:>3} {:>7} | {:>10} {:>10} {:>6} | {:>10} {:>11} {:>6}\n", "B", "N", "E", "h",
+             "threads", "mha fwd", "torch fwd", "ratio", "mha train", "torch train", "ratio");
+  flush();
+}
+
+void print_grid_row(const GridRow& r) {
+  fmt::print("{:>4} {:>5} {:>5} {:>3} {:>7} | {:>10} {:>10} {:>6} | {:>10} {:>11} {:>6}\n", r.batch, r.n, r.d_model,
+             r.heads, r.threads, grid_time_cell(r.mha_forward), grid_time_cell(r.torch_forward),
+             ratio_cell(r.forward_speedup), grid_time_cell(r.mha_train), grid_time_cell(r.torch_train),
+             ratio_cell(r.train_speedup));
+  flush();
+}
+
+void print_grid_threads(const std::vector<GridRow>& rows) {
+  const std::vector<GridThreadRatio> ratios = grid_thread_ratios(rows);
+  if (ratios.empty()) return;
+  const auto worst =
+      std::min_element(ratios.begin(), ratios.end(), [](const auto& a, const auto& b) { return a.ratio < b.ratio; });
+  const auto slower = std::count_if(ratios.begin(), ratios.end(), [](const auto& r) { return r.ratio < 1; });
+  fmt::print("ours, {} threads against {}: {} of {} cells (shape and pass) slower with more threads; worst {:.2f}x "
+             "({} at B {}, N {}, E {})\n",
+             worst->last->threads, worst->first->threads, slower, ratios.size(), worst->ratio, worst->pass,
+             worst->first->batch, worst->first->n, worst->first->d_model);
+  flush();
+}
+
 void print_big_header() {
-  fmt::print("\n== Long sequence, ours alone, forward only, each in its own process (core: q, k, v [1, 8, N, 64];\n"
-             "   mha: the layer, eval mode). GFLOP/s: the attention core's FLOPs over the time.\n");
-  fmt::print("{:>5} {:>7} {:>6} {:>7} {:>7} | {:>10} {:>7} {:>6} | {:>20}\n", "impl", "threads", "N", "causal", "roof",
-             "time", "GFLOP/s", "%roof", "peak RSS");
+  fmt::print(
+      "\n== Long sequence, ours alone, each in its own process, one call each (core: q, k, v [1, 8, N, 64];\n"
+      "   mha: the layer, E 512; fwd: eval mode; fwdbwd: train mode, forward + backward, the training step whose\n"
+      "   peak RSS the memory target reads). GFLOP/s: the attention core's FLOPs (forward, or forward and\n"
+      "   backward) over the time; the layer's time includes its projections.\n");
+  fmt::print("{:>5} {:>6} {:>7} {:>6} {:>7} {:>7} | {:>10} {:>7} {:>6} | {:>20}\n", "impl", "pass", "threads", "N",
+             "causal", "roof", "time", "GFLOP/s", "%roof", "peak RSS");
   flush();
 }
 
 void print_big_row(const BigResult& b) {
   if (!b.run.ok()) {
-    fmt::print("{:>5} {:>7} {:>6} {:>7} {:>7} | {}\n", b.impl, b.threads, b.n, yes_no(b.causal), roof_cell(b.roof),
-               b.run.status);
+    fmt::print("{:>5} {:>6} {:>7} {:>6} {:>7} {:>7} | {}\n", b.impl, b.pass, b.threads, b.n, yes_no(b.causal),
+               roof_cell(b.roof), b.run.status);
   } else {
-    fmt::print("{:>5} {:>7} {:>6} {:>7} {:>7} | {:>10} {:>7.1f} {:>6} | {:>20}\n", b.impl, b.threads, b.n,
+    fmt::print("{:>5} {:>6} {:>7} {:>6} {:>7} {:>7} | {:>10} {:>7.1f} {:>6} | {:>20}\n", b.impl, b.pass, b.threads, b.n,
                yes_no(b.causal), roof_cell(b.roof), format_time(b.run.timing.min_s), b.attention_gflops,
                percent(b.roof_fraction), run_cells(b.run).memory);
   }

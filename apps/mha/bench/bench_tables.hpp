@@ -25,6 +25,12 @@ void print_causal(const std::vector<CausalResult>& rows);
 void print_layer_header(const std::string& torch_label);
 void print_layer_row(const LayerResult& row);
 
+void print_blas_peer(const BlasPeer& peer);  // its header, or its status when it was not measured
+
+void print_grid_header(const std::string& torch_label, const RepeatPolicy& policy);
+void print_grid_row(const GridRow& row);
+void print_grid_threads(const std::vector<GridRow>& rows);  // ours: the largest thread count against the smallest
+
 void print_big_header();
 void print_big_row(const BigResult& row);
 

@@ -58,8 +58,12 @@ void SoftmaxBackwardTile(const AttentionInputs<float>& p, std::int64_t b, std::i
 struct BackwardTiles {
   float *s, *dp, *pd;                         // [kBlockQ, kBlockK] each
   float *k_copy, *v_copy, *q_copy, *do_copy;  // [kBlockK, max(d_k, d_v)] x 2, [kBlockQ, max(d_k, d_v)] x 2
+  float *dk_block, *dv_block;                 // [kBlockK, d_k], [kBlockK, d_v]: a key block's dK and dV
   std::int64_t *nonfinite_k, *nonfinite_v;    // [kBlockK] each
   std::int64_t *nonfinite_q, *nonfinite_do;   // [kBlockQ] each
+  const float* q_head = nullptr;   // [L, d_k] of the item's (b, head), adjacent (the caller's rows or a copy)
+  const float* do_head = nullptr;  // [L, d_v], likewise
+  float* dq_head = nullptr;        // [L, d_k]: group 0\'s dQ, where the output\'s rows are not adjacent
 };
 
 // The K and V blocks of keys j0.., safe for whole-block products (nonfinite.hpp).
@@ -85,6 +89,8 @@ struct BackwardContext {
   float* workspace;
   std::int64_t per_thread, tile, kv_size, q_size;
   std::int64_t* nonfinite_lists;  // kListsPerThread per thread
+  float* head_copies;  // per thread: [L, d_k], [L, d_v], [L, d_k] where the q, dO or dq rows are not adjacent
+  std::int64_t head_copy_size;
 
   static constexpr std::int64_t kListsPerThread = 2 * kBlockK + 2 * kBlockQ;
 
@@ -100,10 +106,21 @@ struct BackwardContext {
             copies + kv_size,
             copies + 2 * kv_size,
             copies + 2 * kv_size + q_size,
+            copies + 2 * kv_size + 2 * q_size,
+            copies + 3 * kv_size + 2 * q_size,
             lists,
             lists + kBlockK,
             lists + 2 * kBlockK,
             lists + 2 * kBlockK + kBlockQ};
+  }
+  // Points t.q_head and t.do_head at the Q and dO rows of (b, head), copied adjacent where they are not
+  // (the layer's [B, L, h, d] layout): once per work item, for all its tiles.
+  void use_query_head(BackwardTiles& t, std::int64_t b, std::int64_t head) const {
+    float* q_copy = head_copies + omp_get_thread_num() * head_copy_size;
+    float* do_copy = q_copy + (p.q.stride[2] != p.d_k ? p.L * p.d_k : 0);
+    t.q_head = adjacent_rows(&p.q(b, head, 0, 0), p.q.stride[2], p.L, p.d_k, q_copy);
+    t.do_head = adjacent_rows(&p.dout(b, head, 0, 0), p.dout.stride[2], p.L, p.d_v, do_copy);
+    t.dq_head = do_copy + (p.dout.stride[2] != p.d_v ? p.L * p.d_v : 0);
   }
   KeyBlocks key_blocks(const BackwardTiles& t, std::int64_t b, std::int64_t head, std::int64_t j0,
                        std::int64_t cols) const {
@@ -146,10 +163,10 @@ void TileGradients(const BackwardContext& ctx, const BackwardTiles& t, std::int6
                    std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols, const KeyBlocks& kv) {
   const AttentionBackwardParams<float>& p = ctx.p;
   const std::int64_t row0 = (b * p.h + head) * p.L + i0;
-  ScaledLogits(p, &p.q(b, head, i0, 0), p.q.stride[2], rows, kv.k.data, kv.k.ld, cols, t.s);
+  ScaledLogits(p, t.q_head + i0 * p.d_k, p.d_k, rows, kv.k.data, kv.k.ld, cols, t.s);
   ProbabilitiesFromLse(p, b, head, i0, rows, j0, cols, ctx.lse + row0, t.s);
   ExactProbabilitiesOfNonfiniteKeys(p, b, head, i0, rows, j0, t.nonfinite_k, kv.k.nonfinite_count, ctx.lse + row0, t.s);
-  gemm_tile(rows, cols, p.d_v, plain(&p.dout(b, head, i0, 0), p.dout.stride[2]), transposed(kv.v.data, kv.v.ld),
+  gemm_tile(rows, cols, p.d_v, plain(t.do_head + i0 * p.d_v, p.d_v), transposed(kv.v.data, kv.v.ld),
             overwrite(t.dp, kBlockK));
   SoftmaxBackwardTile(p, b, head, i0, rows, j0, cols, t.s, ctx.D + row0, t.dp);
   for (std::int64_t n = 0; n < kv.v.nonfinite_count; ++n)  // dP = dO v^T of a zeroed v row was 0
@@ -162,13 +179,13 @@ void TileGradients(const BackwardContext& ctx, const BackwardTiles& t, std::int6
 // zeroed in the block product), keys j0 + [0, cols), where coef (row stride kBlockK) is not 0.
 void AddNonfiniteRows(const Strided4<const float>& x, std::int64_t b, std::int64_t head, std::int64_t i0,
                       const std::int64_t* list, std::int64_t count, const float* coef, float alpha, std::int64_t cols,
-                      std::int64_t width, const Strided4<float>& dx, std::int64_t j0) {
+                      std::int64_t width, float* dx_block) {
   for (std::int64_t n = 0; n < count; ++n) {
     const std::int64_t r = list[n];
     for (std::int64_t c = 0; c < cols; ++c) {
       const float weight = coef[r * kBlockK + c];
       if (weight == 0.0f) continue;
-      for (std::int64_t e = 0; e < width; ++e) dx(b, head, j0 + c, e) += alpha * weight * x(b, head, i0 + r, e);
+      for (std::int64_t e = 0; e < width; ++e) dx_block[c * width + e] += alpha * weight * x(b, head, i0 + r, e);
     }
   }
 }
@@ -235,19 +252,21 @@ void KeyBlockGradients(const BackwardContext& ctx, const BackwardTiles& t, std::
     // copies of dO_i and Q_i whose non-finite rows are zeroed and added apart where their coefficient
     // is not 0 (nonfinite.hpp).
     const SafeBlock dout_rows =
-        safe_query_rows(p.dout, b, head, i0, rows, p.d_v, query_flags, kDoutRow, t.do_copy, t.nonfinite_do);
+        safe_query_rows(t.do_head, p.d_v, i0, rows, p.d_v, query_flags, kDoutRow, t.do_copy, t.nonfinite_do);
     const SafeBlock q_rows =
-        safe_query_rows(p.q, b, head, i0, rows, p.d_k, query_flags, kQueryRow, t.q_copy, t.nonfinite_q);
+        safe_query_rows(t.q_head, p.d_k, i0, rows, p.d_k, query_flags, kQueryRow, t.q_copy, t.nonfinite_q);
     const bool first = i0 == first_block;
-    float* dv = &p.dv(b, head, j0, 0);
-    float* dk = &p.dk(b, head, j0, 0);
     gemm_tile(cols, p.d_v, rows, transposed(pd, kBlockK), plain(dout_rows.data, dout_rows.ld),
-              first ? overwrite(dv, p.dv.stride[2]) : accumulate_into(dv, p.dv.stride[2]));
+              first ? overwrite(t.dv_block, p.d_v) : accumulate_into(t.dv_block, p.d_v));
     gemm_tile(cols, p.d_k, rows, transposed(t.dp, kBlockK), plain(q_rows.data, q_rows.ld),
-              first ? overwrite(dk, p.dk.stride[2]) : accumulate_into(dk, p.dk.stride[2]), p.scale);
-    AddNonfiniteRows(p.dout, b, head, i0, t.nonfinite_do, dout_rows.nonfinite_count, pd, 1.0f, cols, p.d_v, p.dv, j0);
-    AddNonfiniteRows(p.q, b, head, i0, t.nonfinite_q, q_rows.nonfinite_count, t.dp, p.scale, cols, p.d_k, p.dk, j0);
+              first ? overwrite(t.dk_block, p.d_k) : accumulate_into(t.dk_block, p.d_k), p.scale);
+    AddNonfiniteRows(p.dout, b, head, i0, t.nonfinite_do, dout_rows.nonfinite_count, pd, 1.0f, cols, p.d_v, t.dv_block);
+    AddNonfiniteRows(p.q, b, head, i0, t.nonfinite_q, q_rows.nonfinite_count, t.dp, p.scale, cols, p.d_k, t.dk_block);
     AddQueryGradients(ctx, t, b, head, i0, rows, j0, cols, kv, dq);
+  }
+  for (std::int64_t c = 0; c < cols; ++c) {  // the block's dK and dV, accumulated adjacent, to the outputs
+    for (std::int64_t e = 0; e < p.d_k; ++e) p.dk(b, head, j0 + c, e) = t.dk_block[c * p.d_k + e];
+    for (std::int64_t e = 0; e < p.d_v; ++e) p.dv(b, head, j0 + c, e) = t.dv_block[c * p.d_v + e];
   }
 }
 
@@ -286,7 +305,7 @@ void FlashBackward(const AttentionBackwardParams<float>& p) {
   const std::int64_t max_rows = std::min(kBlockQ, p.L), max_cols = std::min(kBlockK, p.S);
   const std::int64_t tile = max_rows * kBlockK, kv_size = round_up(max_cols * std::max(p.d_k, p.d_v), kRowAlign);
   const std::int64_t q_size = round_up(max_rows * std::max(p.d_k, p.d_v), kRowAlign);
-  const std::int64_t per_thread = 3 * tile + 2 * kv_size + 2 * q_size;
+  const std::int64_t per_thread = 3 * tile + 4 * kv_size + 2 * q_size;
   const auto workspace = AllocateFloats(omp_get_max_threads() * per_thread);
   const std::int64_t rows_all = std::max<std::int64_t>(1, p.B * p.h * p.L);
   const auto D_all = AllocateFloats(rows_all), lse_all = AllocateFloats(rows_all);
@@ -297,20 +316,32 @@ void FlashBackward(const AttentionBackwardParams<float>& p) {
   std::vector<std::int64_t> nonfinite_lists(
       static_cast<std::size_t>(omp_get_max_threads() * BackwardContext::kListsPerThread));
   GatherRowData(p, D_all.get(), lse_all.get(), query_flags.data(), key_flags.data());
+  const std::int64_t head_copy_size = (p.q.stride[2] != p.d_k ? p.L * p.d_k : 0) +
+                                      (p.dout.stride[2] != p.d_v ? p.L * p.d_v : 0) +
+                                      (p.dq.stride[2] != p.d_k ? p.L * p.d_k : 0);
+  const auto head_copies = AllocateFloats(std::max<std::int64_t>(1, omp_get_max_threads() * head_copy_size));
   const BackwardContext ctx{
-      p,    D_all.get(), lse_all.get(), query_flags.data(),    key_flags.data(), workspace.get(), per_thread,
-      tile, kv_size,     q_size,        nonfinite_lists.data()};
+      p,    D_all.get(), lse_all.get(), query_flags.data(),     key_flags.data(),  workspace.get(), per_thread,
+      tile, kv_size,     q_size,        nonfinite_lists.data(), head_copies.get(), head_copy_size};
 
 #pragma omp parallel for schedule(dynamic, 1)
   for (std::int64_t item = 0; item < p.B * p.h * groups; ++item) {
     const std::int64_t bh = item / groups, b = bh / p.h, head = bh % p.h, group = item % groups;
-    DqTarget dq{&p.dq(b, head, 0, 0), p.dq.stride[2]};
-    if (group == 0) ZeroRows(p.dq, b, head, 0, p.L, p.d_k);
-    else dq = {dq_extra.get() + ((group - 1) * p.B * p.h + bh) * p.L * p.d_k, p.d_k};
-    if (group > 0) std::fill_n(dq.data, p.L * p.d_k, 0.0f);
-    const BackwardTiles t = ctx.tiles();
+    BackwardTiles t = ctx.tiles();
+    ctx.use_query_head(t, b, head);
+    // dQ: group 0 adds into the output itself when its rows are adjacent, else into an adjacent
+    // copy written out at the end; the other groups into their part of dq_extra.
+    const bool dq_in_place = group == 0 && p.dq.stride[2] == p.d_k;
+    const DqTarget dq{dq_in_place  ? &p.dq(b, head, 0, 0)
+                      : group == 0 ? t.dq_head
+                                   : dq_extra.get() + ((group - 1) * p.B * p.h + bh) * p.L * p.d_k,
+                      p.d_k};
+    std::fill_n(dq.data, p.L * p.d_k, 0.0f);
     for (std::int64_t block = group; block < k_blocks; block += groups)  // dealt round-robin: balances causal
       KeyBlockGradients(ctx, t, b, head, block * kBlockK, dq);
+    if (group == 0 && !dq_in_place)
+      for (std::int64_t i = 0; i < p.L; ++i)
+        for (std::int64_t e = 0; e < p.d_k; ++e) p.dq(b, head, i, e) = dq.data[i * p.d_k + e];
   }
   if (groups == 1) return;
 #pragma omp parallel for schedule(static)

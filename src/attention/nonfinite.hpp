@@ -76,13 +76,14 @@ inline SafeBlock safe_block(const AttentionInputs<float>& p, const float* head_r
   return safe_rows(head_rows + j0 * ld, ld, cols, width, padded, key_flags + j0, bit, scratch, nonfinite);
 }
 
-// The rows [i0, i0 + rows) of a query-side array x (Q or dO [B, h, L, width]) made safe: nothing
-// skipped, non-finite rows listed (row indices within the block). query_flags: (b, head)'s [L].
-inline SafeBlock safe_query_rows(const Strided4<const float>& x, std::int64_t b, std::int64_t head, std::int64_t i0,
-                                 std::int64_t rows, std::int64_t width, const std::uint8_t* query_flags,
-                                 std::uint8_t bit, float* scratch, std::int64_t* nonfinite) {
+// The rows [i0, i0 + rows) of a query-side head (Q or dO of one (b, head): head_rows [L, width], row
+// stride ld) made safe: nothing skipped, non-finite rows listed (row indices within the block).
+// query_flags: (b, head)'s [L].
+inline SafeBlock safe_query_rows(const float* head_rows, std::int64_t ld, std::int64_t i0, std::int64_t rows,
+                                 std::int64_t width, const std::uint8_t* query_flags, std::uint8_t bit, float* scratch,
+                                 std::int64_t* nonfinite) {
   return safe_rows(
-      &x(b, head, i0, 0), x.stride[2], rows, width, [](std::int64_t) { return false; }, query_flags + i0, bit, scratch,
+      head_rows + i0 * ld, ld, rows, width, [](std::int64_t) { return false; }, query_flags + i0, bit, scratch,
       nonfinite);
 }
 

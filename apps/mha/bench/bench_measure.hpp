@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <functional>
 
+#include "attention/flash_config.hpp"  // the fused kernel's tile sizes, which kTile* mirror
+
 namespace mha_cli::bench {
 
 // How many times a call is repeated. One warm-up call (first-touch page faults, oneDNN's JIT), then
@@ -40,16 +42,16 @@ inline constexpr std::int64_t kRoofSize = 2048;
 Roof measure_roof(int threads);
 
 // The rate of the products inside the fused kernel's forward, alone: one thread streams kTileKeys
-// keys past one block of kTileRows queries, computing S = Q K_blk^T [64, 128] (K = d = 64) and
-// acc += S V_blk [64, 64] (K = 128) through dnnl_sgemm, as FlashForward does, without the softmax
+// keys past one block of kTileRows queries, computing S = Q K_blk^T [kTileRows, kTileKeys] (K = d = 64)
+// and acc += S V_blk [kTileRows, 64] (K = kTileKeys) through dnnl_sgemm, as FlashForward does, without the softmax
 // between them. The attention core cannot run faster than this; the gap between this and the roof
 // is what small-tile products cost. The tile sizes mirror src/attention/flash_config.hpp.
 struct TileRate {
   double gflops = 0;
   Timing timing;
 };
-inline constexpr std::int64_t kTileRows = 64;   // kBlockQ
-inline constexpr std::int64_t kTileKeys = 128;  // kBlockK
+inline constexpr std::int64_t kTileRows = mha::detail::flash::kBlockQ;
+inline constexpr std::int64_t kTileKeys = mha::detail::flash::kBlockK;
 inline constexpr std::int64_t kTileWidth = 64;  // d
 TileRate measure_tile_sgemm();
 

@@ -118,17 +118,17 @@ struct BackwardContext {
   void use_query_head(BackwardTiles& t, std::int64_t b, std::int64_t head) const {
     float* q_copy = head_copies + omp_get_thread_num() * head_copy_size;
     float* do_copy = q_copy + (p.q.stride[2] != p.d_k ? p.L * p.d_k : 0);
-    t.q_head = adjacent_rows(&p.q(b, head, 0, 0), p.q.stride[2], p.L, p.d_k, q_copy);
-    t.do_head = adjacent_rows(&p.dout(b, head, 0, 0), p.dout.stride[2], p.L, p.d_v, do_copy);
+    t.q_head = adjacent_rows(p.q.pointer(b, head, 0, 0), p.q.stride[2], p.L, p.d_k, q_copy);
+    t.do_head = adjacent_rows(p.dout.pointer(b, head, 0, 0), p.dout.stride[2], p.L, p.d_v, do_copy);
     t.dq_head = do_copy + (p.dout.stride[2] != p.d_v ? p.L * p.d_v : 0);
   }
   KeyBlocks key_blocks(const BackwardTiles& t, std::int64_t b, std::int64_t head, std::int64_t j0,
                        std::int64_t cols) const {
     const std::uint8_t* flags = key_flags + (b * p.h + head) * p.S;
-    return {safe_block(p, &p.k(b, head, 0, 0), p.k.stride[2], b, head, j0, cols, p.d_k, flags, kKeyRow, t.k_copy,
+    return {safe_block(p, p.k.pointer(b, head, 0, 0), p.k.stride[2], b, head, j0, cols, p.d_k, flags, kKeyRow, t.k_copy,
                        t.nonfinite_k),
-            safe_block(p, &p.v(b, head, 0, 0), p.v.stride[2], b, head, j0, cols, p.d_v, flags, kValueRow, t.v_copy,
-                       t.nonfinite_v)};
+            safe_block(p, p.v.pointer(b, head, 0, 0), p.v.stride[2], b, head, j0, cols, p.d_v, flags, kValueRow,
+                       t.v_copy, t.nonfinite_v)};
   }
 };
 
@@ -332,7 +332,7 @@ void FlashBackward(const AttentionBackwardParams<float>& p) {
     // dQ: group 0 adds into the output itself when its rows are adjacent, else into an adjacent
     // copy written out at the end; the other groups into their part of dq_extra.
     const bool dq_in_place = group == 0 && p.dq.stride[2] == p.d_k;
-    const DqTarget dq{dq_in_place  ? &p.dq(b, head, 0, 0)
+    const DqTarget dq{dq_in_place  ? p.dq.pointer(b, head, 0, 0)
                       : group == 0 ? t.dq_head
                                    : dq_extra.get() + ((group - 1) * p.B * p.h + bh) * p.L * p.d_k,
                       p.d_k};

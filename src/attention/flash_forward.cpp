@@ -176,10 +176,12 @@ class HeadCopies {
     float* v_copy = k_copy + (copy_k_ ? p_.S * p_.d_k : 0);
     const bool fresh = copied_[static_cast<std::size_t>(thread)] != b * p_.h + head;
     copied_[static_cast<std::size_t>(thread)] = b * p_.h + head;
-    w.k_head = copy_k_ ? (fresh ? adjacent_rows(&p_.k(b, head, 0, 0), p_.k.stride[2], p_.S, p_.d_k, k_copy) : k_copy)
-                       : &p_.k(b, head, 0, 0);
-    w.v_head = copy_v_ ? (fresh ? adjacent_rows(&p_.v(b, head, 0, 0), p_.v.stride[2], p_.S, p_.d_v, v_copy) : v_copy)
-                       : &p_.v(b, head, 0, 0);
+    w.k_head = copy_k_
+                   ? (fresh ? adjacent_rows(p_.k.pointer(b, head, 0, 0), p_.k.stride[2], p_.S, p_.d_k, k_copy) : k_copy)
+                   : p_.k.pointer(b, head, 0, 0);
+    w.v_head = copy_v_
+                   ? (fresh ? adjacent_rows(p_.v.pointer(b, head, 0, 0), p_.v.stride[2], p_.S, p_.d_v, v_copy) : v_copy)
+                   : p_.v.pointer(b, head, 0, 0);
   }
 
  private:

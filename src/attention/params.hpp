@@ -18,6 +18,10 @@ struct Strided4 {
   T& operator()(std::int64_t b, std::int64_t head, std::int64_t row, std::int64_t col) const {
     return data[b * stride[0] + head * stride[1] + row * stride[2] + col * stride[3]];
   }
+  // Where element (b, head, row, col) is, or null for an array without elements (no data at all).
+  T* pointer(std::int64_t b, std::int64_t head, std::int64_t row, std::int64_t col) const {
+    return data ? &(*this)(b, head, row, col) : nullptr;
+  }
   explicit operator bool() const { return data != nullptr; }
 };
 

@@ -56,6 +56,17 @@ struct MultiHeadAttentionInputs {
   bool causal = false;                         ///< bottom-right aligned over the S input keys
   bool need_weights = true;
   bool average_attn_weights = true;
+  /// Training mode: backward() reads the caller's query, key and value instead of copies of them.
+  /// Contract: the memory they view stays allocated and unmodified from forward() until the last
+  /// backward() of that forward returns (the layer holds the views until its next forward()). A
+  /// modified input is detected: the forward takes a 64-bit fingerprint of each borrowed input and
+  /// backward() recomputes it, throwing mha::Error ("query changed between forward and backward;
+  /// ...") rather than returning wrong gradients. Freed memory cannot be detected (undefined
+  /// behaviour). An input with gaps between its rows (not contiguous) is still copied, since the
+  /// products read plain rows. Default false: the layer keeps copies and the caller's arrays are
+  /// free once forward() returns. Either way, inputs that are one array (same data, dtype, shape and
+  /// strides: self-attention, or key is value) are kept once, not once per role.
+  bool borrow_inputs = false;
 };
 
 struct MultiHeadAttentionOutput {
@@ -176,7 +187,8 @@ class MultiHeadAttention {
   /// query [B, L, E], key [B, S, kdim], value [B, S, vdim] (batch_first), or [L, B, *] (not
   /// batch_first), or unbatched [L, E], [S, kdim], [S, vdim]. Inputs must have the module's dtype.
   /// Non-const: each training-mode call with dropout draws a new dropout seed, and a training-mode call
-  /// keeps what backward() needs (copies of the inputs and masks, the projections, the log-sum-exps).
+  /// keeps what backward() needs (copies of the inputs, or views with inputs.borrow_inputs; copies of
+  /// the masks; the projections, the log-sum-exps).
   MultiHeadAttentionOutput forward(const TensorView& query, const TensorView& key, const TensorView& value,
                                    const MultiHeadAttentionInputs& inputs = {});
 
@@ -185,9 +197,14 @@ class MultiHeadAttention {
   /// returned in new tensors: they overwrite nothing and accumulate nothing (sum them yourself when
   /// query, key and value are one tensor). No gradient flows through the returned attention weights.
   /// Throws mha::Error when there is no training-mode forward, when a parameter was set (set_parameter,
-  /// load_state_dict) after it (as PyTorch refuses a backward through modified weights), or when dout
-  /// has the wrong shape or dtype.
+  /// load_state_dict) after it (as PyTorch refuses a backward through modified weights), when an input
+  /// lent with borrow_inputs changed after it, or when dout has the wrong shape or dtype.
   MultiHeadAttentionGradients backward(const TensorView& dout);
+
+  /// Bytes the last training-mode forward keeps for backward(): the copies of its inputs (none for
+  /// borrowed or eval-mode inputs; one for an array passed in several roles), the projections, the
+  /// concatenated heads, the log-sum-exps and the masks. 0 when nothing is kept (evaluation mode).
+  std::int64_t saved_bytes() const;
 
   // ---- incremental decoding (see KeyValueCache) ------------------------------------------------
   /// Projects key [B, S_new, kdim] and value [B, S_new, vdim] (the layer's layout: batch_first, or

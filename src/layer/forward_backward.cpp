@@ -11,6 +11,7 @@
 
 #include "dtype_dispatch.hpp"
 #include "layer/attend.hpp"
+#include "layer/fingerprint.hpp"
 #include "layer/inputs.hpp"
 #include "layer/masks.hpp"
 #include "layer/projections.hpp"
@@ -26,8 +27,11 @@ namespace detail {
 struct SavedForward {
   std::int64_t B = 0, L = 0, S = 0, extra = 0;
   RowLayout q_rows{}, kv_input_rows{}, kv_rows{};
-  Tensor x[3];           // copies of query, key, value (training mode, or to close gaps)
-  TensorView x_view[3];  // what the projections read: x[i] or the caller's input
+  Tensor x[3];                        // copies of query, key, value (training mode, or to close gaps)
+  TensorView x_view[3];               // what the projections read: x[i], x[source[i]] or the caller's input
+  int source[3] = {0, 1, 2};          // the first role passed the same array (self-attention: 0, 0, 0)
+  bool borrowed[3] = {};              // x_view[i] is the caller's memory, lent with borrow_inputs
+  std::uint64_t fingerprint[3] = {};  // of each borrowed input, at the forward
   Tensor q_proj, k_proj, v_proj, context, lse;
   KernelMasks masks;  // in kernel terms, owning their storage
   Shape out_shape;
@@ -43,6 +47,50 @@ using namespace detail;
 [[noreturn]] void fail(const std::string& message) { throw Error(message); }
 
 std::string str(std::int64_t v) { return std::to_string(v); }
+
+constexpr const char* kRoleName[3] = {"query", "key", "value"};
+
+// True when a and b are one array: same memory, dtype, shape and strides.
+bool same_array(const TensorView& a, const TensorView& b) {
+  return a.data() == b.data() && a.dtype() == b.dtype() && a.shape() == b.shape() && a.strides() == b.strides();
+}
+
+// Decides what the projections (and, in training mode, the backward) read for each of query, key
+// and value: a role passed the same array as an earlier one reads that one's view; otherwise a copy
+// (training mode unless borrowed), or the caller's memory (a contiguous copy if it has gaps).
+void keep_inputs(const TensorView* const inputs[3], bool training, bool borrow, SavedForward& f) {
+  for (int i = 0; i < 3; ++i) {
+    int j = 0;
+    while (j < i && !same_array(*inputs[j], *inputs[i])) ++j;
+    f.source[i] = j;
+    if (j < i) {
+      f.x_view[i] = f.x_view[j];
+      continue;
+    }
+    if (training && !borrow) {
+      f.x[i] = Tensor::copy_of(*inputs[i]);
+      f.x_view[i] = f.x[i].view();
+    } else {
+      f.x_view[i] = contiguous_view(*inputs[i], f.x[i]);
+    }
+    f.borrowed[i] = training && !f.x[i].defined();
+    if (f.borrowed[i]) f.fingerprint[i] = fingerprint(f.x_view[i]);
+  }
+}
+
+// Throws mha::Error when an input lent to the forward (borrow_inputs) changed since.
+void check_borrowed_inputs(const SavedForward& f) {
+  for (int i = 0; i < 3; ++i) {
+    if (!f.borrowed[i] || fingerprint(f.x_view[i]) == f.fingerprint[i]) continue;
+    std::string also;  // the other roles given the same array
+    for (int k = i + 1; k < 3; ++k)
+      if (f.source[k] == i) also += std::string(also.empty() ? "" : " and ") + kRoleName[k];
+    const std::string name = kRoleName[i] + (also.empty() ? "" : " (passed also as " + also + ")");
+    fail(name + " changed between forward and backward; the training-mode forward borrowed it (borrow_inputs), so "
+                "the gradients would be wrong. Keep borrowed inputs unchanged until backward() returns, or leave "
+                "borrow_inputs false so that the layer keeps a copy");
+  }
+}
 
 HeadViews head_views(const SavedForward& f, const MultiHeadAttentionConfig& c) {
   const std::int64_t h = c.num_heads, S2 = f.S + f.extra;
@@ -110,12 +158,9 @@ MultiHeadAttentionOutput MultiHeadAttention::forward(const TensorView& query, co
   f.kv_input_rows = dims.rows(B, S);
   f.kv_rows = extra ? RowLayout{S2, 1} : f.kv_input_rows;
   // Inputs with gaps between rows are copied once so the GEMMs read plain [rows, width] matrices;
-  // training mode keeps its own copies for the backward.
-  const TensorView* inputs[3] = {&query, &key, &value};
-  for (int i = 0; i < 3; ++i) {
-    if (training_) f.x[i] = Tensor::copy_of(*inputs[i]);
-    f.x_view[i] = training_ ? f.x[i].view() : contiguous_view(*inputs[i], f.x[i]);
-  }
+  // training mode keeps its own copies for the backward unless the caller lends its inputs.
+  const TensorView* const inputs[3] = {&query, &key, &value};
+  keep_inputs(inputs, training_, in.borrow_inputs, f);
   QuerySide query_side = allocate_query_side(query, B * L, c);
   f.q_proj = std::move(query_side.q_proj);
   f.context = std::move(query_side.context);
@@ -156,6 +201,7 @@ MultiHeadAttentionGradients MultiHeadAttention::backward(const TensorView& dout)
   const auto& c = config_;
   const std::int64_t E = c.d_model, qk = c.num_heads * c.d_k, vw = c.num_heads * c.d_v;
   const std::int64_t B = f.B, L = f.L, S = f.S, S2 = f.S + f.extra;
+  check_borrowed_inputs(f);
   if (dout.dtype() != c.dtype)
     fail(std::string("dout: expected ") + dtype_name(c.dtype) + " like the output, got " + dtype_name(dout.dtype()));
   if (dout.shape() != f.out_shape)
@@ -209,6 +255,16 @@ MultiHeadAttentionGradients MultiHeadAttention::backward(const TensorView& dout)
   };
   dispatch_floating(c.dtype, run);
   return g;
+}
+
+std::int64_t MultiHeadAttention::saved_bytes() const {
+  if (!saved_) return 0;
+  const SavedForward& f = *saved_;
+  std::size_t bytes = 0;
+  for (const Tensor* t : {&f.x[0], &f.x[1], &f.x[2], &f.q_proj, &f.k_proj, &f.v_proj, &f.context, &f.lse,
+                          &f.masks.attn_mask, &f.masks.key_padding_mask})
+    if (t->defined()) bytes += t->nbytes();
+  return static_cast<std::int64_t>(bytes);
 }
 
 }  // namespace mha

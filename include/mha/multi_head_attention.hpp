@@ -82,7 +82,8 @@ struct MultiHeadAttentionGradients {
 
 namespace detail {
 struct SavedForward;  // what a training-mode forward keeps for backward()
-}
+class BufferPool;     // the buffers forward() and backward() reuse from one call to the next
+}  // namespace detail
 
 class MultiHeadAttention;
 
@@ -150,6 +151,11 @@ class KeyValueCache {
   mutable std::atomic<int> users_{0};  // readers in forward_cached(), or -1 while one call writes
 };
 
+/// Memory: besides what a training-mode forward keeps, a layer holds the internal buffers of its last
+/// forward and backward (the projections, the concatenated heads, the intermediate gradients: about
+/// 4 B L E + 4 B S E elements) for the next call of the same shapes to reuse; a buffer that no call
+/// reused for one forward-backward cycle is freed.
+///
 /// Thread safety: forward() and backward() change the layer's state (the dropout counter, what a
 /// training-mode forward keeps), so calls on one layer must not overlap; separate layers are
 /// independent. append_to_cache() and forward_cached() are const: calls with different caches may
@@ -234,6 +240,8 @@ class MultiHeadAttention {
   Tensor& mutable_parameter(const std::string& name);
   // Throws mha::Error unless `cache` was filled by a layer like this one (widths, dtype, extra positions).
   void check_cache_layer(const KeyValueCache& cache) const;
+  // This layer's buffer pool (a new one when the layer was copied: copies never share buffers).
+  detail::BufferPool& buffer_pool();
 
   MultiHeadAttentionConfig config_;
   std::map<std::string, Tensor> parameters_;
@@ -243,6 +251,7 @@ class MultiHeadAttention {
   std::uint64_t dropout_calls_ = 0;
   std::uint64_t parameters_version_ = 0;  // counts parameter changes, so backward() can refuse a stale forward
   std::shared_ptr<detail::SavedForward> saved_;
+  std::shared_ptr<detail::BufferPool> pool_;
 };
 
 }  // namespace mha

@@ -5,7 +5,9 @@
 //   (b) one array passed as query, key and value is kept once (saved_bytes counts one copy, not three),
 //       and borrowed inputs are not copied at all, unless they have gaps between their rows;
 //   (c) a borrowed input modified between forward and backward is refused with mha::Error naming it;
-//       a copied one may change freely.
+//       a copied one may change freely;
+//   (d) the buffers a layer reuses from call to call (layer/buffer_pool.hpp) leak nothing: a sequence
+//       of calls of changing shapes, inputs, masks and modes gives the bits of a fresh layer each time.
 //
 // Legend: B batch, L queries, S keys, E = d_model.
 #include <gtest/gtest.h>
@@ -141,6 +143,36 @@ TEST(SavedInputs, ModifiedBorrowedInputIsRefused) {
   const MultiHeadAttentionGradients copied = m.backward(dout);
   x.data_as<float>()[0] = 1e6f;
   EXPECT_TRUE(same_gradients(copied, m.backward(dout)));
+}
+
+// ---- (d) reused buffers -------------------------------------------------------------------------------
+
+TEST(SavedInputs, ReusedBuffersGiveTheBitsOfAFreshLayer) {
+  MultiHeadAttentionConfig cfg = small_config(DType::Float32);
+  cfg.add_zero_attn = true;  // extra key rows written after the projections
+  MultiHeadAttention reused(cfg, 8);
+  Rng rng(76);
+  struct Step {
+    std::int64_t B, L, S;
+    bool training, mask_all_of_batch_0;
+  };
+  for (const Step& step : {Step{2, 5, 7, true, false}, Step{2, 5, 7, true, true}, Step{2, 5, 7, false, false},
+                           Step{3, 4, 7, true, false}, Step{2, 5, 7, true, false}, Step{2, 7, 5, true, true}}) {
+    const Tensor q = random_tensor(DType::Float32, {step.B, step.L, 16}, rng, -3, 3);
+    const Tensor kv = random_tensor(DType::Float32, {step.B, step.S, 16}, rng, -3, 3);
+    const Tensor dout = random_tensor(DType::Float32, {step.B, step.L, 16}, rng);
+    MultiHeadAttentionInputs in;
+    if (step.mask_all_of_batch_0) {  // batch 0 sees only the zero position
+      in.key_lengths.assign(static_cast<std::size_t>(step.B), step.S);
+      in.key_lengths[0] = 0;
+    }
+    MultiHeadAttention fresh(cfg, 8);
+    reused.train(step.training), fresh.train(step.training);
+    const auto a = reused.forward(q, kv, kv, in), b = fresh.forward(q, kv, kv, in);
+    EXPECT_TRUE(bitwise_equal(a.out, b.out)) << step.B << " " << step.L << " " << step.S;
+    EXPECT_TRUE(bitwise_equal(a.weights, b.weights));
+    if (step.training) EXPECT_TRUE(same_gradients(reused.backward(dout), fresh.backward(dout)));
+  }
 }
 
 }  // namespace

@@ -171,7 +171,9 @@ TEST(SavedInputs, ReusedBuffersGiveTheBitsOfAFreshLayer) {
     const auto a = reused.forward(q, kv, kv, in), b = fresh.forward(q, kv, kv, in);
     EXPECT_TRUE(bitwise_equal(a.out, b.out)) << step.B << " " << step.L << " " << step.S;
     EXPECT_TRUE(bitwise_equal(a.weights, b.weights));
-    if (step.training) EXPECT_TRUE(same_gradients(reused.backward(dout), fresh.backward(dout)));
+    if (step.training) {
+      EXPECT_TRUE(same_gradients(reused.backward(dout), fresh.backward(dout)));
+    }
   }
 }
 

@@ -32,10 +32,14 @@ class BufferPool {
     return Tensor(dtype, std::move(shape));
   }
 
-  // Holds `t` for a later take() (an undefined or empty tensor is dropped).
+  // Holds `t` for a later take(); a tensor under kMinBytes (or undefined) is dropped.
   void give(Tensor&& t) {
-    if (t.defined() && t.numel() > 0) held_.push_back({std::move(t), cycle_});
+    if (t.defined() && t.nbytes() >= kMinBytes) held_.push_back({std::move(t), cycle_});
   }
+
+  // Smaller blocks come back from malloc's free lists, already mapped; held here they only changed
+  // where oneDNN's per-call scratch lands in the heap (measured: +20% at B=1, N=16, E=64).
+  static constexpr std::size_t kMinBytes = 64 * 1024;
 
   // Starts a cycle (at each forward): frees what no call took since the start of the previous one.
   void start_cycle() {

@@ -148,7 +148,9 @@ TEST(SavedInputs, ModifiedBorrowedInputIsRefused) {
 // ---- (d) reused buffers -------------------------------------------------------------------------------
 
 TEST(SavedInputs, ReusedBuffersGiveTheBitsOfAFreshLayer) {
-  MultiHeadAttentionConfig cfg = small_config(DType::Float32);
+  // Buffers of at least BufferPool::kMinBytes (64 KiB): [256 rows, 64] float32 and larger.
+  MultiHeadAttentionConfig cfg;
+  cfg.d_model = 64, cfg.num_heads = 2;
   cfg.add_zero_attn = true;  // extra key rows written after the projections
   MultiHeadAttention reused(cfg, 8);
   Rng rng(76);
@@ -156,11 +158,13 @@ TEST(SavedInputs, ReusedBuffersGiveTheBitsOfAFreshLayer) {
     std::int64_t B, L, S;
     bool training, mask_all_of_batch_0;
   };
-  for (const Step& step : {Step{2, 5, 7, true, false}, Step{2, 5, 7, true, true}, Step{2, 5, 7, false, false},
-                           Step{3, 4, 7, true, false}, Step{2, 5, 7, true, false}, Step{2, 7, 5, true, true}}) {
-    const Tensor q = random_tensor(DType::Float32, {step.B, step.L, 16}, rng, -3, 3);
-    const Tensor kv = random_tensor(DType::Float32, {step.B, step.S, 16}, rng, -3, 3);
-    const Tensor dout = random_tensor(DType::Float32, {step.B, step.L, 16}, rng);
+  // The same shapes again (every buffer reused), other shapes, evaluation mode, and L and S swapped (a
+  // query buffer reused as a key buffer and the other way round).
+  for (const Step& step : {Step{4, 64, 79, true, false}, Step{4, 64, 79, true, true}, Step{4, 64, 79, false, false},
+                           Step{5, 64, 79, true, false}, Step{4, 64, 79, true, false}, Step{4, 80, 63, true, true}}) {
+    const Tensor q = random_tensor(DType::Float32, {step.B, step.L, 64}, rng, -3, 3);
+    const Tensor kv = random_tensor(DType::Float32, {step.B, step.S, 64}, rng, -3, 3);
+    const Tensor dout = random_tensor(DType::Float32, {step.B, step.L, 64}, rng);
     MultiHeadAttentionInputs in;
     if (step.mask_all_of_batch_0) {  // batch 0 sees only the zero position
       in.key_lengths.assign(static_cast<std::size_t>(step.B), step.S);

@@ -58,7 +58,9 @@ GemmInput<float> b_rows(GemmInput<float> B, std::int64_t k0) {
 // result depends on the sizes only, not on which thread ran which part.
 dnnl_status_t gemm_split_k(std::int64_t M, std::int64_t N, std::int64_t K, std::int64_t chunks, GemmInput<float> A,
                            GemmInput<float> B, GemmOutput<float> C, float alpha) {
-  thread_local std::vector<float> partial;  // [chunks - 1, M, N], kept for the next product
+  // [chunks - 1, M, N], kept for the next product: at most 3 x 128 x N floats per calling thread (1.5 MiB
+  // for N = 1024), never returned to the system before the thread ends.
+  thread_local std::vector<float> partial;
   partial.resize(static_cast<std::size_t>((chunks - 1) * M * N));
   float* const parts = partial.data();  // the calling thread's buffer, named in the region by pointer
   std::atomic<int> failure{dnnl_success};

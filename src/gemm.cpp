@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "mha/error.hpp"
 
@@ -36,6 +37,49 @@ std::string describe_failure(dnnl_status_t status, std::int64_t M, std::int64_t 
          std::to_string(C.ld);
 }
 
+// The parts of K a product of one row block is split into (1: none), from its sizes alone.
+std::int64_t k_chunks(std::int64_t M, std::int64_t K) {
+  if (M > kGemmRowsPerBlock) return 1;
+  return std::clamp<std::int64_t>(K / kGemmMinRowsPerKChunk, 1, kGemmMaxKChunks);
+}
+
+// Columns [k0, k1) of op(A) and rows [k0, k1) of op(B).
+GemmInput<float> a_columns(GemmInput<float> A, std::int64_t k0) {
+  A.data += A.transposed ? k0 * A.ld : k0;
+  return A;
+}
+GemmInput<float> b_rows(GemmInput<float> B, std::int64_t k0) {
+  B.data += B.transposed ? k0 : k0 * B.ld;
+  return B;
+}
+
+// C (+)= alpha op(A) op(B) for M <= kGemmRowsPerBlock in `chunks` parts of K, one work item each:
+// part 0 into C, part c > 0 into partial[c - 1]; then C += partial[0] + ... in that order, so the
+// result depends on the sizes only, not on which thread ran which part.
+dnnl_status_t gemm_split_k(std::int64_t M, std::int64_t N, std::int64_t K, std::int64_t chunks, GemmInput<float> A,
+                           GemmInput<float> B, GemmOutput<float> C, float alpha) {
+  // [chunks - 1, M, N], kept for the next product: at most 3 x 128 x N floats per calling thread (1.5 MiB
+  // for N = 1024), never returned to the system before the thread ends.
+  thread_local std::vector<float> partial;
+  partial.resize(static_cast<std::size_t>((chunks - 1) * M * N));
+  float* const parts = partial.data();  // the calling thread's buffer, named in the region by pointer
+  std::atomic<int> failure{dnnl_success};
+#pragma omp parallel for schedule(dynamic, 1)
+  for (std::int64_t c = 0; c < chunks; ++c) {
+    const std::int64_t k0 = K * c / chunks, k1 = K * (c + 1) / chunks;
+    const GemmOutput<float> out = c == 0 ? C : overwrite(parts + (c - 1) * M * N, N);
+    const dnnl_status_t status = sgemm_on_this_thread(M, N, k1 - k0, a_columns(A, k0), b_rows(B, k0), out, alpha);
+    if (status != dnnl_success) failure = status;
+  }
+  for (std::int64_t c = 1; c < chunks; ++c)
+    for (std::int64_t m = 0; m < M; ++m) {
+      const float* p = parts + ((c - 1) * M + m) * N;
+      float* row = C.data + m * C.ld;
+      for (std::int64_t n = 0; n < N; ++n) row[n] += p[n];
+    }
+  return static_cast<dnnl_status_t>(failure.load());
+}
+
 }  // namespace
 
 template <>
@@ -47,8 +91,13 @@ void gemm<float>(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<float
       for (std::int64_t m = 0; m < M; ++m) std::fill_n(C.data + m * C.ld, N, 0.0f);
     return;
   }
-  const std::int64_t blocks = (M + kGemmRowsPerBlock - 1) / kGemmRowsPerBlock;
   const SerialIfSmall serial_if_small(2.0 * M * N * K);
+  if (const std::int64_t chunks = k_chunks(M, K); chunks > 1) {
+    const dnnl_status_t status = gemm_split_k(M, N, K, chunks, A, B, C, alpha);
+    if (status != dnnl_success) throw Error(describe_failure(status, M, N, K, A, B, C));
+    return;
+  }
+  const std::int64_t blocks = (M + kGemmRowsPerBlock - 1) / kGemmRowsPerBlock;
   std::atomic<int> failure{dnnl_success};  // an exception cannot leave the parallel region
 #pragma omp parallel for schedule(dynamic, 1)
   for (std::int64_t block = 0; block < blocks; ++block) {  // rows [m0, m0 + rows) of C, whole

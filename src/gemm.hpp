@@ -55,6 +55,13 @@ GemmOutput<T> accumulate_into(T* c, std::int64_t ld) {
 // GEMM's full rate.
 inline constexpr std::int64_t kGemmRowsPerBlock = 128;
 
+// A product with a single row block (M <= kGemmRowsPerBlock: the weight gradients dW = dY^T X of
+// narrow layers, K = B*L rows) would run on one thread; it is split instead into K / 512 parts of K
+// (at most 4), computed in parallel into separate buffers and summed in a fixed order. The split
+// depends on M and K only, never on the thread count, so results stay bitwise thread-independent.
+inline constexpr std::int64_t kGemmMinRowsPerKChunk = 512;
+inline constexpr std::int64_t kGemmMaxKChunks = 4;
+
 // A whole product on the library's threads: blocks of kGemmRowsPerBlock rows of C shared among them
 // (on the calling thread alone when the product is small, see parallel.hpp). K = 0 gives C = 0 (or
 // leaves C as it is when accumulating). Results are bitwise independent of the thread count. Throws

@@ -56,6 +56,17 @@ struct MultiHeadAttentionInputs {
   bool causal = false;                         ///< bottom-right aligned over the S input keys
   bool need_weights = true;
   bool average_attn_weights = true;
+  /// Training mode: backward() reads the caller's query, key and value instead of copies of them.
+  /// Contract: the memory they view stays allocated and unmodified from forward() until the last
+  /// backward() of that forward returns (the layer holds the views until its next forward()). A
+  /// modified input is detected: the forward takes a 64-bit fingerprint of each borrowed input and
+  /// backward() recomputes it, throwing mha::Error ("query changed between forward and backward;
+  /// ...") rather than returning wrong gradients. Freed memory cannot be detected (undefined
+  /// behaviour). An input with gaps between its rows (not contiguous) is still copied, since the
+  /// products read plain rows. Default false: the layer keeps copies and the caller's arrays are
+  /// free once forward() returns. Either way, inputs that are one array (same data, dtype, shape and
+  /// strides: self-attention, or key is value) are kept once, not once per role.
+  bool borrow_inputs = false;
 };
 
 struct MultiHeadAttentionOutput {
@@ -71,7 +82,8 @@ struct MultiHeadAttentionGradients {
 
 namespace detail {
 struct SavedForward;  // what a training-mode forward keeps for backward()
-}
+class BufferPool;     // the buffers forward() and backward() reuse from one call to the next
+}  // namespace detail
 
 class MultiHeadAttention;
 
@@ -139,6 +151,11 @@ class KeyValueCache {
   mutable std::atomic<int> users_{0};  // readers in forward_cached(), or -1 while one call writes
 };
 
+/// Memory: besides what a training-mode forward keeps, a layer holds the internal buffers of its last
+/// forward and backward (the projections, the concatenated heads, the intermediate gradients: about
+/// 4 B L E + 4 B S E elements) for the next call of the same shapes to reuse; a buffer that no call
+/// reused for one forward-backward cycle is freed.
+///
 /// Thread safety: forward() and backward() change the layer's state (the dropout counter, what a
 /// training-mode forward keeps), so calls on one layer must not overlap; separate layers are
 /// independent. append_to_cache() and forward_cached() are const: calls with different caches may
@@ -176,7 +193,8 @@ class MultiHeadAttention {
   /// query [B, L, E], key [B, S, kdim], value [B, S, vdim] (batch_first), or [L, B, *] (not
   /// batch_first), or unbatched [L, E], [S, kdim], [S, vdim]. Inputs must have the module's dtype.
   /// Non-const: each training-mode call with dropout draws a new dropout seed, and a training-mode call
-  /// keeps what backward() needs (copies of the inputs and masks, the projections, the log-sum-exps).
+  /// keeps what backward() needs (copies of the inputs, or views with inputs.borrow_inputs; copies of
+  /// the masks; the projections, the log-sum-exps).
   MultiHeadAttentionOutput forward(const TensorView& query, const TensorView& key, const TensorView& value,
                                    const MultiHeadAttentionInputs& inputs = {});
 
@@ -185,9 +203,14 @@ class MultiHeadAttention {
   /// returned in new tensors: they overwrite nothing and accumulate nothing (sum them yourself when
   /// query, key and value are one tensor). No gradient flows through the returned attention weights.
   /// Throws mha::Error when there is no training-mode forward, when a parameter was set (set_parameter,
-  /// load_state_dict) after it (as PyTorch refuses a backward through modified weights), or when dout
-  /// has the wrong shape or dtype.
+  /// load_state_dict) after it (as PyTorch refuses a backward through modified weights), when an input
+  /// lent with borrow_inputs changed after it, or when dout has the wrong shape or dtype.
   MultiHeadAttentionGradients backward(const TensorView& dout);
+
+  /// Bytes the last training-mode forward keeps for backward(): the copies of its inputs (none for
+  /// borrowed or eval-mode inputs; one for an array passed in several roles), the projections, the
+  /// concatenated heads, the log-sum-exps and the masks. 0 when nothing is kept (evaluation mode).
+  std::int64_t saved_bytes() const;
 
   // ---- incremental decoding (see KeyValueCache) ------------------------------------------------
   /// Projects key [B, S_new, kdim] and value [B, S_new, vdim] (the layer's layout: batch_first, or
@@ -217,6 +240,8 @@ class MultiHeadAttention {
   Tensor& mutable_parameter(const std::string& name);
   // Throws mha::Error unless `cache` was filled by a layer like this one (widths, dtype, extra positions).
   void check_cache_layer(const KeyValueCache& cache) const;
+  // This layer's buffer pool (a new one when the layer was copied: copies never share buffers).
+  detail::BufferPool& buffer_pool();
 
   MultiHeadAttentionConfig config_;
   std::map<std::string, Tensor> parameters_;
@@ -226,6 +251,7 @@ class MultiHeadAttention {
   std::uint64_t dropout_calls_ = 0;
   std::uint64_t parameters_version_ = 0;  // counts parameter changes, so backward() can refuse a stale forward
   std::shared_ptr<detail::SavedForward> saved_;
+  std::shared_ptr<detail::BufferPool> pool_;
 };
 
 }  // namespace mha

@@ -233,7 +233,9 @@ class MultiheadAttention:
     projection weights xavier_uniform, out_proj.weight uniform(+-1/sqrt(h*d_v)), biases 0, bias_k
     and bias_v xavier_normal. Like a torch module, a new module is in training mode; dropout
     applies only in training mode, and a training-mode forward also keeps what backward() needs
-    (copies of the inputs, the projections): call eval() for inference.
+    (the projections, and references to the input arrays: no copies): call eval() for inference.
+    Modifying an input array in place between a training-mode forward and its backward() makes
+    backward() raise mha.Error (a fingerprint of each input is compared), not return wrong gradients.
 
     One module may be used from several threads; its calls are serialised by a lock.
 
@@ -406,10 +408,17 @@ class MultiheadAttention:
         accumulated: when query, key and value were one array, add the three gradients. No gradient
         flows through the returned attention weights. A training-mode forward keeps what this
         needs; evaluation mode keeps nothing. Raises ValueError when there is no training-mode
-        forward or grad_out has the wrong shape or dtype.
+        forward, when an input array of that forward was modified since (the forward keeps the
+        arrays themselves, not copies), or grad_out has the wrong shape or dtype.
         """
         query, key, value, parameters = self._module.backward(grad_out)
         return {"query": query, "key": key, "value": value, **parameters}
+
+    def saved_bytes(self):
+        """Bytes the last training-mode forward keeps for backward(): the projections, concatenated
+        heads, log-sum-exps and masks (the input arrays are referenced, not copied, unless an input
+        has gaps between its rows); 0 after an eval-mode forward."""
+        return self._module.saved_bytes()
 
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)

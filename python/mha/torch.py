@@ -84,8 +84,9 @@ class MultiheadAttention(_torch.nn.Module):
     inputs as NumPy views of the tensors' memory (no copy). When autograd needs gradients the layer
     that ran the forward stays with that forward's graph until the graph is freed, so several
     forwards may precede their backward (and ``retain_graph=True`` backwards may repeat); a layer
-    holds its forward's activations (mha's training-mode copies of the inputs and the projections)
-    until it is reused.
+    holds its forward's activations (the projections, and references to the input tensors' memory
+    rather than copies) until it is reused. Modifying an input in place before the backward makes
+    the backward raise mha.Error, as torch raises for a tensor saved for backward.
     """
 
     __constants__ = ["batch_first"]
@@ -311,7 +312,8 @@ class _Call:
 
     def forward(self):
         """Runs the internal layer with the current parameter values; returns (out, weights or None)
-        as NumPy arrays, and drops the references to the inputs (mha keeps its own copies)."""
+        as NumPy arrays, and drops the references to the inputs (the layer keeps the arrays it needs
+        for backward until its next forward)."""
         layer = self.worker.layer
         layer.load_state_dict({n: p.detach().numpy() for n, p in zip(self.names, self.params)})
         layer.train(self.training)

@@ -27,10 +27,17 @@ namespace {
 // backward) while load_state_dict() writes the parameters: every call into the module takes the
 // lock. A call that releases the GIL takes the lock after releasing it and drops it before taking
 // the GIL back, so a thread never waits for the GIL while holding the lock (no deadlock).
+//
+// Training-mode forwards lend the caller's arrays to the module (borrow_inputs: no copies); `lent`
+// holds references to them until the next forward, so that backward() reads live memory. It changes
+// under the lock, with the module's saved state, but only by moves (no reference counts change
+// without the GIL): forward() swaps the new references in and drops the old ones once it holds the
+// GIL again.
 struct LockedModule {
   LockedModule(const MultiHeadAttentionConfig& config, std::uint64_t seed) : module(config, seed) {}
   MultiHeadAttention module;
   std::mutex mutex;
+  std::vector<py::object> lent;  // the arrays the last training-mode forward borrowed (guarded by mutex)
 };
 
 using Lock = std::lock_guard<std::mutex>;
@@ -57,20 +64,32 @@ HeldInputs inputs_of(py::handle key_padding_mask, py::handle attn_mask, std::vec
 }
 
 // query [B, L, E] / [L, B, E] / [L, E], key [.., S, kdim], value [.., S, vdim].
-// Returns (out like query, weights or None).
+// Returns (out like query, weights or None). A training-mode forward keeps the arrays (not copies)
+// for backward, which raises mha.Error if one was modified in between.
 py::tuple forward(LockedModule& self, py::handle query, py::handle key, py::handle value, py::handle key_padding_mask,
                   py::handle attn_mask, std::vector<std::int64_t> key_lengths, bool is_causal, bool need_weights,
                   bool average_attn_weights) {
   const ArrayView query_view = view_of(query, "query", Accept::Float);
   const ArrayView key_view = view_of(key, "key", Accept::Float);
   const ArrayView value_view = view_of(value, "value", Accept::Float);
-  const HeldInputs held =
+  HeldInputs held =
       inputs_of(key_padding_mask, attn_mask, std::move(key_lengths), is_causal, need_weights, average_attn_weights);
+  held.inputs.borrow_inputs = true;  // backward() reads the arrays themselves, kept alive by self.lent
+  // References taken here, with the GIL; after the call `lent` holds what the module no longer needs
+  // (the previous forward's arrays, or these after an eval-mode forward), released with the GIL.
+  std::vector<py::object> lent = {query_view.array, key_view.array, value_view.array};
+  lent.reserve(6);
   MultiHeadAttentionOutput output;
   {
     py::gil_scoped_release release;
     const Lock lock(self.mutex);
     output = self.module.forward(query_view.view, key_view.view, value_view.view, held.inputs);
+    if (self.module.training()) {
+      std::swap(self.lent, lent);
+    } else {  // nothing kept: the previous forward's arrays go too
+      for (py::object& array : self.lent) lent.push_back(std::move(array));
+      self.lent.clear();  // moved-from (null) handles: no reference counts change
+    }
   }
   return py::make_tuple(to_numpy(std::move(output.out)), to_numpy_or_none(std::move(output.weights)));
 }
@@ -256,6 +275,13 @@ void register_multi_head_attention(py::module_& m) {
            py::arg("key_lengths") = std::vector<std::int64_t>{}, py::arg("is_causal") = false,
            py::arg("need_weights") = true, py::arg("average_attn_weights") = true,
            "Attends query to every cached position (evaluation mode); returns (out like query, weights or None)")
+      .def(
+          "saved_bytes",
+          [](LockedModule& self) {
+            const Lock lock(self.mutex);
+            return self.module.saved_bytes();
+          },
+          "Bytes the last training-mode forward keeps for backward (the inputs are borrowed, not copied)")
       .def("backward", &backward, py::arg("dout"),
            "Gradients of the last training-mode forward: (d query, d key, d value, {name: d parameter})");
 }

@@ -4,6 +4,7 @@
 // Legend: B batch, L queries, S keys, E = d_model, h heads, d_k, d_v per-head widths; S' = S plus the
 // appended bias_k / zero-attention positions. "Rows" are the flattened (batch, position) pairs of an
 // input in its own order (see layer/inputs.hpp).
+#include <cstring>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -11,6 +12,8 @@
 
 #include "dtype_dispatch.hpp"
 #include "layer/attend.hpp"
+#include "layer/buffer_pool.hpp"
+#include "layer/fingerprint.hpp"
 #include "layer/inputs.hpp"
 #include "layer/masks.hpp"
 #include "layer/projections.hpp"
@@ -26,8 +29,11 @@ namespace detail {
 struct SavedForward {
   std::int64_t B = 0, L = 0, S = 0, extra = 0;
   RowLayout q_rows{}, kv_input_rows{}, kv_rows{};
-  Tensor x[3];           // copies of query, key, value (training mode, or to close gaps)
-  TensorView x_view[3];  // what the projections read: x[i] or the caller's input
+  Tensor x[3];                        // copies of query, key, value (training mode, or to close gaps)
+  TensorView x_view[3];               // what the projections read: x[i], x[source[i]] or the caller's input
+  int source[3] = {0, 1, 2};          // the first role passed the same array (self-attention: 0, 0, 0)
+  bool borrowed[3] = {};              // x_view[i] is the caller's memory, lent with borrow_inputs
+  std::uint64_t fingerprint[3] = {};  // of each borrowed input, at the forward
   Tensor q_proj, k_proj, v_proj, context, lse;
   KernelMasks masks;  // in kernel terms, owning their storage
   Shape out_shape;
@@ -43,6 +49,67 @@ using namespace detail;
 [[noreturn]] void fail(const std::string& message) { throw Error(message); }
 
 std::string str(std::int64_t v) { return std::to_string(v); }
+
+constexpr const char* kRoleName[3] = {"query", "key", "value"};
+
+// True when a and b are one array: same memory, dtype, shape and strides.
+bool same_array(const TensorView& a, const TensorView& b) {
+  return a.data() == b.data() && a.dtype() == b.dtype() && a.shape() == b.shape() && a.strides() == b.strides();
+}
+
+// A contiguous copy of x, in a buffer from the pool when x is contiguous (else a new one).
+Tensor copy_into_pooled(const TensorView& x, BufferPool& pool) {
+  if (!x.is_contiguous()) return Tensor::copy_of(x);
+  Tensor copy = pool.take(x.dtype(), x.shape());
+  if (copy.nbytes() > 0) std::memcpy(copy.data(), x.data(), copy.nbytes());
+  return copy;
+}
+
+// Gives the buffers of a forward that nobody else holds back to the pool, for the next call.
+void recycle(std::shared_ptr<SavedForward>&& saved, BufferPool& pool) {
+  if (saved && saved.use_count() == 1) {  // not shared with a copy of the layer
+    SavedForward& f = *saved;
+    for (Tensor* t : {&f.x[0], &f.x[1], &f.x[2], &f.q_proj, &f.k_proj, &f.v_proj, &f.context}) pool.give(std::move(*t));
+  }
+  saved.reset();
+}
+
+// Decides what the projections (and, in training mode, the backward) read for each of query, key
+// and value: a role passed the same array as an earlier one reads that one's view; otherwise a copy
+// (training mode unless borrowed), or the caller's memory (a contiguous copy if it has gaps).
+void keep_inputs(const TensorView* const inputs[3], bool training, bool borrow, BufferPool& pool, SavedForward& f) {
+  for (int i = 0; i < 3; ++i) {
+    int j = 0;
+    while (j < i && !same_array(*inputs[j], *inputs[i])) ++j;
+    f.source[i] = j;
+    if (j < i) {
+      f.x_view[i] = f.x_view[j];
+      continue;
+    }
+    if (training && !borrow) {
+      f.x[i] = copy_into_pooled(*inputs[i], pool);
+      f.x_view[i] = f.x[i].view();
+    } else {
+      f.x_view[i] = contiguous_view(*inputs[i], f.x[i]);
+    }
+    f.borrowed[i] = training && !f.x[i].defined();
+    if (f.borrowed[i]) f.fingerprint[i] = fingerprint(f.x_view[i]);
+  }
+}
+
+// Throws mha::Error when an input lent to the forward (borrow_inputs) changed since.
+void check_borrowed_inputs(const SavedForward& f) {
+  for (int i = 0; i < 3; ++i) {
+    if (!f.borrowed[i] || fingerprint(f.x_view[i]) == f.fingerprint[i]) continue;
+    std::string also;  // the other roles given the same array
+    for (int k = i + 1; k < 3; ++k)
+      if (f.source[k] == i) also += std::string(also.empty() ? "" : " and ") + kRoleName[k];
+    const std::string name = kRoleName[i] + (also.empty() ? "" : " (passed also as " + also + ")");
+    fail(name + " changed between forward and backward; the training-mode forward borrowed it (borrow_inputs), so "
+                "the gradients would be wrong. Keep borrowed inputs unchanged until backward() returns, or leave "
+                "borrow_inputs false so that the layer keeps a copy");
+  }
+}
 
 HeadViews head_views(const SavedForward& f, const MultiHeadAttentionConfig& c) {
   const std::int64_t h = c.num_heads, S2 = f.S + f.extra;
@@ -103,6 +170,10 @@ MultiHeadAttentionOutput MultiHeadAttention::forward(const TensorView& query, co
   }
 
   // ---- project, attend, project back --------------------------------------------------------
+  // The inputs and masks are valid: the previous forward's state makes way (its buffers are reused).
+  BufferPool& pool = buffer_pool();
+  pool.start_cycle();
+  recycle(std::move(saved_), pool);
   auto saved = std::make_shared<SavedForward>();
   SavedForward& f = *saved;
   f.B = B, f.L = L, f.S = S, f.extra = extra;
@@ -110,19 +181,18 @@ MultiHeadAttentionOutput MultiHeadAttention::forward(const TensorView& query, co
   f.kv_input_rows = dims.rows(B, S);
   f.kv_rows = extra ? RowLayout{S2, 1} : f.kv_input_rows;
   // Inputs with gaps between rows are copied once so the GEMMs read plain [rows, width] matrices;
-  // training mode keeps its own copies for the backward.
-  const TensorView* inputs[3] = {&query, &key, &value};
-  for (int i = 0; i < 3; ++i) {
-    if (training_) f.x[i] = Tensor::copy_of(*inputs[i]);
-    f.x_view[i] = training_ ? f.x[i].view() : contiguous_view(*inputs[i], f.x[i]);
-  }
-  QuerySide query_side = allocate_query_side(query, B * L, c);
-  f.q_proj = std::move(query_side.q_proj);
-  f.context = std::move(query_side.context);
-  f.k_proj = Tensor(c.dtype, {B * S2, qk});  // [rows of key (+ extra per batch), h*d_k]
-  f.v_proj = Tensor(c.dtype, {B * S2, vw});  // [rows of value (+ extra per batch), h*d_v]
+  // training mode keeps its own copies for the backward unless the caller lends its inputs.
+  const TensorView* const inputs[3] = {&query, &key, &value};
+  keep_inputs(inputs, training_, in.borrow_inputs, pool, f);
+  // Every element of these is written below (the kernel writes 0 for a query with no allowed key).
+  f.q_proj = pool.take(c.dtype, {B * L, qk});   // [rows of query, h*d_k]
+  f.context = pool.take(c.dtype, {B * L, vw});  // [rows of query, h*d_v]: the concatenated heads
+  f.k_proj = pool.take(c.dtype, {B * S2, qk});  // [rows of key (+ extra per batch), h*d_k]
+  f.v_proj = pool.take(c.dtype, {B * S2, vw});  // [rows of value (+ extra per batch), h*d_v]
+  Shape out_shape = query.shape();
+  out_shape.back() = c.d_model;
   MultiHeadAttentionOutput result;
-  result.out = std::move(query_side.out);
+  result.out = Tensor(c.dtype, out_shape);
 
   dispatch_floating(c.dtype, [&]<class T>(T) {
     const ProjectionWeights<T> w = projection_weights<T>(*this);
@@ -142,7 +212,7 @@ MultiHeadAttentionOutput MultiHeadAttention::forward(const TensorView& query, co
     f.parameters_version = parameters_version_;
     saved_ = std::move(saved);
   } else {
-    saved_.reset();
+    recycle(std::move(saved), pool);
   }
   return result;
 }
@@ -156,6 +226,7 @@ MultiHeadAttentionGradients MultiHeadAttention::backward(const TensorView& dout)
   const auto& c = config_;
   const std::int64_t E = c.d_model, qk = c.num_heads * c.d_k, vw = c.num_heads * c.d_v;
   const std::int64_t B = f.B, L = f.L, S = f.S, S2 = f.S + f.extra;
+  check_borrowed_inputs(f);
   if (dout.dtype() != c.dtype)
     fail(std::string("dout: expected ") + dtype_name(c.dtype) + " like the output, got " + dtype_name(dout.dtype()));
   if (dout.shape() != f.out_shape)
@@ -170,8 +241,12 @@ MultiHeadAttentionGradients MultiHeadAttention::backward(const TensorView& dout)
   MultiHeadAttentionGradients g;
   for (const auto& name : parameter_names()) g.parameters[name] = Tensor(c.dtype, parameter(name).shape());
   for (int i = 0; i < 3; ++i) (i == 0 ? g.query : i == 1 ? g.key : g.value) = Tensor(c.dtype, f.x_view[i].shape());
-  Tensor dcontext(c.dtype, {B * L, vw});  // [rows of query, h*d_v]
-  Tensor dq_proj(c.dtype, {B * L, qk}), dk_proj(c.dtype, {B * S2, qk}), dv_proj(c.dtype, {B * S2, vw});
+  BufferPool& pool = buffer_pool();
+  Tensor dcontext = pool.take(c.dtype, {B * L, vw});  // [rows of query, h*d_v], overwritten below
+  // The kernel's gradients, zero on entry: [rows of query, h*d_k], [rows of key (+ extra), h*d_k], ...
+  Tensor dq_proj = pool.take(c.dtype, {B * L, qk}), dk_proj = pool.take(c.dtype, {B * S2, qk});
+  Tensor dv_proj = pool.take(c.dtype, {B * S2, vw});
+  for (Tensor* t : {&dq_proj, &dk_proj, &dv_proj}) std::memset(t->data(), 0, t->nbytes());
 
   auto run = [&]<class T>(T) {
     const ProjectionWeights<T> w = projection_weights<T>(*this);
@@ -208,7 +283,23 @@ MultiHeadAttentionGradients MultiHeadAttention::backward(const TensorView& dout)
                         dw ? dw + 2 * qk * E : grad("v_proj_weight"), db ? db + 2 * qk : nullptr, g.value);
   };
   dispatch_floating(c.dtype, run);
+  for (Tensor* t : {&dcontext, &dq_proj, &dk_proj, &dv_proj}) pool.give(std::move(*t));
   return g;
+}
+
+BufferPool& MultiHeadAttention::buffer_pool() {
+  if (!pool_ || pool_.use_count() > 1) pool_ = std::make_shared<BufferPool>();  // a copied layer's own
+  return *pool_;
+}
+
+std::int64_t MultiHeadAttention::saved_bytes() const {
+  if (!saved_) return 0;
+  const SavedForward& f = *saved_;
+  std::size_t bytes = 0;
+  for (const Tensor* t : {&f.x[0], &f.x[1], &f.x[2], &f.q_proj, &f.k_proj, &f.v_proj, &f.context, &f.lse,
+                          &f.masks.attn_mask, &f.masks.key_padding_mask})
+    if (t->defined()) bytes += t->nbytes();
+  return static_cast<std::int64_t>(bytes);
 }
 
 }  // namespace mha

@@ -1,6 +1,7 @@
 // The one GEMM entry (src/gemm.hpp) against a float64 product written out here: every transposition,
 // accumulate or not, alpha, K = 0, row strides wider than the rows, sizes across the row blocks
-// (kGemmRowsPerBlock); and the float32 result bitwise independent of the thread count.
+// (kGemmRowsPerBlock), one row block with K split in parts (kGemmMinRowsPerKChunk); and the float32
+// result bitwise independent of the thread count.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -16,6 +17,7 @@ namespace mha_test {
 namespace {
 
 using mha::detail::gemm;
+using mha::detail::kGemmMinRowsPerKChunk;
 using mha::detail::kGemmRowsPerBlock;
 
 struct GemmCase {
@@ -91,6 +93,9 @@ std::vector<GemmCase> cases() {
   all.push_back({false, true, false, 5, 4, 0, 1.0, 0});  // K = 0: C = 0
   all.push_back({true, false, true, 5, 4, 0, 1.0, 2});   // K = 0, accumulating: C unchanged
   all.push_back({false, false, false, 64, 64, 1, 1.0, 0});
+  // One row block, long K: split into parts of K (kGemmMinRowsPerKChunk), as the weight gradients are.
+  all.push_back({true, false, false, 24, 19, 2 * kGemmMinRowsPerKChunk + 37, 1.0, 0});
+  all.push_back({true, false, true, 24, 19, 9 * kGemmMinRowsPerKChunk + 5, 0.5, 3});
   return all;
 }
 
@@ -129,16 +134,19 @@ INSTANTIATE_TEST_SUITE_P(Configs, GemmTest, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<GemmCase>& info) { return info.param.name(); });
 
 TEST(Gemm, Float32BitwiseIndependentOfTheThreadCount) {
-  // Large enough to run in parallel (above parallel.hpp's threshold), several row blocks.
-  const GemmCase c{false, true, false, 3 * kGemmRowsPerBlock + 5, 96, 200, 1.0, 0};
-  Operands<float> one = make_operands<float>(c, 3), two = one;
-  const int saved = omp_get_max_threads();
-  omp_set_num_threads(1);
-  run_gemm(c, one);
-  omp_set_num_threads(2);
-  run_gemm(c, two);
-  omp_set_num_threads(saved);
-  EXPECT_EQ(one.C, two.C);
+  // Large enough to run in parallel (above parallel.hpp's threshold): several row blocks; and one row
+  // block with a long K, split into parts of K (a weight gradient's shape), accumulating.
+  for (const GemmCase& c : {GemmCase{false, true, false, 3 * kGemmRowsPerBlock + 5, 96, 200, 1.0, 0},
+                            GemmCase{true, false, true, 64, 64, 4 * kGemmMinRowsPerKChunk + 3, 1.0, 0}}) {
+    Operands<float> one = make_operands<float>(c, 3), two = one;
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(1);
+    run_gemm(c, one);
+    omp_set_num_threads(2);
+    run_gemm(c, two);
+    omp_set_num_threads(saved);
+    EXPECT_EQ(one.C, two.C) << c.name();
+  }
 }
 
 }  // namespace

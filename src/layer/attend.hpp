@@ -31,8 +31,8 @@ struct QuerySide {
 inline QuerySide allocate_query_side(const TensorView& query, std::int64_t rows, const MultiHeadAttentionConfig& c) {
   Shape out_shape = query.shape();
   out_shape.back() = c.d_model;
-  return {Tensor(c.dtype, {rows, c.num_heads * c.d_k}), Tensor(c.dtype, {rows, c.num_heads * c.d_v}),
-          Tensor(c.dtype, out_shape)};
+  return {Tensor::uninitialized(c.dtype, {rows, c.num_heads * c.d_k}),  // each written whole
+          Tensor::uninitialized(c.dtype, {rows, c.num_heads * c.d_v}), Tensor::uninitialized(c.dtype, out_shape)};
 }
 
 // The weights as forward returns them, from the kernel's per-head [B, h, L, S']: averaged over the

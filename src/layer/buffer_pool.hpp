@@ -1,10 +1,10 @@
 // The buffers a layer reuses from one forward / backward to the next: the projections, the
 // concatenated heads and the backward's intermediate gradients. A fresh allocation of that size comes
-// from the operating system as new pages, each faulted in and then zeroed by Tensor: measured here
+// from the operating system as new pages, each faulted in (and once zeroed by Tensor): measured here
 // (perf, B=8 N=64 E=256, one thread) at about half of a training step before this pool existed.
 //
 // take() hands out a held tensor of the same dtype and element count (its contents are stale: the
-// caller overwrites or zeroes it) or allocates a new one; give() takes a tensor back. A held tensor
+// caller overwrites it whole) or allocates a new, uninitialised one; give() takes a tensor back. A held tensor
 // that no call took for a whole cycle (one forward and the backward after it) is freed at the next
 // forward, so changing shapes do not make the pool grow: it holds at most the buffers of the last two
 // calls.
@@ -20,7 +20,8 @@ namespace mha::detail {
 
 class BufferPool {
  public:
-  // A tensor of `shape` and `dtype`, stale (from the pool) or zeroed (new).
+  // A tensor of `shape` and `dtype`, its contents unspecified (stale from the pool, or new): for buffers
+  // the caller overwrites whole.
   Tensor take(DType dtype, Shape shape) {
     const std::int64_t numel = shape_numel(shape);
     for (std::size_t i = 0; i < held_.size(); ++i) {
@@ -29,7 +30,7 @@ class BufferPool {
       held_.erase(held_.begin() + static_cast<std::ptrdiff_t>(i));
       return std::move(t).reshaped(std::move(shape));
     }
-    return Tensor(dtype, std::move(shape));
+    return Tensor::uninitialized(dtype, std::move(shape));
   }
 
   // Holds `t` for a later take(); a tensor under kMinBytes (or undefined) is dropped.

@@ -192,7 +192,7 @@ MultiHeadAttentionOutput MultiHeadAttention::forward(const TensorView& query, co
   Shape out_shape = query.shape();
   out_shape.back() = c.d_model;
   MultiHeadAttentionOutput result;
-  result.out = Tensor(c.dtype, out_shape);
+  result.out = Tensor::uninitialized(c.dtype, out_shape);  // written whole by the output projection
 
   dispatch_floating(c.dtype, [&]<class T>(T) {
     const ProjectionWeights<T> w = projection_weights<T>(*this);
@@ -240,13 +240,13 @@ MultiHeadAttentionGradients MultiHeadAttention::backward(const TensorView& dout)
 
   MultiHeadAttentionGradients g;
   for (const auto& name : parameter_names()) g.parameters[name] = Tensor(c.dtype, parameter(name).shape());
-  for (int i = 0; i < 3; ++i) (i == 0 ? g.query : i == 1 ? g.key : g.value) = Tensor(c.dtype, f.x_view[i].shape());
+  for (int i = 0; i < 3; ++i)  // written whole by project_backward
+    (i == 0 ? g.query : i == 1 ? g.key : g.value) = Tensor::uninitialized(c.dtype, f.x_view[i].shape());
   BufferPool& pool = buffer_pool();
   Tensor dcontext = pool.take(c.dtype, {B * L, vw});  // [rows of query, h*d_v], overwritten below
-  // The kernel's gradients, zero on entry: [rows of query, h*d_k], [rows of key (+ extra), h*d_k], ...
+  // The kernel's gradients, written whole by it: [rows of query, h*d_k], [rows of key (+ extra), h*d_k], ...
   Tensor dq_proj = pool.take(c.dtype, {B * L, qk}), dk_proj = pool.take(c.dtype, {B * S2, qk});
   Tensor dv_proj = pool.take(c.dtype, {B * S2, vw});
-  for (Tensor* t : {&dq_proj, &dk_proj, &dv_proj}) std::memset(t->data(), 0, t->nbytes());
 
   auto run = [&]<class T>(T) {
     const ProjectionWeights<T> w = projection_weights<T>(*this);

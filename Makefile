@@ -35,12 +35,16 @@ test-python:
 	PYTHONPATH=$(BUILD)/python $(PYTHON) -m pytest -q -p no:cacheprovider tests/python
 
 # The C++ tests again under AddressSanitizer + UndefinedBehaviorSanitizer (no Python, no apps).
+# The suite runs with the storage cache off (src/storage_cache.hpp), so that ASan sees every use of
+# freed tensor storage; the cache's own tests then run with it on.
 test-asan: deps
 	cmake -S . -B $(BUILD_ASAN) -DCMAKE_BUILD_TYPE=Debug -DMHA_SANITIZE=ON -DMHA_BUILD_PYTHON=OFF \
 	  -DMHA_BUILD_APPS=OFF -Wno-dev
 	cmake --build $(BUILD_ASAN) -j $(JOBS)
 	cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-	  ctest --output-on-failure -j $(JOBS)
+	  MHA_STORAGE_CACHE_MIB=0 ctest --output-on-failure -j $(JOBS)
+	cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	  tests/mha_tests --gtest_filter='StorageCache.*:Tensor*'
 
 # libFuzzer + ASan + UBSan on the safetensors and .npy readers, FUZZ_TIME seconds each (default 30);
 # fails on any crash, leak, sanitizer report or oversized allocation (fuzz/run.sh, docs/FUZZING.md).

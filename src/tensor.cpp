@@ -7,12 +7,11 @@
 
 #include "checked_arithmetic.hpp"
 #include "mha/error.hpp"
+#include "storage_cache.hpp"
 
 namespace mha {
 
-namespace {
-constexpr std::size_t kAlignment = 64;  // one cache line; also the widest SIMD register (AVX-512)
-}
+static_assert(detail::kStorageAlignment == 64);  // one cache line; also the widest SIMD register (AVX-512)
 
 std::size_t dtype_size(DType dtype) {
   switch (dtype) {
@@ -106,7 +105,7 @@ bool TensorView::is_contiguous() const {
 
 // ---- Tensor --------------------------------------------------------------------------------------
 
-void Tensor::Free::operator()(std::byte* p) const { ::operator delete[](p, std::align_val_t{kAlignment}); }
+void Tensor::Free::operator()(std::byte* p) const { detail::release_storage(p, bytes); }
 
 Tensor::Tensor(DType dtype, Shape shape) : Tensor(uninitialized(dtype, std::move(shape))) {
   if (data_) std::memset(data_.get(), 0, nbytes());
@@ -129,7 +128,7 @@ void Tensor::allocate() {
     defined_empty_ = true;
     return;
   }
-  data_.reset(new (std::align_val_t{kAlignment}) std::byte[bytes]);
+  data_ = std::unique_ptr<std::byte, Free>(detail::acquire_storage(bytes), Free{bytes});
 }
 
 namespace {

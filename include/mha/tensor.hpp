@@ -76,6 +76,12 @@ class TensorView {
 
 /// Owning, contiguous (C order), 64-byte aligned, zero-initialised storage (unless made uninitialized()). Move-only;
 /// copy with clone().
+///
+/// Freed storage of 64 KiB to 16 MiB is kept in a process-wide cache and reused by the next tensor of
+/// the same size (rounded up to 4 KiB), so that a training loop's per-step tensors land on memory
+/// already mapped instead of faulting in new pages. The cache holds at most 64 MiB (oldest freed
+/// first out); the environment variable MHA_STORAGE_CACHE_MIB, read when the first tensor is
+/// allocated, sets another limit in MiB (0: no cache).
 class Tensor {
  public:
   Tensor() = default;  ///< an undefined tensor: defined() is false
@@ -122,6 +128,7 @@ class Tensor {
 
  private:
   struct Free {
+    std::size_t bytes;  // what the storage was acquired for (value-initialised: 0)
     void operator()(std::byte* p) const;
   };
   void allocate();  // storage for shape_, contents unspecified; checks the shape

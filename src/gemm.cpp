@@ -97,11 +97,12 @@ void gemm<float>(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<float
     if (status != dnnl_success) throw Error(describe_failure(status, M, N, K, A, B, C));
     return;
   }
-  const std::int64_t blocks = (M + kGemmRowsPerBlock - 1) / kGemmRowsPerBlock;
+  const std::int64_t rows_per_block = gemm_rows_per_block(M);
+  const std::int64_t blocks = (M + rows_per_block - 1) / rows_per_block;
   std::atomic<int> failure{dnnl_success};  // an exception cannot leave the parallel region
 #pragma omp parallel for schedule(dynamic, 1)
   for (std::int64_t block = 0; block < blocks; ++block) {  // rows [m0, m0 + rows) of C, whole
-    const std::int64_t m0 = block * kGemmRowsPerBlock, rows = std::min(kGemmRowsPerBlock, M - m0);
+    const std::int64_t m0 = block * rows_per_block, rows = std::min(rows_per_block, M - m0);
     GemmInput<float> A_rows = A;  // rows of op(A): columns of A when transposed
     A_rows.data += A.transposed ? m0 : m0 * A.ld;
     const dnnl_status_t status =

@@ -1,6 +1,8 @@
 // The cache of freed tensor storage (storage_cache.hpp says why and how much).
 #include "storage_cache.hpp"
 
+#include <sys/mman.h>
+
 #include <cstdlib>
 #include <mutex>
 #include <new>
@@ -17,6 +19,25 @@ bool cacheable(std::size_t bytes) { return bytes >= kStorageCacheMinBytes && byt
 // The size actually allocated: whole pages in the cached range, so that sizes a few elements apart
 // share blocks.
 std::size_t rounded(std::size_t bytes) { return cacheable(bytes) ? (bytes + kPage - 1) / kPage * kPage : bytes; }
+
+// Blocks of a huge page or more start on a huge-page boundary and ask the kernel for transparent huge
+// pages (honoured when /sys/kernel/mm/transparent_hugepage/enabled is "madvise" or "always"): one fault
+// per 2 MiB instead of 512. Measured on these virtual machines: first touch of 64 MiB in 4 KiB pages
+// 160 ms (10 us a page), in huge pages 3 ms. The alignment depends on the size alone, so the block is
+// freed with the alignment it was made with.
+constexpr std::size_t kHugePage = std::size_t{2} << 20;
+
+std::align_val_t alignment_for(std::size_t size) {
+  return std::align_val_t{size >= kHugePage ? kHugePage : kStorageAlignment};
+}
+
+std::byte* allocate_block(std::size_t size) {
+  auto* p = static_cast<std::byte*>(::operator new(size, alignment_for(size)));
+  if (size >= kHugePage) madvise(p, size / kHugePage * kHugePage, MADV_HUGEPAGE);  // advice: failure is harmless
+  return p;
+}
+
+void free_block(std::byte* p, std::size_t size) { ::operator delete(p, alignment_for(size)); }
 
 std::size_t capacity_from_environment() {
   const char* text = std::getenv("MHA_STORAGE_CACHE_MIB");
@@ -54,7 +75,7 @@ class StorageCache {
     if (block.bytes > capacity_) return false;
     std::lock_guard lock(mutex_);
     while (held_bytes_ + block.bytes > capacity_) {
-      ::operator delete(held_.front().p, std::align_val_t{kStorageAlignment});
+      free_block(held_.front().p, held_.front().bytes);
       held_bytes_ -= held_.front().bytes;
       held_.erase(held_.begin());
     }
@@ -89,7 +110,7 @@ std::byte* acquire_storage(std::size_t bytes) {
   const std::size_t size = rounded(bytes);
   if (cacheable(bytes))
     if (std::byte* p = cache().take(size)) return p;
-  return static_cast<std::byte*>(::operator new(size, std::align_val_t{kStorageAlignment}));
+  return allocate_block(size);
 }
 
 void release_storage(std::byte* p, std::size_t bytes) noexcept {
@@ -99,7 +120,7 @@ void release_storage(std::byte* p, std::size_t bytes) noexcept {
     if (cacheable(bytes) && cache().give({p, size})) return;
   } catch (const std::bad_alloc&) {  // the cache's list could not grow: free the block instead
   }
-  ::operator delete(p, std::align_val_t{kStorageAlignment});
+  free_block(p, size);
 }
 
 std::size_t storage_cache_capacity() { return cache().capacity(); }

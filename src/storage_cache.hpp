@@ -9,6 +9,9 @@
 // size. Smaller blocks come back from malloc's free lists, already mapped; larger ones cost a fault per
 // page that is small against the work done on them.
 //
+// Blocks of 2 MiB or more are also aligned to 2 MiB and advised to use transparent huge pages, so that
+// the larger ones, which are not cached, fault once per 2 MiB rather than once per 4 KiB.
+//
 // The capacity is 64 MiB, or MHA_STORAGE_CACHE_MIB from the environment when the first tensor is
 // allocated (0: no cache). Thread-safe; a tensor's storage may be freed on another thread than the
 // one that made it.
@@ -22,7 +25,7 @@ inline constexpr std::size_t kStorageAlignment = 64;
 inline constexpr std::size_t kStorageCacheMinBytes = std::size_t{64} << 10;
 inline constexpr std::size_t kStorageCacheMaxBytes = std::size_t{16} << 20;
 
-// Storage for `bytes` (> 0) bytes, kStorageAlignment-aligned, contents unspecified: a cached block of
+// Storage for `bytes` (> 0) bytes, at least kStorageAlignment-aligned, contents unspecified: a cached block of
 // the same rounded size, or a new one. Throws std::bad_alloc.
 std::byte* acquire_storage(std::size_t bytes);
 

@@ -1,6 +1,6 @@
 // The one GEMM entry (src/gemm.hpp) against a float64 product written out here: every transposition,
 // accumulate or not, alpha, K = 0, row strides wider than the rows, sizes across the row blocks
-// (kGemmRowsPerBlock), one row block with K split in parts (kGemmMinRowsPerKChunk); and the float32
+// (gemm_rows_per_block), one row block with K split in parts (kGemmMinRowsPerKChunk); and the float32
 // result bitwise independent of the thread count.
 #include <gtest/gtest.h>
 #include <omp.h>
@@ -17,6 +17,8 @@ namespace mha_test {
 namespace {
 
 using mha::detail::gemm;
+using mha::detail::gemm_rows_per_block;
+using mha::detail::kGemmMaxRowsPerBlock;
 using mha::detail::kGemmMinRowsPerKChunk;
 using mha::detail::kGemmRowsPerBlock;
 
@@ -93,6 +95,9 @@ std::vector<GemmCase> cases() {
   all.push_back({false, true, false, 5, 4, 0, 1.0, 0});  // K = 0: C = 0
   all.push_back({true, false, true, 5, 4, 0, 1.0, 2});   // K = 0, accumulating: C unchanged
   all.push_back({false, false, false, 64, 64, 1, 1.0, 0});
+  // Blocks of more rows (gemm_rows_per_block): 256 and 512, with a remainder.
+  all.push_back({false, true, true, 4 * 256 - 3, 17, 29, 1.0, 1});
+  all.push_back({true, false, false, 3 * kGemmMaxRowsPerBlock + 45, 9, 21, 0.5, 0});
   // One row block, long K: split into parts of K (kGemmMinRowsPerKChunk), as the weight gradients are.
   all.push_back({true, false, false, 24, 19, 2 * kGemmMinRowsPerKChunk + 37, 1.0, 0});
   all.push_back({true, false, true, 24, 19, 9 * kGemmMinRowsPerKChunk + 5, 0.5, 3});
@@ -130,6 +135,15 @@ TEST_P(GemmTest, Float64MatchesTheProductToDoublePrecision) {
       ASSERT_NEAR(o.C[m * o.ldc + n], want[m * c.N + n], 1e-14 * (c.K + 2) * magnitude[m * c.N + n] + 1e-300);
 }
 
+TEST(Gemm, RowsPerBlockGrowWithMAndKeepTwoBlocks) {
+  EXPECT_EQ(gemm_rows_per_block(1), kGemmRowsPerBlock);
+  EXPECT_EQ(gemm_rows_per_block(511), kGemmRowsPerBlock);
+  EXPECT_EQ(gemm_rows_per_block(512), 2 * kGemmRowsPerBlock);
+  EXPECT_EQ(gemm_rows_per_block(1 << 20), kGemmMaxRowsPerBlock);
+  for (std::int64_t M = 4 * kGemmRowsPerBlock; M < 8 * kGemmMaxRowsPerBlock; M += 37)
+    EXPECT_GE((M + gemm_rows_per_block(M) - 1) / gemm_rows_per_block(M), 2) << M;
+}
+
 INSTANTIATE_TEST_SUITE_P(Configs, GemmTest, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<GemmCase>& info) { return info.param.name(); });
 
@@ -137,6 +151,7 @@ TEST(Gemm, Float32BitwiseIndependentOfTheThreadCount) {
   // Large enough to run in parallel (above parallel.hpp's threshold): several row blocks; and one row
   // block with a long K, split into parts of K (a weight gradient's shape), accumulating.
   for (const GemmCase& c : {GemmCase{false, true, false, 3 * kGemmRowsPerBlock + 5, 96, 200, 1.0, 0},
+                            GemmCase{true, true, false, 2 * kGemmMaxRowsPerBlock + 45, 96, 200, 1.0, 0},
                             GemmCase{true, false, true, 64, 64, 4 * kGemmMinRowsPerKChunk + 3, 1.0, 0}}) {
     Operands<float> one = make_operands<float>(c, 3), two = one;
     const int saved = omp_get_max_threads();

@@ -38,8 +38,8 @@ std::string describe_failure(dnnl_status_t status, std::int64_t M, std::int64_t 
 }
 
 // The parts of K a product of one row block is split into (1: none), from its sizes alone.
-std::int64_t k_chunks(std::int64_t M, std::int64_t K) {
-  if (M > kGemmRowsPerBlock) return 1;
+std::int64_t k_chunks(std::int64_t M, std::int64_t N, std::int64_t K) {
+  if (M > kGemmRowsPerBlock || gemm_column_blocks(M, N) > 1) return 1;
   return std::clamp<std::int64_t>(K / kGemmMinRowsPerKChunk, 1, kGemmMaxKChunks);
 }
 
@@ -92,21 +92,27 @@ void gemm<float>(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<float
     return;
   }
   const SerialIfSmall serial_if_small(2.0 * M * N * K);
-  if (const std::int64_t chunks = k_chunks(M, K); chunks > 1) {
+  if (const std::int64_t chunks = k_chunks(M, N, K); chunks > 1) {
     const dnnl_status_t status = gemm_split_k(M, N, K, chunks, A, B, C, alpha);
     if (status != dnnl_success) throw Error(describe_failure(status, M, N, K, A, B, C));
     return;
   }
   const std::int64_t rows_per_block = gemm_rows_per_block(M);
-  const std::int64_t blocks = (M + rows_per_block - 1) / rows_per_block;
+  const std::int64_t row_blocks = (M + rows_per_block - 1) / rows_per_block;
+  const std::int64_t column_blocks = gemm_column_blocks(M, N);
   std::atomic<int> failure{dnnl_success};  // an exception cannot leave the parallel region
 #pragma omp parallel for schedule(dynamic, 1)
-  for (std::int64_t block = 0; block < blocks; ++block) {  // rows [m0, m0 + rows) of C, whole
-    const std::int64_t m0 = block * rows_per_block, rows = std::min(rows_per_block, M - m0);
+  for (std::int64_t block = 0; block < row_blocks * column_blocks; ++block) {  // C [m0.., n0..], whole K
+    const std::int64_t m0 = block / column_blocks * rows_per_block, rows = std::min(rows_per_block, M - m0);
+    const std::int64_t part = block % column_blocks;  // columns [n0, n1), multiples of 16 but the last
+    const std::int64_t n0 = N * part / column_blocks / 16 * 16;
+    const std::int64_t n1 = part + 1 == column_blocks ? N : N * (part + 1) / column_blocks / 16 * 16;
     GemmInput<float> A_rows = A;  // rows of op(A): columns of A when transposed
     A_rows.data += A.transposed ? m0 : m0 * A.ld;
+    GemmInput<float> B_columns = B;  // columns of op(B): rows of B when transposed
+    B_columns.data += B.transposed ? n0 * B.ld : n0;
     const dnnl_status_t status =
-        sgemm_on_this_thread(rows, N, K, A_rows, B, {C.data + m0 * C.ld, C.ld, C.accumulate}, alpha);
+        sgemm_on_this_thread(rows, n1 - n0, K, A_rows, B_columns, {C.data + m0 * C.ld + n0, C.ld, C.accumulate}, alpha);
     if (status != dnnl_success) failure = status;
   }
   if (failure != dnnl_success)

@@ -64,14 +64,31 @@ constexpr std::int64_t gemm_rows_per_block(std::int64_t M) {
   return rows;
 }
 
-// A product with a single row block (M <= kGemmRowsPerBlock: the weight gradients dW = dY^T X of
-// narrow layers, K = B*L rows) would run on one thread; it is split instead into K / 512 parts of K
-// (at most 4), computed in parallel into separate buffers and summed in a fixed order. The split
-// depends on M and K only, never on the thread count, so results stay bitwise thread-independent.
+// A product with few row blocks would leave threads idle (M = B*L = 128: the projections of short
+// batches, which PyTorch runs on every thread). Its columns are then split too, into up to
+// kGemmMinWorkItems / row blocks parts of at least kGemmMinColsPerBlock columns (multiples of 16), so
+// that there are kGemmMinWorkItems work items where N allows. Like the rows, the split depends on the
+// sizes alone. Measured at M = 128, N = 1536, K = 512 (Zen 5, 2 threads): see gemm.cpp.
+inline constexpr std::int64_t kGemmMinWorkItems = 4;
+inline constexpr std::int64_t kGemmMinColsPerBlock = 256;
+
+constexpr std::int64_t gemm_column_blocks(std::int64_t M, std::int64_t N) {
+  const std::int64_t row_blocks = (M + gemm_rows_per_block(M) - 1) / gemm_rows_per_block(M);
+  std::int64_t blocks = 1;
+  while (blocks * row_blocks < kGemmMinWorkItems && (blocks + 1) * kGemmMinColsPerBlock <= N) ++blocks;
+  return blocks;
+}
+
+// A product with a single row block and a single column block (M <= kGemmRowsPerBlock and
+// N < 2 kGemmMinColsPerBlock: the weight gradients dW = dY^T X of narrow layers, K = B*L rows) would
+// run on one thread; it is split instead into K / 512 parts of K (at most 4), computed in parallel
+// into separate buffers and summed in a fixed order. The split depends on M, N and K only, never on
+// the thread count, so results stay bitwise thread-independent.
 inline constexpr std::int64_t kGemmMinRowsPerKChunk = 512;
 inline constexpr std::int64_t kGemmMaxKChunks = 4;
 
-// A whole product on the library's threads: blocks of gemm_rows_per_block(M) rows of C shared among them
+// A whole product on the library's threads: blocks of gemm_rows_per_block(M) rows (and
+// gemm_column_blocks(M, N) parts of the columns) of C shared among them
 // (on the calling thread alone when the product is small, see parallel.hpp). K = 0 gives C = 0 (or
 // leaves C as it is when accumulating). Results are bitwise independent of the thread count. Throws
 // mha::Error (an internal error) if oneDNN refuses the product, e.g. for a row stride below the rows'

@@ -1,6 +1,7 @@
 // The one GEMM entry (src/gemm.hpp) against a float64 product written out here: every transposition,
 // accumulate or not, alpha, K = 0, row strides wider than the rows, sizes across the row blocks
-// (gemm_rows_per_block), one row block with K split in parts (kGemmMinRowsPerKChunk); and the float32
+// (gemm_rows_per_block), few row blocks with the columns split (gemm_column_blocks, every transposition),
+// one row block with K split in parts (kGemmMinRowsPerKChunk); and the float32
 // result bitwise independent of the thread count.
 #include <gtest/gtest.h>
 #include <omp.h>
@@ -17,9 +18,12 @@ namespace mha_test {
 namespace {
 
 using mha::detail::gemm;
+using mha::detail::gemm_column_blocks;
 using mha::detail::gemm_rows_per_block;
 using mha::detail::kGemmMaxRowsPerBlock;
+using mha::detail::kGemmMinColsPerBlock;
 using mha::detail::kGemmMinRowsPerKChunk;
+using mha::detail::kGemmMinWorkItems;
 using mha::detail::kGemmRowsPerBlock;
 
 struct GemmCase {
@@ -98,6 +102,13 @@ std::vector<GemmCase> cases() {
   // Blocks of more rows (gemm_rows_per_block): 256 and 512, with a remainder.
   all.push_back({false, true, true, 4 * 256 - 3, 17, 29, 1.0, 1});
   all.push_back({true, false, false, 3 * kGemmMaxRowsPerBlock + 45, 9, 21, 0.5, 0});
+  // Few row blocks, wide N: the columns split too (gemm_column_blocks), in parts of unequal width
+  // (N not a multiple of 16 or of the parts), with every transposition.
+  for (int t = 0; t < 4; ++t) {
+    all.push_back({(t & 1) != 0, (t & 2) != 0, t == 3, 9, 4 * kGemmMinColsPerBlock + 45, 70, 1.0, t == 1 ? 5 : 0});
+    all.push_back(
+        {(t & 1) != 0, (t & 2) != 0, t == 0, kGemmRowsPerBlock + 3, 2 * kGemmMinColsPerBlock + 1, 40, 0.5, 0});
+  }
   // One row block, long K: split into parts of K (kGemmMinRowsPerKChunk), as the weight gradients are.
   all.push_back({true, false, false, 24, 19, 2 * kGemmMinRowsPerKChunk + 37, 1.0, 0});
   all.push_back({true, false, true, 24, 19, 9 * kGemmMinRowsPerKChunk + 5, 0.5, 3});
@@ -144,14 +155,27 @@ TEST(Gemm, RowsPerBlockGrowWithMAndKeepTwoBlocks) {
     EXPECT_GE((M + gemm_rows_per_block(M) - 1) / gemm_rows_per_block(M), 2) << M;
 }
 
+TEST(Gemm, ColumnsSplitOnlyWhereRowBlocksAreFew) {
+  EXPECT_EQ(gemm_column_blocks(128, 1536), kGemmMinWorkItems);  // the projections of B*L = 128 rows
+  EXPECT_EQ(gemm_column_blocks(256, 1536), kGemmMinWorkItems / 2);
+  EXPECT_EQ(gemm_column_blocks(128, 2 * kGemmMinColsPerBlock - 1), 1);  // too narrow: K split instead
+  EXPECT_EQ(gemm_column_blocks(4 * kGemmMaxRowsPerBlock, 4096), 1);     // enough row blocks
+  for (std::int64_t M : {1, 100, 300, 700})
+    for (std::int64_t N = 1; N < 3000; N += 97)
+      EXPECT_GE(N / gemm_column_blocks(M, N), kGemmMinColsPerBlock < N ? kGemmMinColsPerBlock - 16 : 0)
+          << M << " " << N;
+}
+
 INSTANTIATE_TEST_SUITE_P(Configs, GemmTest, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<GemmCase>& info) { return info.param.name(); });
 
 TEST(Gemm, Float32BitwiseIndependentOfTheThreadCount) {
   // Large enough to run in parallel (above parallel.hpp's threshold): several row blocks; and one row
-  // block with a long K, split into parts of K (a weight gradient's shape), accumulating.
+  // block with wide N, its columns split (a projection of 128 rows); one row block with a long K, split
+  // into parts of K (a weight gradient's shape), accumulating.
   for (const GemmCase& c : {GemmCase{false, true, false, 3 * kGemmRowsPerBlock + 5, 96, 200, 1.0, 0},
                             GemmCase{true, true, false, 2 * kGemmMaxRowsPerBlock + 45, 96, 200, 1.0, 0},
+                            GemmCase{false, true, true, kGemmRowsPerBlock, 3 * 512 + 7, 512, 1.0, 0},
                             GemmCase{true, false, true, 64, 64, 4 * kGemmMinRowsPerKChunk + 3, 1.0, 0}}) {
     Operands<float> one = make_operands<float>(c, 3), two = one;
     const int saved = omp_get_max_threads();

@@ -132,14 +132,15 @@ struct BackwardContext {
   }
 };
 
-// The probabilities of the listed keys (columns of the tile s, row stride kBlockK), whose k rows hold
+// The probabilities of the listed keys below cols (columns of the tile s, row stride kBlockK), whose k rows hold
 // NaN or Inf and were zeroed in the block copy: recomputed one by one from the real k row, so that a
 // logit of -inf (an infinite component against q's sign) gives exactly 0, as the forward had it, and
 // +inf or NaN gives NaN. Forbidden entries stay 0.
 void ExactProbabilitiesOfNonfiniteKeys(const AttentionInputs<float>& p, std::int64_t b, std::int64_t head,
-                                       std::int64_t i0, std::int64_t rows, std::int64_t j0, const std::int64_t* list,
-                                       std::int64_t count, const float* lse, float* s) {
+                                       std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols,
+                                       const std::int64_t* list, std::int64_t count, const float* lse, float* s) {
   for (std::int64_t n = 0; n < count; ++n) {
+    if (list[n] >= cols) continue;  // past the tile's columns (a causal diagonal tile's hidden keys)
     const std::int64_t j = j0 + list[n];
     for (std::int64_t r = 0; r < rows; ++r) {
       const float added = p.added(b, head, i0 + r, j);
@@ -165,12 +166,13 @@ void TileGradients(const BackwardContext& ctx, const BackwardTiles& t, std::int6
   const std::int64_t row0 = (b * p.h + head) * p.L + i0;
   ScaledLogits(p, t.q_head + i0 * p.d_k, p.d_k, rows, kv.k.data, kv.k.ld, cols, t.s);
   ProbabilitiesFromLse(p, b, head, i0, rows, j0, cols, ctx.lse + row0, t.s);
-  ExactProbabilitiesOfNonfiniteKeys(p, b, head, i0, rows, j0, t.nonfinite_k, kv.k.nonfinite_count, ctx.lse + row0, t.s);
+  ExactProbabilitiesOfNonfiniteKeys(p, b, head, i0, rows, j0, cols, t.nonfinite_k, kv.k.nonfinite_count, ctx.lse + row0,
+                                    t.s);
   gemm_tile(rows, cols, p.d_v, plain(t.do_head + i0 * p.d_v, p.d_v), transposed(kv.v.data, kv.v.ld),
             overwrite(t.dp, kBlockK));
   SoftmaxBackwardTile(p, b, head, i0, rows, j0, cols, t.s, ctx.D + row0, t.dp);
   for (std::int64_t n = 0; n < kv.v.nonfinite_count; ++n)  // dP = dO v^T of a zeroed v row was 0
-    for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t r = 0; r < rows && t.nonfinite_v[n] < cols; ++r)
       if (t.s[r * kBlockK + t.nonfinite_v[n]] != 0.0f)
         t.dp[r * kBlockK + t.nonfinite_v[n]] = std::numeric_limits<float>::quiet_NaN();
 }
@@ -200,6 +202,7 @@ void AddQueryGradients(const BackwardContext& ctx, const BackwardTiles& t, std::
   gemm_tile(rows, p.d_k, cols, plain(t.dp, kBlockK), plain(kv.k.data, kv.k.ld),
             accumulate_into(dq.data + i0 * dq.ld, dq.ld), p.scale);
   for (std::int64_t n = 0; n < kv.k.nonfinite_count; ++n) {
+    if (t.nonfinite_k[n] >= cols) continue;  // past the tile's columns: no row of it sees the key
     const std::int64_t j = j0 + t.nonfinite_k[n];
     for (std::int64_t r = 0; r < rows; ++r) {
       const bool forbidden = p.forbidden(b, head, i0 + r, j);
@@ -241,11 +244,19 @@ void KeyBlockGradients(const BackwardContext& ctx, const BackwardTiles& t, std::
   const std::uint8_t* query_flags = ctx.query_flags + (b * p.h + head) * p.L;
   for (std::int64_t i0 = first_block; i0 < p.L; i0 += kBlockQ) {
     const std::int64_t rows = std::min(kBlockQ, p.L - i0);
-    TileGradients(ctx, t, b, head, i0, rows, j0, cols, kv);
+    // Causal: the tile's keys that its last (most-seeing) row sees; the rest get nothing from it. Later
+    // query blocks see at least as many, so a diagonal tile's products shrink to this width.
+    const std::int64_t seen = causal_visible(p, i0 + rows - 1, j0, cols);
+    const bool first = i0 == first_block;
+    if (first && seen < cols) {  // rows [seen, cols) of dK and dV are not overwritten below: start at 0
+      std::fill(t.dv_block + seen * p.d_v, t.dv_block + cols * p.d_v, 0.0f);
+      std::fill(t.dk_block + seen * p.d_k, t.dk_block + cols * p.d_k, 0.0f);
+    }
+    TileGradients(ctx, t, b, head, i0, rows, j0, seen, kv);
     const float* pd = t.s;  // dropout(P)
     if (p.dropout_p > 0) {
-      for (std::int64_t r = 0; r < rows; ++r) std::copy_n(t.s + r * kBlockK, cols, t.pd + r * kBlockK);
-      apply_dropout(p, b, head, i0, rows, j0, cols, t.pd, kBlockK);
+      for (std::int64_t r = 0; r < rows; ++r) std::copy_n(t.s + r * kBlockK, seen, t.pd + r * kBlockK);
+      apply_dropout(p, b, head, i0, rows, j0, seen, t.pd, kBlockK);
       pd = t.pd;
     }
     // dV_j += dropout(P)^T dO_i;  dK_j += scale dS^T Q_i (the first query block overwrites), through
@@ -255,14 +266,13 @@ void KeyBlockGradients(const BackwardContext& ctx, const BackwardTiles& t, std::
         safe_query_rows(t.do_head, p.d_v, i0, rows, p.d_v, query_flags, kDoutRow, t.do_copy, t.nonfinite_do);
     const SafeBlock q_rows =
         safe_query_rows(t.q_head, p.d_k, i0, rows, p.d_k, query_flags, kQueryRow, t.q_copy, t.nonfinite_q);
-    const bool first = i0 == first_block;
-    gemm_tile(cols, p.d_v, rows, transposed(pd, kBlockK), plain(dout_rows.data, dout_rows.ld),
+    gemm_tile(seen, p.d_v, rows, transposed(pd, kBlockK), plain(dout_rows.data, dout_rows.ld),
               first ? overwrite(t.dv_block, p.d_v) : accumulate_into(t.dv_block, p.d_v));
-    gemm_tile(cols, p.d_k, rows, transposed(t.dp, kBlockK), plain(q_rows.data, q_rows.ld),
+    gemm_tile(seen, p.d_k, rows, transposed(t.dp, kBlockK), plain(q_rows.data, q_rows.ld),
               first ? overwrite(t.dk_block, p.d_k) : accumulate_into(t.dk_block, p.d_k), p.scale);
-    AddNonfiniteRows(p.dout, b, head, i0, t.nonfinite_do, dout_rows.nonfinite_count, pd, 1.0f, cols, p.d_v, t.dv_block);
-    AddNonfiniteRows(p.q, b, head, i0, t.nonfinite_q, q_rows.nonfinite_count, t.dp, p.scale, cols, p.d_k, t.dk_block);
-    AddQueryGradients(ctx, t, b, head, i0, rows, j0, cols, kv, dq);
+    AddNonfiniteRows(p.dout, b, head, i0, t.nonfinite_do, dout_rows.nonfinite_count, pd, 1.0f, seen, p.d_v, t.dv_block);
+    AddNonfiniteRows(p.q, b, head, i0, t.nonfinite_q, q_rows.nonfinite_count, t.dp, p.scale, seen, p.d_k, t.dk_block);
+    AddQueryGradients(ctx, t, b, head, i0, rows, j0, seen, kv, dq);
   }
   for (std::int64_t c = 0; c < cols; ++c) {  // the block's dK and dV, accumulated adjacent, to the outputs
     for (std::int64_t e = 0; e < p.d_k; ++e) p.dk(b, head, j0 + c, e) = t.dk_block[c * p.d_k + e];

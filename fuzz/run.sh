@@ -7,7 +7,8 @@
 # build-fuzz), CXX (default clang++-14), FUZZ_ARGS extra libFuzzer flags (e.g. -jobs=2).
 #
 # The targets are built with clang's libFuzzer, AddressSanitizer (which also detects leaks) and
-# UndefinedBehaviorSanitizer, from the readers' sources only (src/io + src/tensor.cpp): no oneDNN, no
+# UndefinedBehaviorSanitizer, from the readers' sources only (src/io, src/tensor.cpp and the tensor storage it
+# uses, src/storage_cache.cpp, run with its cache off so that ASan sees every freed block): no oneDNN, no
 # OpenMP. Limits: inputs up to 64 KiB (-max_len), and no single allocation of 1 MiB or more
 # (-malloc_limit_mb=1). Readers may allocate what the input holds, widened at most 2x (F16 -> float32)
 # plus container slack, which stays far below 1 MiB for a 64 KiB input; a size the file merely
@@ -29,7 +30,8 @@ if ! command -v "$CXX" >/dev/null 2>&1; then
   exit 1
 fi
 
-sources=(src/io/safetensors.cpp src/io/npy.cpp src/io/binary_file.cpp src/io/tensor_bytes.cpp src/tensor.cpp)
+sources=(src/io/safetensors.cpp src/io/npy.cpp src/io/binary_file.cpp src/io/tensor_bytes.cpp src/tensor.cpp
+         src/storage_cache.cpp)
 flags=(-std=c++20 -O1 -g -fno-omit-frame-pointer
        -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
        -Iinclude -Isrc)
@@ -42,7 +44,8 @@ for t in "${targets[@]}"; do
   mkdir -p "$OUT/corpus/$t"
   echo "== $t: fuzzing for ${FUZZ_TIME} s"
   set +e
-  ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  MHA_STORAGE_CACHE_MIB=0 ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=0 \
+    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     "$OUT/${t}_fuzzer" -max_total_time="$FUZZ_TIME" -rss_limit_mb=2048 -malloc_limit_mb=1 -max_len=65536 \
     -timeout=10 -print_final_stats=1 -dict="fuzz/$t.dict" -artifact_prefix="$OUT/artifacts/$t-" \
     ${FUZZ_ARGS:-} "$OUT/corpus/$t" "fuzz/corpus/$t" >"$OUT/$t.log" 2>&1

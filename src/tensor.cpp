@@ -4,6 +4,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <optional>
+#include <span>
+#include <string>
 
 #include "checked_arithmetic.hpp"
 #include "mha/error.hpp"
@@ -93,6 +96,57 @@ TensorView::TensorView(const void* data, DType dtype, Shape shape, Shape strides
 
 TensorView::TensorView(const void* data, DType dtype, Shape shape)
     : TensorView(data, dtype, shape, contiguous_strides(shape)) {}
+
+namespace {
+
+// The number of elements a view's shape and strides reach from its start: 1 + sum (size - 1) x stride,
+// or 0 for a view without elements. Called after the view's own checks (sizes and strides >= 0).
+std::int64_t elements_reached(const TensorView& v) {
+  if (v.numel() == 0) return 0;
+  std::int64_t last = 0;
+  for (std::int64_t i = 0; i < v.rank(); ++i) {
+    const auto step = detail::checked_mul(v.size(i) - 1, v.stride(i));
+    const auto sum = step ? detail::checked_add(last, *step) : std::nullopt;
+    if (!sum)
+      throw Error("TensorView: shape " + shape_str(v.shape()) + " with strides " + shape_str(v.strides()) +
+                  " reaches past any buffer (the offset overflows 64 bits)");
+    last = *sum;
+  }
+  return last + 1;
+}
+
+template <class T>
+TensorView checked_view(std::span<const T> data, Shape shape, Shape strides) {
+  const TensorView view(data.data(), dtype_of<T>(), std::move(shape), std::move(strides));
+  const std::int64_t reached = elements_reached(view);
+  if (static_cast<std::uint64_t>(reached) > data.size())
+    throw Error("TensorView: shape " + shape_str(view.shape()) + " with strides " + shape_str(view.strides()) +
+                " reaches " + std::to_string(reached) + " elements, but the " + dtype_name(dtype_of<T>()) +
+                " data holds " + std::to_string(data.size()));
+  return view;
+}
+
+}  // namespace
+
+TensorView::TensorView(std::span<const float> data, Shape shape) : TensorView(data, shape, contiguous_strides(shape)) {}
+TensorView::TensorView(std::span<const double> data, Shape shape)
+    : TensorView(data, shape, contiguous_strides(shape)) {}
+TensorView::TensorView(std::span<const bool> data, Shape shape) : TensorView(data, shape, contiguous_strides(shape)) {}
+TensorView::TensorView(std::span<const float> data, Shape shape, Shape strides)
+    : TensorView(checked_view(data, std::move(shape), std::move(strides))) {}
+TensorView::TensorView(std::span<const double> data, Shape shape, Shape strides)
+    : TensorView(checked_view(data, std::move(shape), std::move(strides))) {}
+TensorView::TensorView(std::span<const bool> data, Shape shape, Shape strides)
+    : TensorView(checked_view(data, std::move(shape), std::move(strides))) {}
+
+void detail::throw_element_type_mismatch(DType dtype, const char* requested) {
+  throw Error(std::string("data_as<") + requested + ">() on " + dtype_name(dtype) + " elements (read " +
+              dtype_name(dtype) + " as " +
+              (dtype == DType::Float32   ? "float"
+               : dtype == DType::Float64 ? "double"
+                                         : "bool or std::uint8_t") +
+              ")");
+}
 
 bool TensorView::is_contiguous() const {
   std::int64_t expected = 1;

@@ -59,8 +59,7 @@ class AttentionBlock {
   };
   Gradients backward(const Matrix<T>& dout, std::int64_t B) {
     const std::int64_t E = dout.cols, L = dout.rows / B;
-    mha::MultiHeadAttentionGradients g =
-        layer_.backward(mha::TensorView(dout.data.data(), mha::dtype_of<T>(), {B, L, E}));
+    mha::MultiHeadAttentionGradients g = layer_.backward(mha::TensorView(std::span<const T>(dout.data), {B, L, E}));
     add_parameter_gradients(g);
     const std::int64_t S = g.key.size(1);
     Gradients out{to_matrix(g.query, B * L, E), to_matrix(g.key, B * S, E)};
@@ -112,7 +111,7 @@ class AttentionBlock {
   std::string layer_name(const Parameter<T>& p) const { return p.name.substr(prefix_.size()); }
   void push_parameters() {
     for (const auto& p : params_)
-      layer_.set_parameter(layer_name(p), mha::TensorView(p.value.data(), mha::dtype_of<T>(), p.shape));
+      layer_.set_parameter(layer_name(p), mha::TensorView(std::span<const T>(p.value), p.shape));
   }
   void add_parameter_gradients(const mha::MultiHeadAttentionGradients& g) {
     for (auto& p : params_) {

@@ -5,11 +5,17 @@
 /// A TensorView is how caller memory (a NumPy array, a std::vector) reaches the library without a copy.
 #pragma once
 
+#if __cplusplus < 202002L
+#error "mha needs C++20 (std::span): compile with -std=c++20 or later"
+#endif
+
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace mha {
@@ -42,20 +48,71 @@ constexpr DType dtype_of<bool>() {
 /// Row-major (C order) strides of a shape, in elements; mha::Error when one overflows 64 bits.
 Shape contiguous_strides(const Shape& shape);
 
+namespace detail {
+/// Whether elements of `dtype` may be read as T: float for Float32, double for Float64, bool or
+/// std::uint8_t (one byte, nonzero = true) for Bool.
+template <class T>
+constexpr bool element_type_matches(DType dtype) {
+  using U = std::remove_cv_t<T>;
+  if constexpr (std::is_same_v<U, float>) return dtype == DType::Float32;
+  if constexpr (std::is_same_v<U, double>) return dtype == DType::Float64;
+  if constexpr (std::is_same_v<U, bool> || std::is_same_v<U, std::uint8_t>) return dtype == DType::Bool;
+  return false;
+}
+/// Throws mha::Error: data_as<`requested`>() on elements of `dtype`.
+[[noreturn]] void throw_element_type_mismatch(DType dtype, const char* requested);
+template <class T>
+constexpr const char* element_type_name() {
+  using U = std::remove_cv_t<T>;
+  if constexpr (std::is_same_v<U, float>) return "float";
+  if constexpr (std::is_same_v<U, double>) return "double";
+  if constexpr (std::is_same_v<U, bool>) return "bool";
+  if constexpr (std::is_same_v<U, std::uint8_t>) return "std::uint8_t";
+  return "another type";
+}
+template <class T>
+void check_element_type(DType dtype) {
+  if (!element_type_matches<T>(dtype)) throw_element_type_mismatch(dtype, element_type_name<T>());
+}
+}  // namespace detail
+
 /// A read-only window on memory the caller owns. Bool elements are one byte, nonzero = true.
+///
+/// The typed constructors are the ones to use: the dtype follows the element type, and the view is
+/// checked to stay inside the span,
+///
+///     std::vector<float> x(2 * 5 * 16);
+///     mha::TensorView input(x, {2, 5, 16});   // float32 [2, 5, 16]; mha::Error if x is too short
+///
+/// The raw-pointer forms are for memory whose extent the library cannot see (an array from another
+/// library, a mapped file): the caller promises that `data` holds elements of `dtype` at every offset
+/// the shape and strides reach (the sum of (size - 1) x stride over the dimensions, plus one).
 class TensorView {
  public:
   TensorView() = default;
-  /// Strides in elements; may be zero (broadcast) or any non-negative value. Sizes must be
-  /// non-negative, and the product of the nonzero ones at most 2^60 - 1 (as for Tensor); otherwise
-  /// mha::Error.
+  /// C-order view of `data`, whose dtype follows the element type. mha::Error when `data` holds fewer
+  /// elements than the shape's (more are allowed: a view of the first ones), or as below.
+  TensorView(std::span<const float> data, Shape shape);
+  TensorView(std::span<const double> data, Shape shape);
+  TensorView(std::span<const bool> data, Shape shape);
+  /// Strided view of `data`: mha::Error when the shape and strides reach past its end, or as below.
+  TensorView(std::span<const float> data, Shape shape, Shape strides);
+  TensorView(std::span<const double> data, Shape shape, Shape strides);
+  TensorView(std::span<const bool> data, Shape shape, Shape strides);
+
+  /// Raw form (see above: the caller vouches for the extent). Strides in elements; may be zero
+  /// (broadcast) or any non-negative value. Sizes must be non-negative, and the product of the nonzero
+  /// ones at most 2^60 - 1 (as for Tensor); otherwise mha::Error.
   TensorView(const void* data, DType dtype, Shape shape, Shape strides);
-  /// C-order view of `data`.
+  /// C-order raw view of `data`.
   TensorView(const void* data, DType dtype, Shape shape);
 
   const void* data() const { return data_; }
+  /// The elements as T; mha::Error when T does not match the dtype (float for float32, double for
+  /// float64, bool or std::uint8_t for bool).
   template <class T>
   const T* data_as() const {
+    detail::check_element_type<T>(dtype_);
     return static_cast<const T*>(data_);
   }
   DType dtype() const { return dtype_; }
@@ -111,12 +168,15 @@ class Tensor {
 
   void* data() { return data_.get(); }
   const void* data() const { return data_.get(); }
+  /// The elements as T; mha::Error when T does not match the dtype (as TensorView::data_as).
   template <class T>
   T* data_as() {
+    detail::check_element_type<T>(dtype_);
     return static_cast<T*>(data());
   }
   template <class T>
   const T* data_as() const {
+    detail::check_element_type<T>(dtype_);
     return static_cast<const T*>(data());
   }
 

@@ -33,6 +33,8 @@ Errors: every invalid argument raises ``ValueError`` (precisely :class:`mha.Erro
 import operator
 import os
 
+import collections
+
 import numpy as np
 
 from . import _core
@@ -118,6 +120,30 @@ def _key_lengths(key_lengths):
     return [int(n) for n in lengths]
 
 
+def _kernel_arg(kernel):
+    """mha.Kernel from a Kernel or its name ("flash", "reference"); None stays None."""
+    if kernel is None or isinstance(kernel, Kernel):
+        return kernel
+    names = ", ".join(f'"{name}"' for name in Kernel.__members__)
+    if isinstance(kernel, str):
+        if kernel.lower() in Kernel.__members__:
+            return Kernel.__members__[kernel.lower()]
+        raise Error(f"kernel: unknown kernel {kernel[:40]!r}; expected mha.Kernel or one of {names}")
+    raise Error(f"kernel: expected mha.Kernel or one of {names}, got {type(kernel).__name__}")
+
+
+def _refuse_autograd_tensors(**arrays):
+    """Raises mha.Error for a torch tensor that requires grad: the NumPy API cannot pass gradients
+    back to autograd, and torch's own error ("Can't call numpy() on Tensor that requires grad")
+    does not say what to use instead."""
+    for name, a in arrays.items():
+        if getattr(a, "requires_grad", False) is True and hasattr(a, "detach"):
+            raise Error(f"{name}: a torch tensor that requires grad. The NumPy API (mha.MultiheadAttention, "
+                        "mha.scaled_dot_product_attention) takes arrays and returns arrays, outside autograd: "
+                        "use mha.torch.MultiheadAttention, the torch.nn.Module whose backward autograd calls, "
+                        "or pass tensor.detach() when no gradient is wanted")
+
+
 def _attention_options(q, k, attn_mask, is_causal, scale, key_padding_mask, key_lengths, dropout_p,
                        dropout_seed, kernel):
     """Keyword arguments for _core's attention calls; q and k are batched [B, h, *, d] arrays."""
@@ -128,6 +154,7 @@ def _attention_options(q, k, attn_mask, is_causal, scale, key_padding_mask, key_
     options = dict(attn_mask=attn_mask, is_causal=bool(is_causal), scale=scale,
                    key_padding_mask=key_padding_mask, key_lengths=_key_lengths(key_lengths),
                    dropout_p=float(dropout_p), dropout_seed=int(dropout_seed))
+    kernel = _kernel_arg(kernel)
     if kernel is not None:
         options["kernel"] = kernel
     return options
@@ -155,8 +182,9 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, scale
             1-D integer array); keys at positions >= length are padding.
         dropout_p: probability of zeroing a weight (kept ones are scaled by 1 / (1 - dropout_p)).
         dropout_seed: keys the dropout mask; the same seed gives the same mask.
-        kernel: which implementation computes it (mha.Kernel); None: the library's default
-            (Kernel.flash, which runs float64 inputs through the reference kernel).
+        kernel: which implementation computes it (mha.Kernel, or its name: "flash" or "reference");
+            None: the library's default (Kernel.flash, which runs float64 inputs through the
+            reference kernel).
         need_lse: also return the log-sum-exp of each row's logits [B, h, L] (-inf for a row with
             no allowed key), which scaled_dot_product_attention_backward needs.
 
@@ -170,6 +198,7 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, scale
     Raises:
         ValueError (mha.Error) naming the offending argument.
     """
+    _refuse_autograd_tensors(q=q, k=k, v=v)
     q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
     unbatched = q.ndim == 3
     if unbatched:
@@ -199,6 +228,7 @@ def scaled_dot_product_attention_backward(dout, q, k, v, out, lse, attn_mask=Non
     Unbatched arrays ([h, ...]) work as in the forward. The gradients are new arrays (nothing is
     accumulated); masks get no gradient. Raises ValueError (mha.Error) naming the argument.
     """
+    _refuse_autograd_tensors(dout=dout, q=q, k=k, v=v, out=out, lse=lse)
     dout, q, k, v, out, lse = (np.asarray(x) for x in (dout, q, k, v, out, lse))
     unbatched = q.ndim == 3
     if unbatched:
@@ -239,8 +269,20 @@ class MultiheadAttention:
 
     One module may be used from several threads; its calls are serialised by a lock.
 
+    The parameters are also attributes under PyTorch's names (``in_proj_weight``, ``in_proj_bias``,
+    ``q_proj_weight``, ``k_proj_weight``, ``v_proj_weight``, ``bias_k``, ``bias_v``,
+    ``out_proj.weight``, ``out_proj.bias``; None where this layer has no such parameter, as in
+    PyTorch). Reading one gives a copy; assigning one (an array or a torch tensor of its shape) sets
+    it. ``copy.copy``, ``copy.deepcopy`` and ``pickle`` give an independent layer with the same
+    configuration, seed, parameters, mode and kernel; what a training-mode forward kept for
+    backward() is not copied.
+
     Invalid arguments raise ValueError (mha.Error) naming the argument.
     """
+
+    # PyTorch's parameter attributes; out_proj.weight and out_proj.bias are reached through out_proj.
+    _PARAMETER_ATTRIBUTES = ("in_proj_weight", "in_proj_bias", "q_proj_weight", "k_proj_weight",
+                             "v_proj_weight", "bias_k", "bias_v")
 
     def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False,
                  add_zero_attn=False, kdim=None, vdim=None, batch_first=False, d_k=None, d_v=None,
@@ -264,7 +306,10 @@ class MultiheadAttention:
         self.seed = operator.index(seed)
         if not 0 <= self.seed < 2**64:
             raise Error(f"seed: expected an integer in [0, 2**64), got {self.seed}")
-        self._module = _core.MultiHeadAttention(config, self.seed)
+        try:
+            self._module = _core.MultiHeadAttention(config, self.seed)
+        except Error as e:  # the C++ config calls embed_dim d_model
+            raise Error(str(e).replace("d_model", "embed_dim")) from None
         self._config = self._module.config  # every default resolved
 
     # ---- hyper-parameters (read-only: they are fixed in the C++ module) -------------------------
@@ -295,7 +340,9 @@ class MultiheadAttention:
 
     @kernel.setter
     def kernel(self, kernel):
-        self._module.kernel = kernel
+        if kernel is None:
+            raise Error('kernel: expected mha.Kernel or one of "flash", "reference", got None')
+        self._module.kernel = _kernel_arg(kernel)
 
     def train(self, mode=True):
         """Sets training mode (evaluation mode with mode=False); returns self."""
@@ -311,19 +358,26 @@ class MultiheadAttention:
         """{name: copy of the parameter as a NumPy array}, in PyTorch's state_dict order."""
         return self._module.state_dict()
 
-    def load_state_dict(self, state_dict):
-        """Sets every parameter from {name: array} with PyTorch's names (float32 or float64).
+    def load_state_dict(self, state_dict, strict=True):
+        """Sets the parameters from {name: array} with PyTorch's names (float32 or float64).
 
         ``{k: v.numpy() for k, v in torch_module.state_dict().items()}`` (or the torch state_dict
-        itself) loads directly. Raises ValueError naming the key, changing nothing, on an unknown,
-        missing or mis-shaped entry.
+        itself) loads directly. With strict=True (as in PyTorch) every parameter must be given and no
+        other key; with strict=False the given parameters are set, the others kept, and unknown keys
+        ignored. Returns (missing_keys, unexpected_keys), a named tuple as PyTorch's. Raises
+        ValueError naming the key, changing nothing, on an unknown or missing key (strict) or a
+        mis-shaped entry.
         """
-        arrays = {}
-        for name, value in state_dict.items():
-            if hasattr(value, "detach") and hasattr(value, "cpu"):  # a torch tensor or parameter
-                value = value.detach().cpu().numpy()
-            arrays[name] = value
-        self._module.load_state_dict(arrays)
+        arrays = {name: _numpy_of(value) for name, value in state_dict.items()}
+        names = self.parameter_names()
+        missing = [n for n in names if n not in arrays]
+        unexpected = [n for n in arrays if n not in names]
+        if strict:
+            self._module.load_state_dict(arrays)
+        else:  # one call with every parameter, so that a bad entry changes nothing
+            current = self._module.state_dict()
+            self._module.load_state_dict({n: arrays.get(n, current[n]) for n in names})
+        return _IncompatibleKeys(missing if not strict else [], unexpected if not strict else [])
 
     def parameter(self, name):
         """A copy of the parameter `name` (a state_dict key)."""
@@ -332,6 +386,54 @@ class MultiheadAttention:
     def parameter_names(self):
         """The parameter names, in PyTorch's state_dict order."""
         return list(self._module.parameter_names())
+
+    def parameters(self):
+        """Copies of the parameters, in state_dict order (an iterator, as PyTorch's)."""
+        return (self._module.parameter(n) for n in self.parameter_names())
+
+    def named_parameters(self):
+        """(name, copy of the parameter) pairs, in state_dict order (an iterator)."""
+        return ((n, self._module.parameter(n)) for n in self.parameter_names())
+
+    @property
+    def out_proj(self):
+        """The output projection's parameters, as ``out_proj.weight`` and ``out_proj.bias``."""
+        return _OutProj(self)
+
+    def __getattr__(self, name):  # only for names that normal lookup did not find
+        if name in MultiheadAttention._PARAMETER_ATTRIBUTES and "_module" in self.__dict__:
+            return self._module.parameter(name) if name in self.parameter_names() else None
+        raise AttributeError(f"'MultiheadAttention' object has no attribute {name!r}")
+
+    def __setattr__(self, name, value):
+        if name in MultiheadAttention._PARAMETER_ATTRIBUTES and "_module" in self.__dict__:
+            self._set_parameter(name, value)
+        else:
+            object.__setattr__(self, name, value)
+
+    def _set_parameter(self, name, value):
+        names = self.parameter_names()
+        if name not in names:
+            raise Error(f"{name}: this layer has no such parameter (its parameters: {', '.join(names)})")
+        self._module.set_parameter(name, _numpy_of(value))
+
+    # ---- copies and pickling ----------------------------------------------------------------------
+    def __getstate__(self):
+        c = self._config
+        config = dict(embed_dim=c.d_model, num_heads=c.num_heads, dropout=c.dropout, bias=c.bias,
+                      add_bias_kv=c.add_bias_kv, add_zero_attn=c.add_zero_attn, kdim=c.kdim, vdim=c.vdim,
+                      batch_first=c.batch_first, d_k=c.d_k, d_v=c.d_v, dtype=self._dtype.name, seed=self.seed)
+        own = {k: v for k, v in self.__dict__.items() if k not in ("_module", "_config", "_dtype", "seed")}
+        return {"config": config, "state_dict": self.state_dict(), "training": self.training,
+                "kernel": self.kernel.name, "attributes": own}
+
+    def __setstate__(self, state):
+        self.__init__(**state["config"])
+        self._module.load_state_dict(state["state_dict"])
+        self.train(state["training"])
+        self.kernel = state["kernel"]
+        for name, value in state["attributes"].items():
+            object.__setattr__(self, name, value)
 
     # ---- forward -------------------------------------------------------------------------------
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
@@ -357,6 +459,7 @@ class MultiheadAttention:
         Returns:
             (out like query, weights or None); unbatched input gives weights [L, S'] or [h, L, S'].
         """
+        _refuse_autograd_tensors(query=query, key=key, value=value)
         query = np.asarray(query)
         key = query if key is query else np.asarray(key)
         value = key if value is key else np.asarray(value)
@@ -371,6 +474,7 @@ class MultiheadAttention:
     def append_to_cache(self, cache, key, value):
         """Projects key and value (laid out as forward's key and value) and appends them to
         `cache`, an mha.KeyValueCache; the first append fixes its batch size. O(new positions)."""
+        _refuse_autograd_tensors(key=key, value=value)
         self._module.append_to_cache(cache, np.asarray(key), np.asarray(value))
 
     def forward_cached(self, query, cache, key_padding_mask=None, need_weights=True, attn_mask=None,
@@ -381,6 +485,7 @@ class MultiheadAttention:
         appending a step's key and value and then attending with is_causal=True gives what a causal
         forward over the whole sequence gives for those queries. Returns (out like query, weights or
         None)."""
+        _refuse_autograd_tensors(query=query)
         query = np.asarray(query)
         attn_mask = _mask_to_dtype(attn_mask, self._dtype)
         key_padding_mask = _mask_to_dtype(key_padding_mask, self._dtype)
@@ -411,6 +516,7 @@ class MultiheadAttention:
         forward, when an input array of that forward was modified since (the forward keeps the
         arrays themselves, not copies), or grad_out has the wrong shape or dtype.
         """
+        _refuse_autograd_tensors(grad_out=grad_out)
         query, key, value, parameters = self._module.backward(grad_out)
         return {"query": query, "key": key, "value": value, **parameters}
 
@@ -429,6 +535,35 @@ class MultiheadAttention:
                 f"d_v={c.d_v}, kdim={c.kdim}, vdim={c.vdim}, bias={c.bias}, "
                 f"add_bias_kv={c.add_bias_kv}, add_zero_attn={c.add_zero_attn}, "
                 f"dropout={c.dropout}, batch_first={c.batch_first}, dtype={self._dtype.name})")
+
+
+_IncompatibleKeys = collections.namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
+
+
+def _numpy_of(value):
+    """A NumPy view of a torch tensor or parameter (detached, on the CPU); anything else as it is."""
+    if hasattr(value, "detach") and hasattr(value, "cpu"):
+        return value.detach().cpu().numpy()
+    return value
+
+
+class _OutProj:
+    """``layer.out_proj``: its weight and bias read (copies) and assigned through the layer."""
+
+    def __init__(self, layer):
+        object.__setattr__(self, "_layer", layer)
+
+    def __getattr__(self, name):
+        if name not in ("weight", "bias"):
+            raise AttributeError(f"'out_proj' has no attribute {name!r} (it has weight and bias)")
+        full = "out_proj." + name
+        layer = self._layer
+        return layer.parameter(full) if full in layer.parameter_names() else None
+
+    def __setattr__(self, name, value):
+        if name not in ("weight", "bias"):
+            raise AttributeError(f"'out_proj' has no attribute {name!r} (it has weight and bias)")
+        self._layer._set_parameter("out_proj." + name, value)
 
 
 def load(path, **overrides):

@@ -19,7 +19,6 @@ S' = S + add_bias_kv + add_zero_attn (the keys after the appended positions).
 
 import numpy as np
 import torch as _torch  # the top-level torch: absolute import, not this module (mha.torch)
-from torch.autograd.function import once_differentiable as _once_differentiable
 from torch.nn.modules.linear import NonDynamicallyQuantizableLinear as _OutProj
 
 import mha as _mha
@@ -27,6 +26,15 @@ import mha as _mha
 __all__ = ["MultiheadAttention"]
 
 _NUMPY_DTYPE = {_torch.float32: np.float32, _torch.float64: np.float64}
+
+_NOT_SCRIPTABLE = (
+    "mha.torch.MultiheadAttention cannot be compiled by torch.jit.script or recorded by torch.jit.trace: its "
+    "forward and backward run mha's C++ layer through NumPy arrays, outside TorchScript. Use the module in eager "
+    "mode, or torch.nn.MultiheadAttention (same parameters and state_dict) where TorchScript is needed.")
+_NO_DOUBLE_BACKWARD = (
+    "mha.torch.MultiheadAttention does not support double backward (backward with create_graph=True, as "
+    "gradient penalties and Hessian-vector products need): its backward is mha's fused kernel, whose own "
+    "derivative is not implemented. Use torch.nn.MultiheadAttention for second derivatives.")
 
 # Idle mha layers kept per kind (see _WorkerPool). Two cover a training loop, where the graph of
 # step n (one layer checked out) is still alive during the forward of step n + 1 (a second one).
@@ -178,6 +186,11 @@ class MultiheadAttention(_torch.nn.Module):
         super().__setstate__(state)
         self._workers = _WorkerPool()
 
+    # TorchScript compiles a module's Python source, and this one calls into mha's C++ layer through
+    # NumPy, which TorchScript cannot express: say so instead of torch's parse error.
+    def __prepare_scriptable__(self):
+        raise RuntimeError(_NOT_SCRIPTABLE)
+
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True, is_causal=False):
         """Multi-head attention of query over key/value; returns (attn_output, attn_output_weights or None).
@@ -200,6 +213,8 @@ class MultiheadAttention(_torch.nn.Module):
             attn_output shaped like query with width E; attn_output_weights [B, L, S'] or
             [B, h, L, S'] ([L, S'] / [h, L, S'] unbatched) when need_weights, else None.
         """
+        if _torch.jit.is_tracing() or _torch.jit.is_scripting():
+            raise RuntimeError(_NOT_SCRIPTABLE)
         names, params = self._named_tensors()
         dtype = _check_parameters(names, params)
         tensors = [_check_input(t, name, dtype) for t, name in
@@ -342,9 +357,11 @@ class _MultiheadAttentionFunction(_torch.autograd.Function):
         return out, weights
 
     @staticmethod
-    @_once_differentiable
     def backward(ctx, grad_out, *grad_weights):
         # grad_out: dLoss/d attn_output, shaped like it; grad_weights: ignored (non-differentiable).
+        # Grad mode is on here only under create_graph=True, i.e. for a gradient to be differentiated.
+        if _torch.is_grad_enabled():
+            raise RuntimeError(_NO_DOUBLE_BACKWARD)
         grads = ctx.worker.layer.backward(grad_out.detach().numpy())
         wanted = ctx.needs_input_grad  # (call, query, key, value, *params)
         inputs = [_torch.from_numpy(grads[n]) if wanted[1 + i] else None

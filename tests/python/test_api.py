@@ -273,9 +273,9 @@ def test_train_and_eval_return_self():
 
 
 @pytest.mark.parametrize("kwargs,name", [
-    (dict(embed_dim=8, num_heads=3), "d_model"),
+    (dict(embed_dim=8, num_heads=3), "embed_dim"),
     (dict(embed_dim=8, num_heads=0), "num_heads"),
-    (dict(embed_dim=0, num_heads=1), "d_model"),
+    (dict(embed_dim=0, num_heads=1), "embed_dim"),
     (dict(embed_dim=8, num_heads=2, dropout=1.0), "dropout"),
     (dict(embed_dim=8, num_heads=2, dropout=-0.1), "dropout"),
     (dict(embed_dim=8, num_heads=2, dtype=np.int32), "dtype"),

@@ -230,8 +230,8 @@ def test_load_refuses_sizes_that_overflow_naming_the_file(tmp_path):
 # ---- sizes -----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("kwargs, pattern", [
     (dict(embed_dim=2**32, num_heads=2**32, d_k=2**32, d_v=2**32), r"^num_heads \* d_k = "),
-    (dict(embed_dim=2**62, num_heads=1), r"^d_model: 4611686018427387904 is too large"),
-    (dict(embed_dim=2**31, num_heads=1), r"^\(2 \* num_heads \* d_k \+ num_heads \* d_v\) \* d_model = "),
+    (dict(embed_dim=2**62, num_heads=1), r"^embed_dim: 4611686018427387904 is too large"),
+    (dict(embed_dim=2**31, num_heads=1), r"^\(2 \* num_heads \* d_k \+ num_heads \* d_v\) \* embed_dim = "),
     (dict(embed_dim=8, num_heads=2, kdim=2**58), r"^num_heads \* d_k \* kdim = "),
     (dict(embed_dim=2**64, num_heads=1), r"^embed_dim: expected an integer that fits 64 bits"),
     (dict(embed_dim=8, num_heads=-2**63 - 1), r"^num_heads: expected an integer that fits 64 bits"),

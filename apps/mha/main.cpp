@@ -5,7 +5,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include <fmt/core.h>
 #include <CLI/CLI.hpp>
@@ -22,6 +24,7 @@
 #include "mha/error.hpp"
 #include "number_options.hpp"
 #include "render/terminal_text.hpp"
+#include "unknown_command.hpp"
 
 namespace {
 
@@ -218,6 +221,30 @@ void add_bench_grid_command(CLI::App& app, mha_cli::BenchGridOptions& options) {
   number_in(grid->add_option("--max-time", options.policy.max_time_s), 0.0, kMaxSeconds);
 }
 
+// `mha help [COMMAND]` prints what --help prints; `mha WORD` for a WORD that is no command names it and
+// the nearest command (CLI11 alone says "A subcommand is required"). Returns the exit status when it
+// handled the command line, nothing when the first word is a command.
+std::optional<int> help_or_unknown_command(CLI::App& app, int argc, char** argv) {
+  const std::string word = argv[1];
+  std::vector<std::string> shown;  // what --help lists: the hidden bench-one and bench-grid run but are not offered
+  bool known = false;
+  for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+    known = known || sub->get_name() == word;
+    if (!sub->get_group().empty()) shown.push_back(sub->get_name());
+  }
+  if (known) return std::nullopt;
+  if (word == "help") {
+    if (argc == 2) return fmt::print("{}", app.help()), 0;
+    const std::string topic = argv[2];
+    for (const std::string& name : shown)
+      if (name == topic) return fmt::print("{}", app.get_subcommand(name)->help(app.get_name())), 0;
+    fmt::print(stderr, "mha: error: {}\n", mha_cli::terminal_safe(mha_cli::unknown_command_message(topic, shown)));
+    return kExitUsage;
+  }
+  fmt::print(stderr, "mha: error: {}\n", mha_cli::terminal_safe(mha_cli::unknown_command_message(word, shown)));
+  return kExitUsage;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -239,6 +266,9 @@ int main(int argc, char** argv) {
   mha_cli::BenchGridOptions bench_grid_options;
   add_bench_grid_command(app, bench_grid_options);
 
+  if (argc >= 2 && argv[1][0] != '-') {
+    if (const std::optional<int> status = help_or_unknown_command(app, argc, argv)) return *status;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

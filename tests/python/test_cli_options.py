@@ -203,3 +203,27 @@ def test_error_messages_reach_the_terminal_without_control_bytes(tmp_path):
                  "--out", tmp_path / "o.npy", text=False)
     assert result.returncode == 1 and b"\x1b" not in result.stderr, result.stderr
     assert b"--weights" in result.stderr and b"\\x1b[31mw.safetensors" in result.stderr
+
+
+# ---- the first word (issue 15, section 4) -----------------------------------------------------------------
+
+@pytest.mark.parametrize("word, nearest", [("translat", "translate"), ("benhc", "bench"), ("dem", "demo"),
+                                           ("Run", "run")])
+def test_an_unknown_command_is_named_with_the_nearest_one(word, nearest):
+    result = mha(word)
+    refused(result, f"unknown command '{word}'", f"did you mean '{nearest}'?", "mha --help")
+    assert "A subcommand is required" not in result.stderr
+
+
+def test_an_unknown_command_far_from_every_command_lists_them():
+    result = mha("frobnicate", "--x")
+    refused(result, "unknown command 'frobnicate'", "commands: demo, translate, heads, bench, run")
+    assert "did you mean" not in result.stderr
+
+
+def test_help_works_as_a_command():
+    assert mha("help").stdout == mha("--help").stdout != ""
+    for command in ("run", "translate", "bench"):
+        shown = mha("help", command)
+        assert shown.returncode == 0 and shown.stdout == mha(command, "--help").stdout
+    refused(mha("help", "nope"), "unknown command 'nope'")

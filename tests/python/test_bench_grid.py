@@ -98,3 +98,14 @@ def test_grid_targets_are_decided_and_the_others_not_measured(grid_run):
             assert t["met"] is None and "not measured in this run" in t["measured"]
     others = [t for name, t in targets.items() if not name.startswith("grid: ")]
     assert others and all(t["met"] is None and "not measured in this run" in t["measured"] for t in others)
+
+
+def test_only_judged_targets_are_printed(grid_run):
+    """Targets the run could not measure are counted in one line, not printed as verdicts (issue 15)."""
+    stdout, report, _, _ = grid_run
+    targets_text = stdout.split("== Targets", 1)[1]
+    unmeasured = sum(t["met"] is None for t in report["targets"])
+    assert "NOT MEASURED" not in targets_text
+    assert f"{unmeasured} of {len(report['targets'])} targets not measured in this run" in targets_text
+    judged = [t for t in report["targets"] if t["met"] is not None]
+    assert judged and all(t["name"] in targets_text for t in judged)

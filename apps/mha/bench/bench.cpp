@@ -367,6 +367,9 @@ int run_bench(const BenchOptions& options, const std::string& command) {
   results.load_start = load_average();
   results.torch_blas = options.torch ? options.torch_blas : "";
   print_machine(results);
+  if (options.quick)
+    fmt::print("smoke run (--quick): sizes 512 and 2048, no N = 65536, no grid; it checks that the bench runs, a "
+               "full run measures\n");
   if (!plan.grid_only) print_roof_note();
 
   if (!plan.grid_only) {
@@ -385,7 +388,9 @@ int run_bench(const BenchOptions& options, const std::string& command) {
   fmt::print("\nload average (1, 5, 15 min): {} at the start, {} at the end\n", results.load_start, results.load_end);
   warn_if_busy(results, plan.big_threads);
   results.targets = evaluate_targets(results);
-  print_targets(results.targets);
+  print_targets(results.targets, options.quick ? "smoke run, --quick: sizes 512 and 2048, no grid; a full "
+                                                 "run decides the targets"
+                                               : "");
 
   const std::filesystem::path json_path = out_dir / "bench.json", png_path = out_dir / "bench.png";
   {

@@ -34,6 +34,8 @@ void print_grid_threads(const std::vector<GridRow>& rows);  // ours: the largest
 void print_big_header();
 void print_big_row(const BigResult& row);
 
-void print_targets(const std::vector<TargetResult>& targets);
+// The targets this run judged (met or missed); those it could not measure are counted in one line.
+// A non-empty `smoke_run` labels the heading (e.g. a --quick run's verdicts are not the targets').
+void print_targets(const std::vector<TargetResult>& targets, const std::string& smoke_run);
 
 }  // namespace mha_cli::bench

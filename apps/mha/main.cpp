@@ -181,12 +181,16 @@ void add_run_command(CLI::App& app, mha_cli::RunOptions& o) {
   run->add_flag("--per-head-weights", o.per_head_weights, "Write the weights per head [B, h, L, S]");
   threads_option(run->add_option("--threads", o.threads, "Threads for the library's kernels (0: its default)"), 0);
   integer_in(
-      run->add_option("--heads", o.heads, "Number of heads, for a file without mha's metadata (e.g. from PyTorch)"), 1,
-      kMaxHeads);
-  run->add_flag("--add-zero-attn", o.add_zero_attn, "The layer has add_zero_attn (files without metadata)");
-  run->add_option("--layout", o.layout, "Input layout for files without metadata (PyTorch's default is seq-first)")
-      ->check(CLI::IsMember({"batch-first", "seq-first"}))
-      ->capture_default_str();
+      run->add_option(
+          "--heads", o.heads,
+          "Number of heads: required for a file without mha's metadata (e.g. from PyTorch), checked against it otherwise"),
+      1, kMaxHeads);
+  run->add_flag("--add-zero-attn", o.add_zero_attn,
+                "The layer has add_zero_attn (files without metadata; checked against it otherwise)");
+  run->add_option("--layout", o.layout,
+                  "Input layout: required for a file without mha's metadata (PyTorch's state_dict; its default is "
+                  "seq-first), checked against the metadata otherwise")
+      ->check(CLI::IsMember({"batch-first", "seq-first"}));
 }
 
 // `mha bench-one`: what `mha bench` runs in a process of its own; hidden from --help.

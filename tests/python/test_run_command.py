@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 import torch
 
+import mha
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MHA = ROOT / "build" / "mha"
 sys.path.insert(0, str(ROOT / "tests" / "data"))
@@ -91,10 +93,34 @@ def test_mha_run_errors_name_the_flag_and_the_file(tmp_path):
     layer = torch.nn.MultiheadAttention(8, 2)
     write_safetensors(tmp_path / "layer.safetensors", dict(layer.state_dict()))
     (tmp_path / "bad.npy").write_bytes(b"not an npy file at all")
-    result = run("--weights", tmp_path / "layer.safetensors", "--heads", 2, "--query", tmp_path / "bad.npy",
-                 "--out", tmp_path / "o.npy")
+    result = run("--weights", tmp_path / "layer.safetensors", "--heads", 2, "--layout", "seq-first",
+                 "--query", tmp_path / "bad.npy", "--out", tmp_path / "o.npy")
     assert result.returncode == 1 and "--query" in result.stderr and "bad.npy" in result.stderr
     result = run("--weights", tmp_path / "layer.safetensors", "--query", tmp_path / "q.npy", "--out", tmp_path / "o.npy")
     assert result.returncode == 1 and "--heads" in result.stderr  # no metadata: the heads must be given
     result = run("--weights", tmp_path / "layer.safetensors", "--heads", 2, "--out", tmp_path / "o.npy")
     assert result.returncode == 2  # --query is required: a usage error
+
+
+def test_mha_run_needs_the_layout_of_a_file_without_metadata(tmp_path):
+    """PyTorch's state_dict carries no layout, and PyTorch's default (seq-first) is not ours: no guessing."""
+    layer = torch.nn.MultiheadAttention(8, 2)
+    write_safetensors(tmp_path / "layer.safetensors", dict(layer.state_dict()))
+    np.save(tmp_path / "q.npy", np.ones((3, 2, 8), np.float32))
+    result = run("--weights", tmp_path / "layer.safetensors", "--heads", 2, "--query", tmp_path / "q.npy",
+                 "--out", tmp_path / "o.npy")
+    assert result.returncode == 1 and "--layout" in result.stderr and "seq-first" in result.stderr
+    assert not (tmp_path / "o.npy").exists()
+
+
+@pytest.mark.parametrize("flags, complaint", [(["--heads", "4"], "--heads 4: the file's metadata says 2 heads"),
+                                              (["--layout", "seq-first"], "--layout seq-first: the file's metadata"),
+                                              (["--add-zero-attn"], "--add-zero-attn")])
+def test_mha_run_refuses_flags_that_contradict_the_metadata(tmp_path, flags, complaint):
+    mha.MultiheadAttention(8, 2, batch_first=True, seed=1).save(tmp_path / "layer.safetensors")
+    np.save(tmp_path / "q.npy", np.ones((2, 3, 8), np.float32))
+    args = ["--weights", tmp_path / "layer.safetensors", "--query", tmp_path / "q.npy", "--out", tmp_path / "o.npy"]
+    result = run(*args, *flags)
+    assert result.returncode == 1 and complaint in result.stderr, result.stderr
+    agreeing = run(*args, "--heads", 2, "--layout", "batch-first")
+    assert agreeing.returncode == 0, agreeing.stderr

@@ -32,6 +32,10 @@ auto for_flag(const std::string& flag, const std::string& path, F action) -> dec
 //   in_proj_weight [3*h*d, E]; out_proj.weight [E, h*d_v].
 mha::MultiHeadAttentionConfig config_from_shapes(const mha::SafetensorsFile& file, const RunOptions& o) {
   if (o.heads <= 0) throw mha::Error("--heads: the file has no mha metadata, so the number of heads is needed");
+  if (o.layout.empty())  // PyTorch's default is seq-first, ours batch-first: no guess either way
+    throw mha::Error(
+        "--layout: the file has no mha metadata, so the inputs' layout is needed: --layout seq-first ([L, B, E], "
+        "PyTorch's default) or --layout batch-first ([B, L, E])");
   auto shape = [&](const std::string& name) -> std::optional<mha::Shape> {
     auto it = file.tensors.find(name);
     if (it == file.tensors.end()) return std::nullopt;
@@ -62,6 +66,18 @@ mha::MultiHeadAttentionConfig config_from_shapes(const mha::SafetensorsFile& fil
   return c;
 }
 
+// Flags that describe the layer must agree with a file whose metadata already does.
+void check_flags_against_metadata(const mha::MultiHeadAttentionConfig& c, const RunOptions& o) {
+  if (o.heads > 0 && o.heads != c.num_heads)
+    throw mha::Error(fmt::format("--heads {}: the file's metadata says {} heads (the flag is for files without it)",
+                                 o.heads, c.num_heads));
+  if (o.add_zero_attn && !c.add_zero_attn)
+    throw mha::Error("--add-zero-attn: the file's metadata says the layer has no add_zero_attn");
+  const std::string layout = c.batch_first ? "batch-first" : "seq-first";
+  if (!o.layout.empty() && o.layout != layout)
+    throw mha::Error(fmt::format("--layout {}: the file's metadata says {}", o.layout, layout));
+}
+
 }  // namespace
 
 int run_layer(const RunOptions& o) {
@@ -71,7 +87,9 @@ int run_layer(const RunOptions& o) {
     const bool ours = file.metadata.count("format") && file.metadata.at("format") == "mha";
     std::optional<mha::MultiHeadAttentionConfig> config;
     if (!ours) config = config_from_shapes(file, o);
-    return mha::load_multi_head_attention(o.weights, config);
+    mha::MultiHeadAttention loaded = mha::load_multi_head_attention(o.weights, config);
+    if (ours) check_flags_against_metadata(loaded.config(), o);
+    return loaded;
   });
   layer.eval();  // inference: no dropout, nothing kept for a backward
 

@@ -20,7 +20,7 @@ struct RunOptions {
   // widths, bias and add_bias_kv are read from the parameters' shapes and names.
   std::int64_t heads = 0;
   bool add_zero_attn = false;
-  std::string layout = "batch-first";  // or "seq-first"; what a file without metadata means
+  std::string layout;  // "batch-first" or "seq-first"; required for a file without metadata, checked against one with
 };
 
 // Runs the layer; returns the exit status. Errors are mha::Error naming the flag and the file.

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -194,6 +195,30 @@ void FileSink::commit() {
     std::remove(partial_.c_str());
     fail(path_, std::string("cannot rename ") + partial_ + " to it: " + std::strerror(rename_errno));
   }
+}
+
+std::string apparent_kind(const ByteSource& source) {
+  unsigned char head[9] = {};
+  const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(source.size(), sizeof head));
+  source.read(0, head, n);
+  auto starts_with = [&](std::string_view magic) {
+    return n >= magic.size() && std::memcmp(head, magic.data(), magic.size()) == 0;
+  };
+  if (starts_with("\x93NUMPY")) return "a NumPy .npy file";
+  if (starts_with("PK\x03\x04")) return "a zip archive (PyTorch's torch.save writes one)";
+  if (n >= 2 && head[0] == 0x80 && head[1] >= 2 && head[1] <= 5)
+    return "a Python pickle (older torch.save files are one)";
+  if (starts_with("\x89PNG")) return "a PNG image";
+  if (n == sizeof head) {  // an 8-byte little-endian length that fits, then the JSON header's '{'
+    std::uint64_t length = 0;
+    for (int i = 7; i >= 0; --i) length = length << 8 | head[i];
+    if (length <= source.size() - 8 && head[8] == '{') return "a safetensors file";
+  }
+  if (n > 0 && std::all_of(head, head + n, [](unsigned char c) {
+        return c == '\t' || c == '\n' || c == '\r' || (c >= 0x20 && c < 0x7f);
+      }))
+    return "text";
+  return "";
 }
 
 }  // namespace mha::io

@@ -40,6 +40,11 @@ class ByteSource {
   std::uint64_t size_;
 };
 
+// What the source's first bytes say it is, for an error about a file of the wrong kind: "a NumPy .npy
+// file", "a safetensors file", "a zip archive (PyTorch's torch.save writes one)", "a Python pickle
+// (older torch.save files are one)", "a PNG image", "text"; empty when nothing is recognised.
+std::string apparent_kind(const ByteSource& source);
+
 class MemorySource final : public ByteSource {
  public:
   MemorySource(std::span<const std::byte> bytes, std::string name);

@@ -71,6 +71,11 @@ std::string read_header_text(const io::ByteSource& source) {
   std::byte length_bytes[kLengthBytes];
   source.read(0, length_bytes, kLengthBytes);
   const auto header_length = io::load_le<std::uint64_t>(length_bytes);
+  if (header_length > source.size() - kLengthBytes) {  // what a file of another kind usually gives
+    if (const std::string kind = io::apparent_kind(source); !kind.empty() && kind != "a safetensors file")
+      fail(file, "not a safetensors file: it appears to be " + kind +
+                     " (a safetensors file starts with the 8-byte length of its JSON header)");
+  }
   if (header_length > kMaxHeaderBytes)
     fail(file, "header length " + std::to_string(header_length) + " exceeds the limit of " +
                    std::to_string(kMaxHeaderBytes) + " bytes");

@@ -1,6 +1,7 @@
 """`mha run`: a PyTorch layer saved as safetensors and inputs saved as .npy, run by the command, compared
 with PyTorch under the project's rule: max|ours - torch64| <= 2 * max|torch32 - torch64| + 1e-6."""
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -124,3 +125,27 @@ def test_mha_run_refuses_flags_that_contradict_the_metadata(tmp_path, flags, com
     assert result.returncode == 1 and complaint in result.stderr, result.stderr
     agreeing = run(*args, "--heads", 2, "--layout", "batch-first")
     assert agreeing.returncode == 0, agreeing.stderr
+
+
+def test_mha_run_says_what_a_file_of_the_wrong_kind_appears_to_be(tmp_path):
+    """Not "header length 5088219219985302144": what the file looks like, and what was expected (issue 15)."""
+    mha.MultiheadAttention(8, 2, batch_first=True, seed=1).save(tmp_path / "layer.safetensors")
+    np.save(tmp_path / "q.npy", np.ones((2, 3, 8), np.float32))
+    torch.save({"w": torch.ones(2)}, tmp_path / "zip.pt")
+    torch.save({"w": torch.ones(2)}, tmp_path / "legacy.pt", _use_new_zipfile_serialization=False)
+    mha.write_safetensors(tmp_path / "model.safetensors", {"encoder.0.w": np.ones(2, np.float32)},
+                          metadata={"format": "mha-transformer-dates"})
+    cases = [
+        (["--weights", tmp_path / "q.npy"], "appears to be a NumPy .npy file"),
+        (["--weights", tmp_path / "zip.pt"], "appears to be a zip archive (PyTorch's torch.save"),
+        (["--weights", tmp_path / "legacy.pt"], "appears to be a Python pickle"),
+        (["--weights", tmp_path / "model.safetensors"], "'mha-transformer-dates', not one attention layer"),
+    ]
+    for weights, complaint in cases:
+        result = run(*weights, "--query", tmp_path / "q.npy", "--out", tmp_path / "o.npy")
+        assert result.returncode == 1 and complaint in result.stderr, result.stderr
+        assert "safetensors" in result.stderr and not re.search(r"\d{12}", result.stderr), result.stderr
+    result = run("--weights", tmp_path / "layer.safetensors", "--query", tmp_path / "layer.safetensors",
+                 "--out", tmp_path / "o.npy")
+    assert result.returncode == 1 and "not a .npy file" in result.stderr
+    assert "appears to be a safetensors file" in result.stderr

@@ -86,6 +86,10 @@ int run_layer(const RunOptions& o) {
     const mha::SafetensorsFile file = mha::read_safetensors(o.weights);
     const bool ours = file.metadata.count("format") && file.metadata.at("format") == "mha";
     std::optional<mha::MultiHeadAttentionConfig> config;
+    if (const auto format = file.metadata.find("format"); format != file.metadata.end() && !ours)
+      throw mha::Error("the file's metadata says it holds '" + format->second +
+                       "', not one attention layer: mha run takes a file written by MultiheadAttention.save (format "
+                       "'mha') or a PyTorch nn.MultiheadAttention state_dict");
     if (!ours) config = config_from_shapes(file, o);
     mha::MultiHeadAttention loaded = mha::load_multi_head_attention(o.weights, config);
     if (ours) check_flags_against_metadata(loaded.config(), o);

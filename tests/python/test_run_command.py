@@ -149,3 +149,25 @@ def test_mha_run_says_what_a_file_of_the_wrong_kind_appears_to_be(tmp_path):
                  "--out", tmp_path / "o.npy")
     assert result.returncode == 1 and "not a .npy file" in result.stderr
     assert "appears to be a safetensors file" in result.stderr
+
+
+def test_mha_run_takes_inputs_in_the_layers_dtype_only(tmp_path):
+    """One policy with the Python API: no silent rounding of float64 inputs to a float32 layer, no silent
+    widening; a float16 .npy is read as float32, exactly, as every reader of the library reads it."""
+    mha.MultiheadAttention(8, 2, batch_first=True, seed=1).save(tmp_path / "f32.safetensors")
+    mha.MultiheadAttention(8, 2, batch_first=True, seed=1, dtype=np.float64).save(tmp_path / "f64.safetensors")
+    x = np.random.default_rng(0).standard_normal((2, 3, 8)).astype(np.float16)
+    for dtype in (np.float16, np.float32, np.float64):
+        np.save(tmp_path / f"{np.dtype(dtype).name}.npy", x.astype(dtype))
+
+    def run_on(layer, query):
+        return run("--weights", tmp_path / layer, "--query", tmp_path / query, "--out", tmp_path / "o.npy")
+
+    result = run_on("f32.safetensors", "float64.npy")
+    assert result.returncode == 1 and "expected float32 values (the layer's dtype), got float64" in result.stderr
+    result = run_on("f64.safetensors", "float32.npy")
+    assert result.returncode == 1 and "expected float64 values (the layer's dtype), got float32" in result.stderr
+    assert run_on("f32.safetensors", "float32.npy").returncode == 0
+    from_f32 = np.load(tmp_path / "o.npy")
+    assert run_on("f32.safetensors", "float16.npy").returncode == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "o.npy"), from_f32)  # the same float32 values

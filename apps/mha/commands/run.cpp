@@ -98,12 +98,18 @@ int run_layer(const RunOptions& o) {
   layer.eval();  // inference: no dropout, nothing kept for a backward
 
   const mha::DType dtype = layer.config().dtype;
-  // Inputs are converted to the layer's dtype; masks keep theirs (bool or float).
+  // Inputs must hold the layer's dtype, as in the Python API: a float64 query is not rounded to a float32
+  // layer, nor a float32 one widened to a float64 layer. (A float16 .npy is read as float32, exactly, as
+  // every reader of the library reads it.) Masks keep theirs (bool or float).
   auto read_input = [&](const std::string& flag, const std::string& path) {
     return for_flag(flag, path, [&] {
       mha::Tensor t = mha::read_npy(path);
-      if (t.dtype() == mha::DType::Bool) throw mha::Error("expected float32 or float64 values, got bool");
-      return t.dtype() == dtype ? std::move(t) : mha::Tensor::copy_of(t, dtype);
+      if (t.dtype() != dtype)
+        throw mha::Error(fmt::format("expected {} values (the layer's dtype), got {}: convert the array (NumPy: "
+                                     "x.astype(np.{})), or use a layer saved as {}",
+                                     mha::dtype_name(dtype), mha::dtype_name(t.dtype()), mha::dtype_name(dtype),
+                                     mha::dtype_name(t.dtype())));
+      return t;
     });
   };
   const mha::Tensor query = read_input("--query", o.query);

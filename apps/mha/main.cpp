@@ -24,6 +24,7 @@
 #include "mha/error.hpp"
 #include "number_options.hpp"
 #include "render/terminal_text.hpp"
+#include "transformer/dates.hpp"
 #include "unknown_command.hpp"
 
 namespace {
@@ -86,9 +87,26 @@ void add_demo_command(CLI::App& app, mha_cli::DemoOptions& o) {
   demo->add_flag("!--no-progress", o.progress, "No progress bar");
 }
 
+// What `mha translate --help` says: the formats the model was trained on, with 5 March 2021 in each, the
+// years it knows, and what its output lines and exit statuses mean.
+std::string translate_description() {
+  std::string text =
+      "Rewrite dates as ISO 8601 with the model `mha demo` trained, e.g. mha translate \"Fri, 5 Mar 21\"\n"
+      "Trained formats (5 March 2021 in each; numeric dates are day-first unless the year comes first):\n";
+  for (const transformer::DateFormat f : transformer::all_date_formats())
+    text += fmt::format("  {:<32} {}\n", transformer::format_name(f), transformer::format_date({2021, 3, 5}, f));
+  return text + fmt::format("Years {}-{} (two-digit years: 50-99 are 19xx, 00-49 are 20xx).\n"
+                            "Output, one line per input:\n"
+                            "  YYYY-MM-DD                      the answer, when it passes its checks\n"
+                            "  ? ANSWER  REASON                not a calendar date, outside those years, or not the\n"
+                            "                                  year the input states (in four digits, or two)\n"
+                            "  ? not translated: REASON        an input that cannot be read (also on standard error)\n"
+                            "Exit status: 0 every answer passed, 3 some marked ?, 1 some inputs not translated.",
+                            transformer::kFirstYear, transformer::kLastYear);
+}
+
 void add_translate_command(CLI::App& app, mha_cli::TranslateOptions& o) {
-  CLI::App* translate = app.add_subcommand(
-      "translate", "Rewrite dates as ISO 8601 with the model `mha demo` trained, e.g. mha translate \"Fri, 5 Mar 21\"");
+  CLI::App* translate = app.add_subcommand("translate", translate_description());
   translate->add_option("text", o.texts, "Dates to rewrite (none: one per line from standard input)");
   translate->add_option("--checkpoint", o.checkpoint, "The checkpoint `mha demo` wrote")->capture_default_str();
   threads_option(translate->add_option("--threads", o.threads, "Threads (0: OpenMP's default)"), 0);

@@ -1,8 +1,12 @@
 // `mha translate` (translate.hpp).
 #include "commands/translate.hpp"
 
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <stdexcept>
 
 #include <fmt/core.h>
@@ -10,6 +14,7 @@
 #include "mha/attention.hpp"
 #include "render/terminal_text.hpp"
 #include "transformer/checkpoint.hpp"
+#include "transformer/dates.hpp"
 #include "transformer/training.hpp"
 #include "transformer/vocabulary.hpp"
 
@@ -28,19 +33,70 @@ std::vector<std::string> read_lines(std::istream& in) {
   return lines;
 }
 
-// Throws naming the input (its position, and "line" when it came from standard input) and quoting it
-// with its non-printable bytes as \xNN: a NUL would cut the message short, an ESC drive the terminal.
-void check_input(const std::string& text, std::size_t index, bool from_stdin, const transformer::Vocabulary& vocab) {
+// Why `text` cannot be translated (empty, too long, outside the vocabulary), naming the input (its
+// position, and "line" when it came from standard input) and quoting it with its non-printable bytes as
+// \xNN: a NUL would cut the message short, an ESC drive the terminal. Empty when it can be.
+std::string input_problem(const std::string& text, std::size_t index, bool from_stdin,
+                          const transformer::Vocabulary& vocab) {
   const std::string where = fmt::format("{} {}", from_stdin ? "line" : "input", index + 1);
-  if (text.empty()) throw std::runtime_error(where + " is empty: expected a date such as \"Friday, 5 March 2021\"");
+  if (text.empty()) return where + " is empty: expected a date such as \"Friday, 5 March 2021\"";
   if (text.size() > kMaxInputLength)
-    throw std::runtime_error(
-        fmt::format("{} has {} characters; at most {} are accepted", where, text.size(), kMaxInputLength));
+    return fmt::format("{} has {} characters; at most {} are accepted", where, text.size(), kMaxInputLength);
   try {
     vocab.encode(text);
   } catch (const std::invalid_argument& e) {
-    throw std::runtime_error(fmt::format("{} {}: {}", where, quoted_printable(text), e.what()));
+    return fmt::format("{} {}: {}", where, quoted_printable(text), e.what());
   }
+  return "";
+}
+
+// The runs of digits in the input ("5 Mar 21": "5", "21"), where every trained format states its year.
+std::vector<std::string> digit_runs(const std::string& text) {
+  std::vector<std::string> runs;
+  for (std::size_t i = 0; i < text.size();) {
+    std::size_t j = i;
+    while (j < text.size() && std::isdigit(static_cast<unsigned char>(text[j]))) ++j;
+    if (j > i) runs.push_back(text.substr(i, j - i));
+    i = j > i ? j : i + 1;
+  }
+  return runs;
+}
+
+// Why `year` is not the year the input states, or empty. Every trained format states it: in four
+// digits (the last run of four), or else in two (then one of the two-digit runs must be year % 100).
+std::string year_disagreement(const std::string& text, int year) {
+  const std::vector<std::string> runs = digit_runs(text);
+  std::optional<int> four, two_digit_match;
+  bool any_two = false;
+  for (const std::string& run : runs) {
+    if (run.size() == 4) four = std::stoi(run);
+    if (run.size() == 2) any_two = true, two_digit_match = std::stoi(run) == year % 100 ? year : two_digit_match;
+  }
+  if (four) {
+    if (*four == year) return "";
+    if (*four < transformer::kFirstYear || *four > transformer::kLastYear)
+      return fmt::format("the input's year {} is outside the years the model knows ({}-{})", *four,
+                         transformer::kFirstYear, transformer::kLastYear);
+    return fmt::format("the input says {}", *four);
+  }
+  if (!any_two) return "the input states no year, as every trained format does";
+  return two_digit_match ? "" : fmt::format("no two-digit year of the input is {:02}", year % 100);
+}
+
+// Why the model's answer for `text` is not to be trusted, or empty: not of the form yyyy-mm-dd, not a
+// calendar date, outside the trained years, or not the year the input states (year_disagreement).
+std::string doubt(const std::string& text, const std::string& answer) {
+  int year = 0, month = 0, day = 0;
+  char dash1 = 0, dash2 = 0;
+  const bool iso = answer.size() == transformer::kIsoLength &&
+                   std::all_of(answer.begin(), answer.end(), [](char c) { return std::isdigit(c) || c == '-'; }) &&
+                   std::sscanf(answer.c_str(), "%4d%c%2d%c%2d", &year, &dash1, &month, &dash2, &day) == 5 &&
+                   dash1 == '-' && dash2 == '-';
+  if (!iso) return "not a date of the form yyyy-mm-dd";
+  if (month < 1 || month > 12 || day < 1 || day > transformer::days_in_month(year, month)) return "not a calendar date";
+  if (year < transformer::kFirstYear || year > transformer::kLastYear)
+    return fmt::format("outside the years the model knows ({}-{})", transformer::kFirstYear, transformer::kLastYear);
+  return year_disagreement(text, year);
 }
 
 }  // namespace
@@ -55,11 +111,34 @@ int run_translate(const TranslateOptions& options) {
   const bool from_stdin = options.texts.empty();
   const std::vector<std::string> texts = from_stdin ? read_lines(std::cin) : options.texts;
   const transformer::Vocabulary vocab;
-  for (std::size_t i = 0; i < texts.size(); ++i) check_input(texts[i], i, from_stdin, vocab);
-
-  transformer::Checkpoint checkpoint = transformer::load_checkpoint(options.checkpoint);
-  for (const std::string& iso : transformer::translate(*checkpoint.model, vocab, texts)) fmt::print("{}\n", iso);
-  return 0;
+  // Each input gets its own answer or its own error: a bad line never costs the good ones theirs.
+  std::vector<std::string> problems(texts.size()), readable;
+  for (std::size_t i = 0; i < texts.size(); ++i) {
+    problems[i] = input_problem(texts[i], i, from_stdin, vocab);
+    if (problems[i].empty()) readable.push_back(texts[i]);
+    else fmt::print(stderr, "mha: error: {}\n", problems[i]);
+  }
+  std::vector<std::string> answers;
+  if (!readable.empty()) {
+    transformer::Checkpoint checkpoint = transformer::load_checkpoint(options.checkpoint);
+    answers = transformer::translate(*checkpoint.model, vocab, readable);
+  }
+  bool failed = false, unsure = false;
+  for (std::size_t i = 0, next = 0; i < texts.size(); ++i) {
+    if (!problems[i].empty()) {
+      fmt::print("? not translated: {}\n", problems[i]);
+      failed = true;
+      continue;
+    }
+    const std::string& answer = answers[next++];
+    if (const std::string why = doubt(texts[i], answer); !why.empty()) {
+      fmt::print("? {}  {}\n", terminal_safe(answer), why);
+      unsure = true;
+    } else {
+      fmt::print("{}\n", answer);
+    }
+  }
+  return failed ? kTranslateFailed : unsure ? kTranslateUnsure : 0;
 }
 
 }  // namespace mha_cli

@@ -12,8 +12,16 @@ struct TranslateOptions {
   int threads = 0;
 };
 
-// Prints one ISO date per input, in order. Every input is checked before anything is printed; throws
-// std::runtime_error for a missing checkpoint (saying how to make one) or an input that cannot be read.
+// Exit statuses of run_translate besides 0 (every answer confident).
+inline constexpr int kTranslateFailed = 1;  // some inputs could not be translated (errors on standard error)
+inline constexpr int kTranslateUnsure = 3;  // every input translated, some answers marked unsure
+
+// Prints one line per input, in order: the ISO date ("2021-03-05", exactly) when the answer passes the
+// checks; "? ANSWER  REASON" when it does not (not yyyy-mm-dd, not a calendar date, outside the years
+// the model knows, or not the year the input states in four digits or two); "? not translated: REASON" for an
+// input that cannot be read (empty, too long, characters outside the vocabulary), whose error also goes
+// to standard error. Throws std::runtime_error for a missing checkpoint (saying how to make one) or one
+// that cannot be read.
 int run_translate(const TranslateOptions& options);
 
 }  // namespace mha_cli

@@ -99,7 +99,9 @@ std::string translate_description() {
                             "Output, one line per input:\n"
                             "  YYYY-MM-DD                      the answer, when it passes its checks\n"
                             "  ? ANSWER  REASON                not a calendar date, outside those years, or not the\n"
-                            "                                  year the input states (in four digits, or two)\n"
+                            "                                  year the input states (in four digits, or two), or the\n"
+                            "                                  decoder less sure of it than of 99% of its correct\n"
+                            "                                  held-out answers (the checkpoint's unsure_below)\n"
                             "  ? not translated: REASON        an input that cannot be read (also on standard error)\n"
                             "Exit status: 0 every answer passed, 3 some marked ?, 1 some inputs not translated.",
                             transformer::kFirstYear, transformer::kLastYear);

@@ -131,6 +131,48 @@ std::vector<std::string> translate(Transformer<float>& model, const Vocabulary& 
   return out;
 }
 
+std::vector<Translation> translate_with_confidence(Transformer<float>& model, const Vocabulary& vocab,
+                                                   const std::vector<std::string>& sources, std::int64_t batch_size) {
+  std::vector<Translation> out;
+  const auto steps = static_cast<std::int64_t>(kIsoLength) + 1;  // 10 characters and <eos>
+  const std::int64_t V = model.config().vocab;
+  std::vector<float> logits;  // [B, steps, V]
+  for (std::size_t first = 0; first < sources.size(); first += static_cast<std::size_t>(batch_size)) {
+    const std::size_t last = std::min(sources.size(), first + static_cast<std::size_t>(batch_size));
+    std::vector<DateExample> examples;
+    for (std::size_t i = first; i < last; ++i) examples.push_back({sources[i], std::string(kIsoLength, '0'), {}});
+    const TokenBatch batch = token_batch(make_batch(examples, vocab));
+    const std::vector<int> tokens = model.greedy_decode(batch, steps, Vocabulary::kBos, true, &logits);
+    for (std::int64_t b = 0; b < batch.batch; ++b) {
+      double confidence = 1.0;
+      for (std::int64_t t = 0; t < steps; ++t) {  // p(chosen) = 1 / sum_j exp(l_j - l_chosen), l_chosen the max
+        const float* row = logits.data() + (b * steps + t) * V;
+        const float chosen = row[tokens[static_cast<std::size_t>(b * steps + t)]];
+        double sum = 0.0;
+        for (std::int64_t j = 0; j < V; ++j) sum += std::exp(static_cast<double>(row[j]) - chosen);
+        confidence = std::min(confidence, 1.0 / sum);
+        if (tokens[static_cast<std::size_t>(b * steps + t)] == Vocabulary::kEos) break;  // nothing after <eos> counts
+      }
+      out.push_back({vocab.decode(std::span<const int>(tokens).subspan(static_cast<std::size_t>(b * steps),
+                                                                       static_cast<std::size_t>(steps))),
+                     confidence});
+    }
+  }
+  return out;
+}
+
+double unsure_threshold(Transformer<float>& model, const Vocabulary& vocab, const std::vector<DateExample>& examples) {
+  std::vector<std::string> sources;
+  for (const auto& e : examples) sources.push_back(e.source);
+  const std::vector<Translation> answers = translate_with_confidence(model, vocab, sources);
+  std::vector<double> correct;
+  for (std::size_t i = 0; i < examples.size(); ++i)
+    if (answers[i].text == examples[i].target) correct.push_back(answers[i].confidence);
+  if (correct.empty()) return 0.0;
+  std::sort(correct.begin(), correct.end());
+  return correct[correct.size() / 100];  // the 1st percentile
+}
+
 double exact_match(Transformer<float>& model, const Vocabulary& vocab, const std::vector<DateExample>& examples) {
   if (examples.empty()) return 0.0;
   std::vector<std::string> sources;

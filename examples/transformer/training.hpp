@@ -69,6 +69,21 @@ std::vector<std::string> translate(Transformer<float>& model, const Vocabulary& 
                                    const std::vector<std::string>& sources, std::int64_t batch_size = 250,
                                    bool use_cache = true);
 
+// A translation with the decoder's confidence in it: the lowest probability (softmax of the step's
+// logits) among the tokens greedy decoding chose, the 10 characters and <eos>.
+struct Translation {
+  std::string text;
+  double confidence = 0.0;
+};
+std::vector<Translation> translate_with_confidence(Transformer<float>& model, const Vocabulary& vocab,
+                                                   const std::vector<std::string>& sources,
+                                                   std::int64_t batch_size = 250);
+
+// The confidence below which an answer is to be called unsure: the 1st percentile of the confidences of
+// the correct translations of `examples` (held-out data), so that 1% of correct answers on data like
+// the training data are flagged; 0 when none is correct.
+double unsure_threshold(Transformer<float>& model, const Vocabulary& vocab, const std::vector<DateExample>& examples);
+
 // Fraction of examples whose translation equals the target exactly.
 double exact_match(Transformer<float>& model, const Vocabulary& vocab, const std::vector<DateExample>& examples);
 

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from mha import read_safetensors
+from mha import read_safetensors, write_safetensors
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MHA = ROOT / "build" / "mha"
@@ -110,6 +110,28 @@ def test_translate_marks_answers_it_cannot_vouch_for(report):
     assert result.returncode == (3 if unsure else 0), result.returncode
 
 
+def test_translate_marks_answers_below_the_checkpoints_confidence_threshold(report, tmp_path):
+    """The demo stores the threshold it calibrated on held-out data; translate applies it (issue 15)."""
+    out, _ = report
+    tensors, metadata = read_safetensors(str(out / "checkpoint.safetensors"))
+    assert 0.0 <= float(metadata["unsure_below"]) <= 1.0
+    texts = ["Friday, 5 March 2021", "05/03/2021", "5 March 2021"]
+    lines = {}
+    for value in ("1", "0", "x"):
+        metadata["unsure_below"] = value
+        path = tmp_path / f"checkpoint_{value}.safetensors"
+        write_safetensors(str(path), tensors, metadata)
+        result = mha("translate", "--checkpoint", path, *texts)
+        lines[value] = result.stdout.splitlines()
+        if value == "x":
+            assert result.returncode == 1 and 'metadata "unsure_below" is not a probability' in result.stderr
+    assert len(lines["1"]) == len(texts) and all(line.startswith("? ") for line in lines["1"])  # nothing is that sure
+    assert not any("low confidence" in line for line in lines["0"])
+    for sure, unsure in zip(lines["0"], lines["1"]):  # the same answers; only the marking differs
+        assert unsure.startswith("? ") and unsure[2:12] == (sure[2:12] if sure.startswith("? ") else sure)
+        assert sure.startswith("? ") or "low confidence" in unsure
+
+
 def test_translate_answers_every_good_line_despite_bad_ones(report):
     out, _ = report
     result = mha("translate", "--checkpoint", out / "checkpoint.safetensors",
@@ -140,7 +162,6 @@ def test_translate_refuses_characters_outside_the_vocabulary(report):
 
 def test_translate_refuses_a_file_that_is_not_a_checkpoint(tmp_path):
     import numpy as np
-    from mha import write_safetensors
     path = tmp_path / "other.safetensors"
     write_safetensors(str(path), {"x": np.ones(3, np.float32)})
     result = mha("translate", "--checkpoint", path, "5 March 2021")

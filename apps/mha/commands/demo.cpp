@@ -384,9 +384,14 @@ int run_demo(const DemoOptions& o) {
              "same outputs: {}\n",
              held_out.size(), ev.cached_seconds, ev.full_seconds, ev.same_outputs ? "yes" : "NO");
 
+  // `mha translate` marks answers the decoder is less sure of than of 99% of its correct held-out ones.
+  const double unsure_below = tf::unsure_threshold(model, vocab, held_out);
+  fmt::print("  confidence (lowest token probability) below which `mha translate` marks an answer unsure: {:.4f}\n",
+             unsure_below);
   std::map<std::string, std::string> meta{{"steps", std::to_string(o.steps)},
                                           {"seed", std::to_string(o.seed)},
-                                          {"held_out_exact_match", fmt::format("{:.4f}", ev.accuracy)}};
+                                          {"held_out_exact_match", fmt::format("{:.4f}", ev.accuracy)},
+                                          {"unsure_below", fmt::format("{:.6f}", unsure_below)}};
   tf::save_checkpoint(model, (dir / "checkpoint.safetensors").string(), meta);
 
   std::vector<ExampleMaps> maps;

@@ -99,6 +99,20 @@ std::string doubt(const std::string& text, const std::string& answer) {
   return year_disagreement(text, year);
 }
 
+// The checkpoint's "unsure_below": a probability in [0, 1].
+double confidence_threshold(const std::string& text, const std::string& checkpoint) {
+  double value = -1.0;
+  std::size_t used = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+  }
+  if (used != text.size() || !(value >= 0.0 && value <= 1.0))
+    throw std::runtime_error(fmt::format("{}: metadata \"unsure_below\" is not a probability: {}",
+                                         quoted_printable(checkpoint), quoted_printable(text)));
+  return value;
+}
+
 }  // namespace
 
 int run_translate(const TranslateOptions& options) {
@@ -118,10 +132,13 @@ int run_translate(const TranslateOptions& options) {
     if (problems[i].empty()) readable.push_back(texts[i]);
     else fmt::print(stderr, "mha: error: {}\n", problems[i]);
   }
-  std::vector<std::string> answers;
+  std::vector<transformer::Translation> answers;
+  double unsure_below = 0.0;  // a checkpoint from before the threshold was stored: no confidence check
   if (!readable.empty()) {
     transformer::Checkpoint checkpoint = transformer::load_checkpoint(options.checkpoint);
-    answers = transformer::translate(*checkpoint.model, vocab, readable);
+    if (const auto it = checkpoint.metadata.find("unsure_below"); it != checkpoint.metadata.end())
+      unsure_below = confidence_threshold(it->second, options.checkpoint);
+    answers = transformer::translate_with_confidence(*checkpoint.model, vocab, readable);
   }
   bool failed = false, unsure = false;
   for (std::size_t i = 0, next = 0; i < texts.size(); ++i) {
@@ -130,8 +147,13 @@ int run_translate(const TranslateOptions& options) {
       failed = true;
       continue;
     }
-    const std::string& answer = answers[next++];
-    if (const std::string why = doubt(texts[i], answer); !why.empty()) {
+    const transformer::Translation& translation = answers[next++];
+    const std::string& answer = translation.text;
+    std::string why = doubt(texts[i], answer);
+    if (why.empty() && translation.confidence < unsure_below)
+      why = fmt::format("low confidence ({:.2f}, below the {:.2f} that 99% of correct held-out answers reach)",
+                        translation.confidence, unsure_below);
+    if (!why.empty()) {
       fmt::print("? {}  {}\n", terminal_safe(answer), why);
       unsure = true;
     } else {

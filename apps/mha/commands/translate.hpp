@@ -18,7 +18,8 @@ inline constexpr int kTranslateUnsure = 3;  // every input translated, some answ
 
 // Prints one line per input, in order: the ISO date ("2021-03-05", exactly) when the answer passes the
 // checks; "? ANSWER  REASON" when it does not (not yyyy-mm-dd, not a calendar date, outside the years
-// the model knows, or not the year the input states in four digits or two); "? not translated: REASON" for an
+// the model knows, not the year the input states in four digits or two, or a confidence below the
+// checkpoint's "unsure_below"); "? not translated: REASON" for an
 // input that cannot be read (empty, too long, characters outside the vocabulary), whose error also goes
 // to standard error. Throws std::runtime_error for a missing checkpoint (saying how to make one) or one
 // that cannot be read.

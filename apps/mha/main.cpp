@@ -95,16 +95,20 @@ std::string translate_description() {
       "Trained formats (5 March 2021 in each; numeric dates are day-first unless the year comes first):\n";
   for (const transformer::DateFormat f : transformer::all_date_formats())
     text += fmt::format("  {:<32} {}\n", transformer::format_name(f), transformer::format_date({2021, 3, 5}, f));
-  return text + fmt::format("Years {}-{} (two-digit years: 50-99 are 19xx, 00-49 are 20xx).\n"
-                            "Output, one line per input:\n"
-                            "  YYYY-MM-DD                      the answer, when it passes its checks\n"
-                            "  ? ANSWER  REASON                not a calendar date, outside those years, or not the\n"
-                            "                                  year the input states (in four digits, or two), or the\n"
-                            "                                  decoder less sure of it than of 99% of its correct\n"
-                            "                                  held-out answers (the checkpoint's unsure_below)\n"
-                            "  ? not translated: REASON        an input that cannot be read (also on standard error)\n"
-                            "Exit status: 0 every answer passed, 3 some marked ?, 1 some inputs not translated.",
-                            transformer::kFirstYear, transformer::kLastYear);
+  return text +
+         fmt::format(
+             "Years {}-{} (two-digit years: 50-99 are 19xx, 00-49 are 20xx). Inputs are read as the formats write\n"
+             "them: surrounding and repeated spaces, trailing periods and commas dropped; month and\n"
+             "weekday names in any letter case.\n"
+             "Output, one line per input:\n"
+             "  YYYY-MM-DD                      the answer, when it passes its checks\n"
+             "  ? ANSWER  REASON                not a calendar date, outside those years, or not the\n"
+             "                                  year the input states (in four digits, or two), or the\n"
+             "                                  decoder less sure of it than of 99% of its correct\n"
+             "                                  held-out answers (the checkpoint's unsure_below)\n"
+             "  ? not translated: REASON        an input that cannot be read (also on standard error)\n"
+             "Exit status: 0 every answer passed, 3 some marked ?, 1 some inputs not translated.",
+             transformer::kFirstYear, transformer::kLastYear);
 }
 
 void add_translate_command(CLI::App& app, mha_cli::TranslateOptions& o) {

@@ -30,7 +30,7 @@ constexpr std::array<std::string_view, 31> kOrdinalWords = {
     "twenty-second", "twenty-third", "twenty-fourth", "twenty-fifth", "twenty-sixth", "twenty-seventh", "twenty-eighth",
     "twenty-ninth",  "thirtieth",    "thirty-first"};
 
-constexpr std::array<DateFormat, 13> kAllFormats = {DateFormat::DayMonthYear,
+constexpr std::array<DateFormat, 18> kAllFormats = {DateFormat::DayMonthYear,
                                                     DateFormat::MonthOrdinalDayYear,
                                                     DateFormat::MonthDayYear,
                                                     DateFormat::ShortWeekdayDayMonYY,
@@ -42,8 +42,13 @@ constexpr std::array<DateFormat, 13> kAllFormats = {DateFormat::DayMonthYear,
                                                     DateFormat::ShortSlashDMY,
                                                     DateFormat::DotDMYY,
                                                     DateFormat::DotYMD,
-                                                    DateFormat::UpperDayMonthYear};
-static_assert(static_cast<std::size_t>(DateFormat::UpperDayMonthYear) + 1 == kAllFormats.size(),
+                                                    DateFormat::UpperDayMonthYear,
+                                                    DateFormat::IsoDashYMD,
+                                                    DateFormat::IsoSlashYMD,
+                                                    DateFormat::CompactYMD,
+                                                    DateFormat::ShortDotDMY,
+                                                    DateFormat::MonPaddedDayYear};
+static_assert(static_cast<std::size_t>(DateFormat::MonPaddedDayYear) + 1 == kAllFormats.size(),
               "kAllFormats lists every DateFormat");
 
 // The target length, T = 10 ISO characters + 1 (<bos> in front of the decoder input, <eos> after the output).
@@ -90,6 +95,12 @@ std::string ordinal_number(int n) {
 std::string upper(std::string s) {
   for (char& c : s)
     if (c >= 'a' && c <= 'z') c = static_cast<char>(c - 'a' + 'A');
+  return s;
+}
+
+std::string lower(std::string s) {
+  for (char& c : s)
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
   return s;
 }
 
@@ -166,6 +177,11 @@ std::string format_name(DateFormat f) {
     case DateFormat::DotDMYY: return "dd.mm.yy";
     case DateFormat::DotYMD: return "yyyy.mm.dd";
     case DateFormat::UpperDayMonthYear: return "d MONTH yyyy";
+    case DateFormat::IsoDashYMD: return "yyyy-mm-dd";
+    case DateFormat::IsoSlashYMD: return "yyyy/mm/dd";
+    case DateFormat::CompactYMD: return "yyyymmdd";
+    case DateFormat::ShortDotDMY: return "d.m.yyyy";
+    case DateFormat::MonPaddedDayYear: return "Mon dd yyyy";
   }
   throw std::invalid_argument("format_name: unknown DateFormat " + std::to_string(static_cast<int>(f)));
 }
@@ -191,8 +207,47 @@ std::string format_date(Date d, DateFormat f) {
     case DateFormat::DotDMYY: return two_digits(d.day) + "." + two_digits(d.month) + "." + yy;
     case DateFormat::DotYMD: return year + "." + two_digits(d.month) + "." + two_digits(d.day);
     case DateFormat::UpperDayMonthYear: return day + " " + upper(month_name(d)) + " " + year;
+    case DateFormat::IsoDashYMD: return iso_date(d);
+    case DateFormat::IsoSlashYMD: return year + "/" + two_digits(d.month) + "/" + two_digits(d.day);
+    case DateFormat::CompactYMD: return year + two_digits(d.month) + two_digits(d.day);
+    case DateFormat::ShortDotDMY: return day + "." + std::to_string(d.month) + "." + year;
+    case DateFormat::MonPaddedDayYear: return month_abbreviation(d) + " " + two_digits(d.day) + " " + year;
   }
   throw std::invalid_argument("format_date: unknown DateFormat " + std::to_string(static_cast<int>(f)));
+}
+
+std::string normalize_date_text(const std::string& text) {
+  auto title_case = [](std::string word) {  // the name (or abbreviation) this word is, in any case, or ""
+    const std::string folded = lower(word);
+    auto matches = [&](std::string_view name) {
+      const std::string n = lower(std::string(name));
+      return folded == n || folded == n.substr(0, 3);
+    };
+    for (std::string_view name : kMonthNames)
+      if (matches(name)) return folded.size() == 3 ? std::string(name.substr(0, 3)) : std::string(name);
+    for (std::string_view name : kWeekdayNames)
+      if (matches(name)) return folded.size() == 3 ? std::string(name.substr(0, 3)) : std::string(name);
+    return word;
+  };
+  std::string out, word;
+  auto flush_word = [&] {
+    out += title_case(word);
+    word.clear();
+  };
+  for (const char c : text) {
+    if (c == ' ' || c == '\t') {
+      flush_word();
+      if (!out.empty() && out.back() != ' ') out += ' ';
+    } else if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) {
+      word += c;
+    } else {
+      flush_word();
+      out += c;
+    }
+  }
+  flush_word();
+  while (!out.empty() && (out.back() == ' ' || out.back() == '.' || out.back() == ',')) out.pop_back();
+  return out;
 }
 
 bool date_in_split(Date d, Split s) {

@@ -4,7 +4,8 @@
 //
 // Conventions of the source formats:
 //   - numeric dates with slashes or dots are DAY-FIRST: "05/03/2021" and "05.03.21" are 5 March 2021
-//     (the only year-first numeric format, "2021.03.05", starts with the four-digit year);
+//     (the year-first numeric formats, "2021.03.05", "2021-03-05", "2021/03/05", "20210305", start
+//     with the four-digit year);
 //   - two-digit years are 50..99 -> 1950..1999 and 00..49 -> 2000..2049, so they cover exactly the
 //     task's years;
 //   - weekday names are the real weekday of the date;
@@ -54,10 +55,21 @@ enum class DateFormat {
   DotDMYY,                     // "05.03.21"     day-first
   DotYMD,                      // "2021.03.05"
   UpperDayMonthYear,           // "5 MARCH 2021"
+  IsoDashYMD,                  // "2021-03-05"   the output format itself
+  IsoSlashYMD,                 // "2021/03/05"
+  CompactYMD,                  // "20210305"
+  ShortDotDMY,                 // "5.3.2021"     day-first, no zero padding
+  MonPaddedDayYear,            // "Mar 05 2021"
 };
 std::span<const DateFormat> all_date_formats();  // every DateFormat, in declaration order
 std::string format_name(DateFormat f);           // e.g. "d Month yyyy"
 std::string format_date(Date d, DateFormat f);
+
+// `text` the way the formats write it, for a model trained on them: leading, trailing and repeated
+// whitespace collapsed to single spaces, trailing periods and commas dropped, and month and weekday
+// names and their three-letter abbreviations in any letter case written as the formats write them
+// ("MARCH", "march" -> "March"; "mar" -> "Mar"). Other text is left as it is.
+std::string normalize_date_text(const std::string& text);
 
 struct DateExample {
   std::string source;  // the human-written date

@@ -13,7 +13,7 @@ MHA = ROOT / "build" / "mha"
 
 pytestmark = pytest.mark.skipif(not MHA.exists(), reason="build/mha is not built")
 
-# A demo small enough that an accepted value trains in a second (not the default 2400 steps).
+# A demo small enough that an accepted value trains in a second (not the default 3000 steps).
 TINY_DEMO = {"--steps": 2, "--batch": 4, "--d-model": 8, "--heads": 2, "--d-ff": 8, "--layers": 1, "--eval": 2,
              "--eval-every": 2, "--maps": 0, "--threads": 1}
 TIMEOUT_S = 120  # a run that gets past the command line when it should not must not hang the suite

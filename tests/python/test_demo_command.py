@@ -88,7 +88,7 @@ def assert_checked_answer(text, line):
     date = datetime.date.fromisoformat(line)  # raises for 2021-02-31 or anything not yyyy-mm-dd
     assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", line) and 1950 <= date.year <= 2049, line
     runs = re.findall(r"\d+", text)  # the year the input states: its last four-digit run, or a two-digit one
-    fours = [int(r) for r in runs if len(r) == 4]
+    fours = [int(r[:4]) for r in runs if len(r) in (4, 8)]  # yyyy, or yyyymmdd
     if fours:
         assert fours[-1] == date.year, (text, line)
     else:
@@ -171,3 +171,12 @@ def test_translate_refuses_a_file_that_is_not_a_checkpoint(tmp_path):
 def test_demo_rejects_heads_that_do_not_divide_d_model():
     result = mha("demo", "--d-model", "30", "--heads", "4", "--steps", "1")
     assert result.returncode == 1 and "--d-model 30 is not a multiple of --heads 4" in result.stderr
+
+
+def test_translate_reads_inputs_as_the_formats_write_them(report):
+    """Spacing, trailing periods and the case of month names do not change the answer (issue 15)."""
+    out, _ = report
+    variants = ["5 March 2021", "  5   march 2021. ", "5 MARCH 2021,", "\t5 March\t2021"]
+    result = mha("translate", "--checkpoint", out / "checkpoint.safetensors", *variants)
+    lines = result.stdout.splitlines()
+    assert len(lines) == len(variants) and len(set(lines)) == 1, lines

@@ -176,6 +176,13 @@ const std::map<DateFormat, Grammar>& grammars() {
       {DateFormat::DotYMD, {std::regex(R"((\d{4})\.(\d{2})\.(\d{2}))"), {F::Year4, F::Month2, F::Day2}}},
       {DateFormat::UpperDayMonthYear,
        {std::regex(R"(([1-9]\d?) ([A-Z]+) (\d{4}))"), {F::Day, F::MonthUpper, F::Year4}}},
+      {DateFormat::IsoDashYMD, {std::regex(R"((\d{4})-(\d{2})-(\d{2}))"), {F::Year4, F::Month2, F::Day2}}},
+      {DateFormat::IsoSlashYMD, {std::regex(R"((\d{4})/(\d{2})/(\d{2}))"), {F::Year4, F::Month2, F::Day2}}},
+      {DateFormat::CompactYMD, {std::regex(R"((\d{4})(\d{2})(\d{2}))"), {F::Year4, F::Month2, F::Day2}}},
+      {DateFormat::ShortDotDMY, {std::regex(R"(([1-9]\d?)\.([1-9]\d?)\.(\d{4}))"), {F::Day, F::Month, F::Year4}}},
+      {DateFormat::MonPaddedDayYear,
+       {std::regex(R"(([A-Z][a-z]{2}) (\d{2}) (\d{4}))"), {F::MonthAbbr, F::Day2, F::Year4}}},
+
   };
   return g;
 }
@@ -210,6 +217,7 @@ bool read_field(Field f, const std::string& s, Parsed& p) {
     case Field::MonthUpper:
       for (const std::string& m : kMonths) upper_months.push_back(to_upper(m));
       return (p.date.month = index_in(upper_months, s)) > 0;
+
     case Field::Year2: {
       const int yy = std::stoi(s);
       p.date.year = yy >= 50 ? 1900 + yy : 2000 + yy;
@@ -302,6 +310,11 @@ TEST(DateFormats, IssueExamplesFor2021_03_05) {
   EXPECT_EQ(f(DateFormat::SlashDMY), "05/03/2021");
   EXPECT_EQ(f(DateFormat::DotYMD), "2021.03.05");
   EXPECT_EQ(f(DateFormat::OrdinalWordsOfMonthYear), "the fifth of March 2021");
+  EXPECT_EQ(f(DateFormat::IsoDashYMD), "2021-03-05");
+  EXPECT_EQ(f(DateFormat::IsoSlashYMD), "2021/03/05");
+  EXPECT_EQ(f(DateFormat::CompactYMD), "20210305");
+  EXPECT_EQ(f(DateFormat::ShortDotDMY), "5.3.2021");
+  EXPECT_EQ(f(DateFormat::MonPaddedDayYear), "Mar 05 2021");
   EXPECT_EQ(f(DateFormat::WeekdayDayMonthYear), "Friday, 5 March 2021");
   EXPECT_EQ(f(DateFormat::MonthDayYear), "March 5, 2021");
   EXPECT_EQ(f(DateFormat::DayMonDashYear), "5-Mar-2021");
@@ -569,6 +582,26 @@ TEST(MakeBatch, RejectsBadExamplesNamingThem) {
     EXPECT_NE(m.find("'!'"), std::string::npos) << m;
     EXPECT_NE(m.find("position 12"), std::string::npos) << m;
   }
+}
+
+// What `mha translate` feeds the model: the text as the trained formats write it.
+TEST(NormalizeDateText, SpacingTrailingPunctuationAndNameCase) {
+  using transformer::normalize_date_text;
+  EXPECT_EQ(normalize_date_text("  5   march\t2021.  "), "5 March 2021");
+  EXPECT_EQ(normalize_date_text("FRI, 5 MAR 21"), "Fri, 5 Mar 21");
+  EXPECT_EQ(normalize_date_text("friday 5th MARCH 2021,"), "Friday 5th March 2021");
+  EXPECT_EQ(normalize_date_text("the fifth of march 2021"), "the fifth of March 2021");
+  EXPECT_EQ(normalize_date_text("may 5, 2021"), "May 5, 2021");
+  EXPECT_EQ(normalize_date_text("05.03.21."), "05.03.21");
+  EXPECT_EQ(normalize_date_text("hello world"), "hello world");  // not a name: left as it is
+  EXPECT_EQ(normalize_date_text(" . "), "");
+  // Every trained source is already normal.
+  for (const DateFormat f : transformer::all_date_formats())
+    for (const transformer::Date d : {transformer::Date{2021, 3, 5}, transformer::Date{1950, 12, 31}}) {
+      const std::string source = transformer::format_date(d, f);
+      if (f == DateFormat::UpperDayMonthYear) continue;  // "MARCH" is read as "March"
+      EXPECT_EQ(normalize_date_text(source), source) << source;
+    }
 }
 
 }  // namespace

@@ -12,7 +12,7 @@ namespace mha_cli {
 
 struct DemoOptions {
   std::string out_dir = "mha-demo";  // the report folder; the checkpoint is <out_dir>/checkpoint.safetensors
-  std::int64_t steps = 2400;
+  std::int64_t steps = 3000;
   std::int64_t batch_size = 64;
   std::int64_t d_model = 64;
   std::int64_t heads = 4;

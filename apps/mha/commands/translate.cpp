@@ -63,13 +63,14 @@ std::vector<std::string> digit_runs(const std::string& text) {
 }
 
 // Why `year` is not the year the input states, or empty. Every trained format states it: in four
-// digits (the last run of four), or else in two (then one of the two-digit runs must be year % 100).
+// digits (the last run of four, or the first four of a run of eight, yyyymmdd), or else in two (then
+// one of the two-digit runs must be year % 100).
 std::string year_disagreement(const std::string& text, int year) {
   const std::vector<std::string> runs = digit_runs(text);
   std::optional<int> four, two_digit_match;
   bool any_two = false;
   for (const std::string& run : runs) {
-    if (run.size() == 4) four = std::stoi(run);
+    if (run.size() == 4 || run.size() == 8) four = std::stoi(run.substr(0, 4));  // yyyy, or yyyymmdd
     if (run.size() == 2) any_two = true, two_digit_match = std::stoi(run) == year % 100 ? year : two_digit_match;
   }
   if (four) {
@@ -125,11 +126,13 @@ int run_translate(const TranslateOptions& options) {
   const bool from_stdin = options.texts.empty();
   const std::vector<std::string> texts = from_stdin ? read_lines(std::cin) : options.texts;
   const transformer::Vocabulary vocab;
-  // Each input gets its own answer or its own error: a bad line never costs the good ones theirs.
-  std::vector<std::string> problems(texts.size()), readable;
+  // Each input gets its own answer or its own error: a bad line never costs the good ones theirs. The
+  // model reads the input as the trained formats write it (spacing, trailing periods, names' case).
+  std::vector<std::string> normalized(texts.size()), problems(texts.size()), readable;
   for (std::size_t i = 0; i < texts.size(); ++i) {
-    problems[i] = input_problem(texts[i], i, from_stdin, vocab);
-    if (problems[i].empty()) readable.push_back(texts[i]);
+    normalized[i] = transformer::normalize_date_text(texts[i]);
+    problems[i] = input_problem(normalized[i], i, from_stdin, vocab);
+    if (problems[i].empty()) readable.push_back(normalized[i]);
     else fmt::print(stderr, "mha: error: {}\n", problems[i]);
   }
   std::vector<transformer::Translation> answers;
@@ -149,7 +152,7 @@ int run_translate(const TranslateOptions& options) {
     }
     const transformer::Translation& translation = answers[next++];
     const std::string& answer = translation.text;
-    std::string why = doubt(texts[i], answer);
+    std::string why = doubt(normalized[i], answer);
     if (why.empty() && translation.confidence < unsure_below)
       why = fmt::format("low confidence ({:.2f}, below the {:.2f} that 99% of correct held-out answers reach)",
                         translation.confidence, unsure_below);

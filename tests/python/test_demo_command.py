@@ -180,3 +180,18 @@ def test_translate_reads_inputs_as_the_formats_write_them(report):
     result = mha("translate", "--checkpoint", out / "checkpoint.safetensors", *variants)
     lines = result.stdout.splitlines()
     assert len(lines) == len(variants) and len(set(lines)) == 1, lines
+
+
+def test_demo_measures_realistic_variations(report):
+    """The report and summary.json carry the table of ways people write dates (issue 15)."""
+    out, _ = report
+    summary = json.loads((out / "summary.json").read_text())
+    rows = summary["variations"]
+    names = [r["name"] for r in rows]
+    assert "yyyy-mm-dd (the output format)" in names and "d month yyyy, lower case" in names
+    assert any(not r["trained"] for r in rows) and any(r["trained"] for r in rows)
+    for r in rows:
+        assert r["total"] == min(summary["held_out_examples"], 200)
+        assert r["right"] + r["unsure"] + r["confidently_wrong"] == r["total"], r
+    html = (out / "index.html").read_text()
+    assert "Realistic variations" in html and all(r["example"] in html for r in rows)

@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -19,6 +20,7 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
+#include "commands/date_variations.hpp"
 #include "mha/attention.hpp"
 #include "render/attention_map_png.hpp"
 #include "render/learning_curve_svg.hpp"
@@ -256,7 +258,7 @@ std::string settings_rows(const DemoOptions& o, std::int64_t parameters) {
 
 void write_index(const std::filesystem::path& path, const DemoOptions& o, std::int64_t parameters,
                  const tf::TrainingResult& training, const Evaluation& ev, std::size_t eval_count,
-                 const std::vector<ExampleMaps>& examples) {
+                 const std::vector<ExampleMaps>& examples, const std::vector<VariationResult>& variations) {
   std::string html = fmt::format(
       "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>mha demo: a Transformer that reads dates</title>\n"
       "<style>body{{font-family:sans-serif;max-width:80em;margin:2em auto;padding:0 1em}}"
@@ -279,6 +281,17 @@ void write_index(const std::filesystem::path& path, const DemoOptions& o, std::i
   html += "<h2>Accuracy by format</h2>\n<table class=\"s\">\n";
   for (const auto& [name, counts] : ev.by_format)
     html += fmt::format("<tr><th>{}</th><td>{}/{}</td></tr>\n", xml_escape(name), counts.first, counts.second);
+  html += "</table>\n";
+  html += "<h2>Realistic variations</h2>\n<p>Dates written the ways people write them, not only as trained, "
+          "read as <code>mha translate</code> reads them: spacing, trailing periods and the case of month names "
+          "normalised, then each answer checked (a calendar date of 1950-2049, the year the input states) and its "
+          "confidence compared with the threshold calibrated on held-out data. <i>Marked</i> answers start with "
+          "<code>?</code>; a <i>confidently wrong</i> one is what the checks exist to prevent.</p>\n"
+          "<table class=\"s\"><tr><th>written as</th><th>example</th><th>right</th><th>marked ?</th>"
+          "<th>confidently wrong</th></tr>\n";
+  for (const VariationResult& v : variations)
+    html += fmt::format("<tr><th>{}</th><td>{}</td><td>{}/{}</td><td>{}</td><td>{}</td></tr>\n", xml_escape(v.name),
+                        xml_escape(v.example), v.right, v.total, v.unsure, v.confidently_wrong);
   html += "</table>\n";
   if (!ev.wrong.empty()) {
     html += "<h2>Mistakes (up to 20)</h2>\n<table class=\"s\">\n";
@@ -315,7 +328,7 @@ void write_index(const std::filesystem::path& path, const DemoOptions& o, std::i
 }
 
 void write_summary(const std::filesystem::path& path, const DemoOptions& o, const tf::TrainingResult& training,
-                   const Evaluation& ev, std::size_t eval_count) {
+                   const Evaluation& ev, std::size_t eval_count, const std::vector<VariationResult>& variations) {
   nlohmann::json j;
   j["heads"] = o.heads;
   j["d_model"] = o.d_model;
@@ -329,6 +342,14 @@ void write_summary(const std::filesystem::path& path, const DemoOptions& o, cons
   j["decode_seconds_cached"] = ev.cached_seconds;
   j["decode_seconds_recomputed"] = ev.full_seconds;
   j["decode_same_outputs"] = ev.same_outputs;
+  for (const VariationResult& v : variations)
+    j["variations"].push_back({{"name", v.name},
+                               {"example", v.example},
+                               {"trained", v.trained},
+                               {"right", v.right},
+                               {"unsure", v.unsure},
+                               {"confidently_wrong", v.confidently_wrong},
+                               {"total", v.total}});
   for (const auto& p : training.curve)
     j["curve"].push_back({{"step", p.step}, {"loss", p.loss}, {"accuracy", p.accuracy}, {"seconds", p.seconds}});
   std::ofstream out(path);
@@ -388,6 +409,15 @@ int run_demo(const DemoOptions& o) {
   const double unsure_below = tf::unsure_threshold(model, vocab, held_out);
   fmt::print("  confidence (lowest token probability) below which `mha translate` marks an answer unsure: {:.4f}\n",
              unsure_below);
+  // The ways people write dates, read as `mha translate` reads them (up to 200 held-out dates each).
+  const std::vector<tf::DateExample> variation_dates(
+      held_out.begin(), held_out.begin() + static_cast<std::ptrdiff_t>(std::min<std::size_t>(held_out.size(), 200)));
+  const std::vector<VariationResult> variations = measure_variations(model, vocab, variation_dates, unsure_below);
+  fmt::print("  realistic variations, {} held-out dates each (right / marked ? / confidently wrong):\n",
+             variation_dates.size());
+  for (const VariationResult& v : variations)
+    fmt::print("    {:<40} {:>4} / {:>4} / {:>4}   e.g. \"{}\"\n", v.name, v.right, v.unsure, v.confidently_wrong,
+               v.example);
   std::map<std::string, std::string> meta{{"steps", std::to_string(o.steps)},
                                           {"seed", std::to_string(o.seed)},
                                           {"held_out_exact_match", fmt::format("{:.4f}", ev.accuracy)},
@@ -399,8 +429,8 @@ int run_demo(const DemoOptions& o) {
   for (std::size_t i = 0; i < shown.size(); ++i) maps.push_back(draw_example(model, vocab, shown[i], i, dir));
   write_learning_curve_svg(dir / "learning_curve.svg", training.curve,
                            fmt::format("Training: {} heads, d_model {}", o.heads, o.d_model));
-  write_index(dir / "index.html", o, parameters, training, ev, held_out.size(), maps);
-  write_summary(dir / "summary.json", o, training, ev, held_out.size());
+  write_index(dir / "index.html", o, parameters, training, ev, held_out.size(), maps, variations);
+  write_summary(dir / "summary.json", o, training, ev, held_out.size(), variations);
   fmt::print("  wrote {}: index.html, learning_curve.svg, {} attention maps, checkpoint.safetensors, summary.json\n",
              dir.string(), maps.size() * static_cast<std::size_t>(o.heads * o.layers * 3));
   fmt::print("  try: mha translate --checkpoint {} \"Friday, 5 March 2021\"\n",

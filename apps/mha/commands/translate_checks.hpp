@@ -1,0 +1,16 @@
+// The checks `mha translate` (and the demo's table of realistic variations) make of an answer: is it
+// a date of the form yyyy-mm-dd, a calendar date, in the years the model knows, and the year the input
+// states?
+#pragma once
+
+#include <string>
+
+namespace mha_cli {
+
+// Why the answer for `text` (already normalised, transformer::normalize_date_text) is not to be
+// trusted, or empty: not of the form yyyy-mm-dd, not a calendar date, outside 1950-2049, or not the
+// year the input states (its last four-digit run, the first four digits of an eight-digit run, or else
+// one of its two-digit runs; an input with none of them states no year, as every trained format does).
+std::string answer_doubt(const std::string& text, const std::string& answer);
+
+}  // namespace mha_cli

@@ -51,8 +51,7 @@ const std::vector<Variation>& variations() {
       {"d.m.yyyy", true, [](tf::Date d) { return tf::format_date(d, F::ShortDotDMY); }},
       {"dd.mm.yyyy (not trained)", false,
        [](tf::Date d) { return two(d.day) + "." + two(d.month) + "." + std::to_string(d.year); }},
-      {"d/m/yyyy (not trained)", false,
-       [](tf::Date d) { return fmt::format("{}/{}/{}", d.day, d.month, d.year); }},
+      {"d/m/yyyy (not trained)", false, [](tf::Date d) { return fmt::format("{}/{}/{}", d.day, d.month, d.year); }},
       {"Month dth yyyy, no comma (not trained)", false,
        [](tf::Date d) {
          std::string s = tf::format_date(d, F::MonthOrdinalDayYear);

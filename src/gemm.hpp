@@ -75,7 +75,7 @@ inline constexpr std::int64_t kGemmMinWorkItems = 4;
 inline constexpr std::int64_t kGemmMinColsPerBlock = 128;
 
 constexpr std::int64_t gemm_column_blocks(std::int64_t M, std::int64_t N) {
-  const std::int64_t row_blocks = (M + gemm_rows_per_block(M) - 1) / gemm_rows_per_block(M);
+  const std::int64_t rows = gemm_rows_per_block(M), row_blocks = (M + rows - 1) / rows;
   std::int64_t blocks = 1;
   while (blocks * row_blocks < kGemmMinWorkItems && 2 * blocks * kGemmMinColsPerBlock <= N) blocks *= 2;
   return blocks;

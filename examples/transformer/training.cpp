@@ -113,26 +113,9 @@ TrainingResult train_on_dates(Transformer<float>& model, const Vocabulary& vocab
   return result;
 }
 
-std::vector<std::string> translate(Transformer<float>& model, const Vocabulary& vocab,
-                                   const std::vector<std::string>& sources, std::int64_t batch_size, bool use_cache) {
-  std::vector<std::string> out;
-  const auto steps = static_cast<std::int64_t>(kIsoLength) + 1;  // 10 characters and <eos>
-  for (std::size_t first = 0; first < sources.size(); first += static_cast<std::size_t>(batch_size)) {
-    const std::size_t last = std::min(sources.size(), first + static_cast<std::size_t>(batch_size));
-    std::vector<DateExample> examples;
-    for (std::size_t i = first; i < last; ++i)  // make_batch wants a target; decoding never reads it
-      examples.push_back({sources[i], std::string(kIsoLength, '0'), {}});
-    const TokenBatch batch = token_batch(make_batch(examples, vocab));
-    const std::vector<int> tokens = model.greedy_decode(batch, steps, Vocabulary::kBos, use_cache);
-    for (std::int64_t b = 0; b < batch.batch; ++b)
-      out.push_back(vocab.decode(
-          std::span<const int>(tokens).subspan(static_cast<std::size_t>(b * steps), static_cast<std::size_t>(steps))));
-  }
-  return out;
-}
-
 std::vector<Translation> translate_with_confidence(Transformer<float>& model, const Vocabulary& vocab,
-                                                   const std::vector<std::string>& sources, std::int64_t batch_size) {
+                                                   const std::vector<std::string>& sources, std::int64_t batch_size,
+                                                   bool use_cache) {
   std::vector<Translation> out;
   const auto steps = static_cast<std::int64_t>(kIsoLength) + 1;  // 10 characters and <eos>
   const std::int64_t V = model.config().vocab;
@@ -142,7 +125,7 @@ std::vector<Translation> translate_with_confidence(Transformer<float>& model, co
     std::vector<DateExample> examples;
     for (std::size_t i = first; i < last; ++i) examples.push_back({sources[i], std::string(kIsoLength, '0'), {}});
     const TokenBatch batch = token_batch(make_batch(examples, vocab));
-    const std::vector<int> tokens = model.greedy_decode(batch, steps, Vocabulary::kBos, true, &logits);
+    const std::vector<int> tokens = model.greedy_decode(batch, steps, Vocabulary::kBos, use_cache, &logits);
     for (std::int64_t b = 0; b < batch.batch; ++b) {
       double confidence = 1.0;
       for (std::int64_t t = 0; t < steps; ++t) {  // p(chosen) = 1 / sum_j exp(l_j - l_chosen), l_chosen the max
@@ -158,6 +141,14 @@ std::vector<Translation> translate_with_confidence(Transformer<float>& model, co
                      confidence});
     }
   }
+  return out;
+}
+
+std::vector<std::string> translate(Transformer<float>& model, const Vocabulary& vocab,
+                                   const std::vector<std::string>& sources, std::int64_t batch_size, bool use_cache) {
+  std::vector<std::string> out;
+  for (Translation& t : translate_with_confidence(model, vocab, sources, batch_size, use_cache))
+    out.push_back(std::move(t.text));
   return out;
 }
 

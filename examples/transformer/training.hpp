@@ -77,7 +77,7 @@ struct Translation {
 };
 std::vector<Translation> translate_with_confidence(Transformer<float>& model, const Vocabulary& vocab,
                                                    const std::vector<std::string>& sources,
-                                                   std::int64_t batch_size = 250);
+                                                   std::int64_t batch_size = 250, bool use_cache = true);
 
 // The confidence below which an answer is to be called unsure: the 1st percentile of the confidences of
 // the correct translations of `examples` (held-out data), so that 1% of correct answers on data like

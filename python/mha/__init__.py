@@ -377,7 +377,7 @@ class MultiheadAttention:
         else:  # one call with every parameter, so that a bad entry changes nothing
             current = self._module.state_dict()
             self._module.load_state_dict({n: arrays.get(n, current[n]) for n in names})
-        return _IncompatibleKeys(missing if not strict else [], unexpected if not strict else [])
+        return _IncompatibleKeys(missing, unexpected)  # both empty when strict (it raised otherwise)
 
     def parameter(self, name):
         """A copy of the parameter `name` (a state_dict key)."""

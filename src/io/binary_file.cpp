@@ -14,6 +14,7 @@
 #include <system_error>
 #include <tuple>
 
+#include "io/little_endian.hpp"
 #include "mha/error.hpp"
 
 namespace mha::io {
@@ -210,8 +211,7 @@ std::string apparent_kind(const ByteSource& source) {
     return "a Python pickle (older torch.save files are one)";
   if (starts_with("\x89PNG")) return "a PNG image";
   if (n == sizeof head) {  // an 8-byte little-endian length that fits, then the JSON header's '{'
-    std::uint64_t length = 0;
-    for (int i = 7; i >= 0; --i) length = length << 8 | head[i];
+    const auto length = load_le<std::uint64_t>(reinterpret_cast<const std::byte*>(head));
     if (length <= source.size() - 8 && head[8] == '{') return "a safetensors file";
   }
   if (n > 0 && std::all_of(head, head + n, [](unsigned char c) {

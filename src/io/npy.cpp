@@ -192,12 +192,11 @@ Tensor read_from(const io::ByteSource& source) {
   const std::string& file = source.name();
   std::byte preamble[kVersionEnd + 4] = {};
   source.read(0, preamble, std::min<std::uint64_t>(source.size(), sizeof preamble));
-  if (source.size() < kMagicBytes || std::memcmp(preamble, kMagic, kMagicBytes) != 0)
-    fail(
-        file, "not a .npy file: it does not start with the magic string \\x93NUMPY" + [&]() -> std::string {
-          const std::string kind = io::apparent_kind(source);
-          return kind.empty() ? "" : "; it appears to be " + kind;
-        }());
+  if (source.size() < kMagicBytes || std::memcmp(preamble, kMagic, kMagicBytes) != 0) {
+    const std::string kind = io::apparent_kind(source);
+    fail(file, "not a .npy file: it does not start with the magic string \\x93NUMPY" +
+                   (kind.empty() ? std::string() : "; it appears to be " + kind));
+  }
   if (source.size() < kVersionEnd) fail(file, "truncated: the file ends inside the format version");
   const auto major = static_cast<unsigned>(preamble[6]), minor = static_cast<unsigned>(preamble[7]);
   if (!((major == 1 || major == 2 || major == 3) && minor == 0))

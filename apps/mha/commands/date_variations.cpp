@@ -76,8 +76,7 @@ std::vector<VariationResult> measure_variations(tf::Transformer<float>& model, c
     }
     const std::vector<tf::Translation> answers = tf::translate_with_confidence(model, vocab, inputs);
     for (std::size_t i = 0; i < examples.size(); ++i, ++r.total) {
-      const bool doubted = !answer_doubt(inputs[i], answers[i].text).empty() || answers[i].confidence < unsure_below;
-      if (doubted) ++r.unsure;
+      if (!translation_doubt(inputs[i], answers[i], unsure_below).empty()) ++r.unsure;
       else if (answers[i].text == examples[i].target) ++r.right;
       else ++r.confidently_wrong;
     }

@@ -1,12 +1,8 @@
 // `mha translate` (translate.hpp).
 #include "commands/translate.hpp"
 
-#include <algorithm>
-#include <cctype>
-#include <cstdio>
 #include <filesystem>
 #include <iostream>
-#include <optional>
 #include <stdexcept>
 
 #include <fmt/core.h>
@@ -102,16 +98,11 @@ int run_translate(const TranslateOptions& options) {
       continue;
     }
     const transformer::Translation& translation = answers[next++];
-    const std::string& answer = translation.text;
-    std::string why = answer_doubt(normalized[i], answer);
-    if (why.empty() && translation.confidence < unsure_below)
-      why = fmt::format("low confidence ({:.2f}, below the {:.2f} that 99% of correct held-out answers reach)",
-                        translation.confidence, unsure_below);
-    if (!why.empty()) {
-      fmt::print("? {}  {}\n", terminal_safe(answer), why);
+    if (const std::string why = translation_doubt(normalized[i], translation, unsure_below); !why.empty()) {
+      fmt::print("? {}  {}\n", terminal_safe(translation.text), why);
       unsure = true;
     } else {
-      fmt::print("{}\n", answer);
+      fmt::print("{}\n", translation.text);
     }
   }
   return failed ? kTranslateFailed : unsure ? kTranslateUnsure : 0;

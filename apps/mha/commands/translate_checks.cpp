@@ -32,11 +32,11 @@ std::vector<std::string> digit_runs(const std::string& text) {
 // one of the two-digit runs must be year % 100).
 std::string year_disagreement(const std::string& text, int year) {
   const std::vector<std::string> runs = digit_runs(text);
-  std::optional<int> four, two_digit_match;
-  bool any_two = false;
+  std::optional<int> four;
+  bool any_two = false, two_matches = false;
   for (const std::string& run : runs) {
     if (run.size() == 4 || run.size() == 8) four = std::stoi(run.substr(0, 4));  // yyyy, or yyyymmdd
-    if (run.size() == 2) any_two = true, two_digit_match = std::stoi(run) == year % 100 ? year : two_digit_match;
+    if (run.size() == 2) any_two = true, two_matches = two_matches || std::stoi(run) == year % 100;
   }
   if (four) {
     if (*four == year) return "";
@@ -46,7 +46,7 @@ std::string year_disagreement(const std::string& text, int year) {
     return fmt::format("the input says {}", *four);
   }
   if (!any_two) return "the input states no year, as every trained format does";
-  return two_digit_match ? "" : fmt::format("no two-digit year of the input is {:02}", year % 100);
+  return two_matches ? "" : fmt::format("no two-digit year of the input is {:02}", year % 100);
 }
 
 }  // namespace
@@ -65,6 +65,15 @@ std::string answer_doubt(const std::string& text, const std::string& answer) {
   if (year < transformer::kFirstYear || year > transformer::kLastYear)
     return fmt::format("outside the years the model knows ({}-{})", transformer::kFirstYear, transformer::kLastYear);
   return year_disagreement(text, year);
+}
+
+std::string translation_doubt(const std::string& text, const transformer::Translation& translation,
+                              double unsure_below) {
+  if (std::string why = answer_doubt(text, translation.text); !why.empty()) return why;
+  if (translation.confidence < unsure_below)
+    return fmt::format("low confidence ({:.2f}, below the {:.2f} that 99% of correct held-out answers reach)",
+                       translation.confidence, unsure_below);
+  return "";
 }
 
 }  // namespace mha_cli

@@ -5,6 +5,8 @@
 
 #include <string>
 
+#include "transformer/training.hpp"
+
 namespace mha_cli {
 
 // Why the answer for `text` (already normalised, transformer::normalize_date_text) is not to be
@@ -12,5 +14,10 @@ namespace mha_cli {
 // year the input states (its last four-digit run, the first four digits of an eight-digit run, or else
 // one of its two-digit runs; an input with none of them states no year, as every trained format does).
 std::string answer_doubt(const std::string& text, const std::string& answer);
+
+// answer_doubt, or else "low confidence ..." when the decoder's confidence is below `unsure_below`
+// (the checkpoint's threshold; 0: none): why `mha translate` marks the translation of `text` with "?".
+std::string translation_doubt(const std::string& text, const transformer::Translation& translation,
+                              double unsure_below);
 
 }  // namespace mha_cli

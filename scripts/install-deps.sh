@@ -15,6 +15,7 @@ packages=(
   libclang-rt-14-dev   # sanitizer runtimes for the ASan + UBSan build
   clang-14             # libFuzzer targets of the file readers (make test-fuzz)
   clang-format         # make format, make format-check (.clang-format)
+  libopenmpi-dev openmpi-bin python3-mpi4py   # mha::distributed: ring attention over MPI
 )
 [ $# -eq 0 ] || packages=("$@")
 

@@ -60,8 +60,12 @@ struct AttentionOptions {
   std::optional<TensorView> attn_mask;         ///< bool or float, [L, S] or [B*h, L, S]
   double dropout_p = 0.0;                      ///< probability of zeroing a weight, in [0, 1)
   std::uint64_t dropout_seed = 0;              ///< keys the counter-based dropout mask
-  bool need_weights = false;                   ///< return the probabilities [B, h, L, S]
-  bool need_lse = false;                       ///< return the log-sum-exp of each row [B, h, L]
+  /// Positions of q's first row and k's first row in the whole sequence (>= 0), used only by dropout's
+  /// hash: a shard of a longer sequence (mha::distributed) draws the mask the whole sequence would.
+  std::int64_t dropout_query_offset = 0;
+  std::int64_t dropout_key_offset = 0;  ///< see dropout_query_offset
+  bool need_weights = false;            ///< return the probabilities [B, h, L, S]
+  bool need_lse = false;                ///< return the log-sum-exp of each row [B, h, L]
   Kernel kernel = Kernel::Flash;
 };
 
@@ -72,7 +76,8 @@ struct AttentionResult {
 };
 
 /// q: [B, h, L, d_k], k: [B, h, S, d_k], v: [B, h, S, d_v], all float32 or all float64, any strides.
-/// Dropout (dropout_p > 0) zeroes weight (b, h, i, j) when a hash of (dropout_seed, b, h, i, j) falls
+/// Dropout (dropout_p > 0) zeroes weight (b, h, i, j) when a hash of (dropout_seed, b, h,
+/// i + dropout_query_offset, j + dropout_key_offset) falls
 /// below dropout_p and scales the kept ones by 1 / (1 - dropout_p); the result does not depend on the
 /// number of threads. Throws mha::Error on any invalid argument.
 AttentionResult scaled_dot_product_attention(const TensorView& q, const TensorView& k, const TensorView& v,

@@ -79,6 +79,9 @@ void validate_attention(const TensorView& q, const TensorView& k, const TensorVi
   if (o.scale && !std::isfinite(*o.scale)) fail("scale: expected a finite number, got " + std::to_string(*o.scale));
   if (!(o.dropout_p >= 0.0 && o.dropout_p < 1.0))
     fail("dropout_p: expected a probability in [0, 1), got " + std::to_string(o.dropout_p));
+  if (o.dropout_query_offset < 0 || o.dropout_key_offset < 0)
+    fail("dropout_query_offset, dropout_key_offset: expected positions >= 0, got " +
+         std::to_string(o.dropout_query_offset) + ", " + std::to_string(o.dropout_key_offset));
   validate_attention_masks(o, q.dtype(), B, h, L, S);
 }
 
@@ -135,6 +138,8 @@ void fill_common(AttentionInputs<T>& p, const TensorView& q, const TensorView& k
   }
   p.dropout_p = static_cast<T>(o.dropout_p);
   p.dropout_seed = o.dropout_seed;
+  p.dropout_query_offset = o.dropout_query_offset;
+  p.dropout_key_offset = o.dropout_key_offset;
 }
 
 template <class T>

@@ -17,6 +17,13 @@ inline double dropout_uniform(std::uint64_t seed, std::int64_t b, std::int64_t h
   return static_cast<double>(x >> 11) * 0x1.0p-53;  // the top 53 bits
 }
 
+// Whether weight (b, head, i, j) of these inputs is dropped (i, j: row and key of this call).
+template <class T>
+bool dropped(const AttentionInputs<T>& p, std::int64_t b, std::int64_t head, std::int64_t i, std::int64_t j) {
+  return dropout_uniform(p.dropout_seed, b, head, i + p.dropout_query_offset, j + p.dropout_key_offset) <
+         static_cast<double>(p.dropout_p);
+}
+
 // A tile of weights s [rows, cols] (row stride ld) for rows i0.. and keys j0.. times its dropout
 // factors: 0 where dropped, 1 / (1 - dropout_p) where kept.
 inline void apply_dropout(const AttentionInputs<float>& p, std::int64_t b, std::int64_t head, std::int64_t i0,
@@ -25,7 +32,7 @@ inline void apply_dropout(const AttentionInputs<float>& p, std::int64_t b, std::
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t c = 0; c < cols; ++c) {
       float& x = s[r * ld + c];
-      x = dropout_uniform(p.dropout_seed, b, head, i0 + r, j0 + c) < p.dropout_p ? 0.0f : x * keep_scale;
+      x = dropped(p, b, head, i0 + r, j0 + c) ? 0.0f : x * keep_scale;
     }
 }
 

@@ -46,6 +46,7 @@ struct AttentionInputs {
 
   T dropout_p = 0;  // in [0, 1)
   std::uint64_t dropout_seed = 0;
+  std::int64_t dropout_query_offset = 0, dropout_key_offset = 0;  // positions of row 0 and key 0 in dropout's hash
 
   // Whether query i may attend to key j by the boolean masks (the additive mask is applied apart).
   bool allowed(std::int64_t b, std::int64_t head, std::int64_t i, std::int64_t j) const {

@@ -71,8 +71,7 @@ void reference_attention_forward(const AttentionParams<T>& p) {
     const T keep_scale = T(1) / (T(1) - p.dropout_p);
     for (std::int64_t j = 0; j < p.S; ++j) {
       s[j] = forbidden(j) ? T(0) : s[j] / sum;
-      if (p.dropout_p > 0)
-        s[j] = dropout_uniform(p.dropout_seed, b, head, i, j) < p.dropout_p ? T(0) : s[j] * keep_scale;
+      if (p.dropout_p > 0) s[j] = dropped(p, b, head, i, j) ? T(0) : s[j] * keep_scale;
       if (weights) weights[j] = s[j];
     }
 
@@ -129,8 +128,7 @@ void reference_attention_backward(const AttentionBackwardParams<T>& p) {
         for (std::int64_t c = 0; c < p.d_k; ++c) dot += p.q(b, head, i, c) * p.k(b, head, j, c);
         const T prob = std::exp(dot * p.scale + added - lse);
         T factor = 1;
-        if (p.dropout_p > 0)
-          factor = dropout_uniform(p.dropout_seed, b, head, i, j) < p.dropout_p ? T(0) : T(1) / (T(1) - p.dropout_p);
+        if (p.dropout_p > 0) factor = dropped(p, b, head, i, j) ? T(0) : T(1) / (T(1) - p.dropout_p);
         T dprob = 0;  // dP_ij
         for (std::int64_t c = 0; c < p.d_v; ++c) {
           p.dv(b, head, j, c) += prob * factor * p.dout(b, head, i, c);

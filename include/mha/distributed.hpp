@@ -1,0 +1,101 @@
+/// \file
+/// Sequence-parallel attention over the ranks of an MPI communicator: ring attention (Liu et al., 2023,
+/// "Ring Attention with Blockwise Transformers for Near-Infinite Context"), exact, forward and backward.
+/// An optional component: the CMake target mha::distributed, built when MPI is found; link it and
+/// run under mpirun.
+///
+/// Legend: B batch, h heads, L queries and S keys of the whole sequence, L_r and S_r those rank r holds,
+/// d_k query/key width, d_v value width, P ranks.
+///
+/// Each rank holds one shard of the sequence: its query rows and its key/value rows. The key/value
+/// shards travel around the ring (rank r sends to r + 1 and receives from r - 1), the next transfer
+/// overlapped with the current block's compute, and each rank merges its partial results by their
+/// log-sum-exp. The result is the single-process one (same rule as the kernels' parity with the
+/// reference: only the order of the additions differs), and bitwise the same on every run for a given
+/// number of ranks and threads.
+///
+/// Layouts. The sequence (of L rows for q, of S rows for k and v) is cut into chunks of nearly equal
+/// length (the first n % C chunks one row longer):
+///   - Layout::Contiguous: P chunks, rank r holds chunk r;
+///   - Layout::Zigzag: 2P chunks, rank r holds chunk r followed by chunk 2P - 1 - r. With causal
+///     attention a plain split leaves the first ranks idle (their queries see few keys); zigzag gives
+///     every rank one early and one late chunk, so each does nearly the same work.
+/// shard_chunks() says which rows a rank holds; shard_sequence() and unshard_sequence() cut and join.
+///
+/// Masks across shards: causal (over the whole sequence; needs L == S), key padding (each rank passes
+/// the mask of its own keys; it travels with them), key lengths (over the whole sequence, the same on
+/// every rank), dropout (drawn at global positions, so the mask equals the single-process one). A
+/// per-position attn_mask would need L_r x S memory per rank and is not offered.
+///
+/// Errors: every rank first checks its arguments, then one small collective (an allgather of each
+/// rank's sizes, options and error) runs before any exchange, so inconsistent shapes, dtypes or options
+/// across ranks, or a bad argument on any rank, make every rank throw the same mha::Error naming the
+/// rank. All ranks of the communicator must make the call. After that point only a failure of the
+/// machine (memory, the network) can stop a rank; MPI's default handler then ends the job.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "mha/attention.hpp"
+#include "mha/error.hpp"
+#include "mha/tensor.hpp"
+
+namespace mha::distributed {
+
+/// How a sequence is cut among the ranks (see above).
+enum class Layout { Contiguous, Zigzag };
+
+/// Rows [start, start + length) of the whole sequence.
+struct SequenceChunk {
+  std::int64_t start = 0;
+  std::int64_t length = 0;
+  bool operator==(const SequenceChunk&) const = default;
+};
+
+/// The chunks of a sequence of n rows that rank `rank` of `ranks` holds, in the order its shard stores
+/// them (one chunk for Contiguous, two for Zigzag). Throws mha::Error unless n >= 0 and
+/// 0 <= rank < ranks.
+std::vector<SequenceChunk> shard_chunks(std::int64_t n, int ranks, int rank, Layout layout);
+
+/// Rank `rank`'s shard of `full` along dimension `dim`: the rows of shard_chunks(full.size(dim), ...),
+/// concatenated, in a new contiguous tensor.
+Tensor shard_sequence(const TensorView& full, std::int64_t dim, int ranks, int rank, Layout layout);
+
+/// The whole sequence from every rank's shard (shards[r] is rank r's) along dimension `dim`: the
+/// inverse of shard_sequence. The shards must agree in every other dimension and in dtype.
+Tensor unshard_sequence(const std::vector<TensorView>& shards, std::int64_t dim, Layout layout);
+
+struct RingOptions {
+  std::optional<double> scale;  ///< default 1 / sqrt(d_k)
+  bool causal = false;          ///< over the whole sequence; needs L == S
+  Layout layout = Layout::Zigzag;
+  std::optional<TensorView> key_padding_mask;  ///< bool [B, S_r]: this rank's keys, true = padding
+  std::vector<std::int64_t> key_lengths;       ///< B lengths in [0, S] over the whole sequence (all ranks)
+  double dropout_p = 0.0;                      ///< in [0, 1); the mask of the single-process call
+  std::uint64_t dropout_seed = 0;
+  Kernel kernel = Kernel::Flash;  ///< the kernel each block runs (float64 always runs the reference)
+};
+
+struct RingResult {
+  Tensor out;  ///< [B, h, L_r, d_v]: this rank's rows of the output
+  Tensor lse;  ///< [B, h, L_r]: their log-sum-exp over every key of the sequence (for the backward)
+};
+
+/// q: [B, h, L_r, d_k], k: [B, h, S_r, d_k], v: [B, h, S_r, d_v] on rank r, float32 or float64, any
+/// strides; L_r and S_r as the layout prescribes for L = sum of L_r and S = sum of S_r. Collective over
+/// comm. Throws mha::Error (on every rank) on invalid or inconsistent arguments.
+RingResult ring_attention(const TensorView& q, const TensorView& k, const TensorView& v, MPI_Comm comm,
+                          const RingOptions& options = {});
+
+/// The backward of ring_attention: dout and out [B, h, L_r, d_v], lse [B, h, L_r] from the forward with
+/// the same arguments. dK and dV travel around the ring with their K and V, each rank adding its part;
+/// dQ stays local. Returns this rank's dq [B, h, L_r, d_k], dk [B, h, S_r, d_k], dv [B, h, S_r, d_v].
+AttentionGradients ring_attention_backward(const TensorView& dout, const TensorView& q, const TensorView& k,
+                                           const TensorView& v, const TensorView& out, const TensorView& lse,
+                                           MPI_Comm comm, const RingOptions& options = {});
+
+}  // namespace mha::distributed

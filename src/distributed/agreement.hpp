@@ -1,0 +1,64 @@
+// The one small collective before any exchange of a ring call (mha/distributed.hpp, "Errors"): every
+// rank states its sizes, options and local error; every rank checks them all the same way, so a bad
+// or inconsistent argument anywhere makes every rank throw the same mha::Error, and no rank waits for
+// a message that will never come.
+//
+// Legend: as in mha/distributed.hpp.
+#pragma once
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "mha/distributed.hpp"
+
+namespace mha::distributed::detail {
+
+// What one rank brings to a call. Plain data, sent as bytes (the ranks run the same build).
+struct RankCall {
+  std::int32_t dtype = 0, causal = 0, layout = 0, kernel = 0, has_padding = 0;
+  std::int64_t B = 0, h = 0, L_r = 0, S_r = 0, d_k = 0, d_v = 0;
+  double scale = 0, dropout_p = 0;  // scale: NaN when the default
+  std::uint64_t dropout_seed = 0, key_lengths_digest = 0;
+  std::int64_t key_lengths_count = 0;
+  char error[256] = {};  // this rank's own argument error, or empty
+};
+
+// The call as every rank agreed on it.
+struct AgreedCall {
+  std::vector<RankCall> ranks;  // [P]
+  std::int64_t L = 0, S = 0;    // the whole sequence
+  std::vector<SequenceChunk> q_chunks(int rank) const;
+  std::vector<SequenceChunk> kv_chunks(int rank) const;
+  Layout layout() const { return static_cast<Layout>(ranks.front().layout); }
+};
+
+// The sizes and options part of describe_call; sizes of a tensor that is not 4-D are -1.
+void fill_call(RankCall& c, const TensorView& q, const TensorView& k, const TensorView& v, const RingOptions& o);
+
+// This rank's RankCall for q [B, h, L_r, d_k], k, v and the options; `check` runs the local argument
+// checks (those of the single-process call), its mha::Error becoming the error field.
+template <class Check>
+RankCall describe_call(const TensorView& q, const TensorView& k, const TensorView& v, const RingOptions& o,
+                       Check&& check) {
+  RankCall c;
+  try {
+    check();
+  } catch (const std::exception& e) {
+    std::string message = e.what();
+    message.resize(std::min<std::size_t>(message.size(), sizeof c.error - 1));
+    std::copy(message.begin(), message.end(), c.error);
+  }
+  fill_call(c, q, k, v, o);
+  return c;
+}
+
+// Allgathers every rank's call and checks them (see the file comment); throws mha::Error, the same on
+// every rank, naming `what` (the function) and the rank at fault.
+AgreedCall agree(MPI_Comm comm, const RankCall& mine, const RingOptions& options, const char* what);
+
+}  // namespace mha::distributed::detail

@@ -1,0 +1,127 @@
+// Errors, not hangs: a bad or inconsistent argument on any rank makes every rank throw the same
+// mha::Error, naming the rank, before any exchange. Each test then runs a correct call, so a rank that
+// had gone on to exchange messages would hang or corrupt it (and ctest's timeout would fail the test).
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+
+#include "ring_support.hpp"
+
+namespace ring_test {
+namespace {
+
+using mha::distributed::Layout;
+using mha::distributed::RingOptions;
+
+struct Shards {
+  Tensor q, k, v;
+};
+
+// This rank's zigzag shards of a [1, 2, n, d] problem.
+Shards shards(std::int64_t n, std::int64_t d, DType dtype = DType::Float32) {
+  auto shard = [&](const Tensor& t) {
+    return mha::distributed::shard_sequence(t, 2, world_size(), world_rank(), Layout::Zigzag);
+  };
+  return {shard(normal(dtype, {1, 2, n, d}, 1)), shard(normal(dtype, {1, 2, n, d}, 2)),
+          shard(normal(dtype, {1, 2, n, d}, 3))};
+}
+
+// The message every rank got; empty when no rank threw. Fails the test when ranks disagree.
+std::string error_of(const std::function<void()>& call) {
+  std::string message;
+  try {
+    call();
+  } catch (const mha::Error& e) {
+    message = e.what();
+  }
+  // Every rank must hold the same message: compare lengths and bytes with rank 0's.
+  long length = static_cast<long>(message.size()), length0 = length;
+  MPI_Bcast(&length0, 1, MPI_LONG, 0, MPI_COMM_WORLD);
+  std::string message0 = message;
+  message0.resize(static_cast<std::size_t>(length0));
+  MPI_Bcast(message0.data(), static_cast<int>(length0), MPI_CHAR, 0, MPI_COMM_WORLD);
+  EXPECT_EQ(message, message0) << "rank " << world_rank() << " got a different error from rank 0's";
+  return message;
+}
+
+void expect_a_correct_call_still_works() {
+  const Shards s = shards(20, 8);
+  const auto r = mha::distributed::ring_attention(s.q, s.k, s.v, MPI_COMM_WORLD);
+  EXPECT_EQ(r.out.shape(), s.q.shape());
+}
+
+TEST(RingErrors, OneRanksBadArgumentIsEveryRanksError) {
+  const int bad = world_size() - 1;
+  const Shards s = shards(20, 8);
+  const Tensor wrong_q = normal(DType::Float32, {1, 2, s.q.size(2), 4}, 9);  // d_k 4 against k's 8
+  const std::string e = error_of(
+      [&] { mha::distributed::ring_attention(world_rank() == bad ? wrong_q : s.q, s.k, s.v, MPI_COMM_WORLD); });
+  EXPECT_NE(e.find("ring_attention: rank " + std::to_string(bad) + ": "), std::string::npos) << e;
+  EXPECT_NE(e.find("d_k"), std::string::npos) << e;
+  expect_a_correct_call_still_works();
+}
+
+TEST(RingErrors, RanksThatDisagreeOnAnOption) {
+  if (world_size() < 2) GTEST_SKIP() << "needs two ranks";
+  const Shards s = shards(20, 8);
+  RingOptions o;
+  o.causal = world_rank() == 1;
+  const std::string e = error_of([&] { mha::distributed::ring_attention(s.q, s.k, s.v, MPI_COMM_WORLD, o); });
+  EXPECT_NE(e.find("rank 1: differs from rank 0 in causal"), std::string::npos) << e;
+  expect_a_correct_call_still_works();
+}
+
+TEST(RingErrors, RanksThatDisagreeOnTheDtype) {
+  if (world_size() < 2) GTEST_SKIP() << "needs two ranks";
+  const Shards s = shards(20, 8, world_rank() == 1 ? DType::Float64 : DType::Float32);
+  const std::string e = error_of([&] { mha::distributed::ring_attention(s.q, s.k, s.v, MPI_COMM_WORLD); });
+  EXPECT_NE(e.find("rank 1: differs from rank 0 in dtype"), std::string::npos) << e;
+  expect_a_correct_call_still_works();
+}
+
+TEST(RingErrors, AShardOfTheWrongLength) {
+  // Rank 0 holds three query rows too many for the layout (on one rank any length is a whole sequence).
+  if (world_size() < 2) GTEST_SKIP() << "needs two ranks";
+  const Shards s = shards(20, 8);
+  const Tensor longer = normal(DType::Float32, {1, 2, s.q.size(2) + 3, 8}, 4);
+  const std::string e =
+      error_of([&] { mha::distributed::ring_attention(world_rank() == 0 ? longer : s.q, s.k, s.v, MPI_COMM_WORLD); });
+  EXPECT_NE(e.find("ring_attention: rank 0: holds "), std::string::npos) << e;
+  EXPECT_NE(e.find("zigzag layout of L = 23, S = 20"), std::string::npos) << e;
+  expect_a_correct_call_still_works();
+}
+
+TEST(RingErrors, CausalNeedsAsManyQueriesAsKeys) {
+  const Shards s = shards(20, 8);
+  const Tensor q = mha::distributed::shard_sequence(normal(DType::Float32, {1, 2, 13, 8}, 5), 2, world_size(),
+                                                    world_rank(), Layout::Zigzag);
+  RingOptions o;
+  o.causal = true;
+  const std::string e = error_of([&] { mha::distributed::ring_attention(q, s.k, s.v, MPI_COMM_WORLD, o); });
+  EXPECT_NE(e.find("causal needs as many queries as keys"), std::string::npos) << e;
+  expect_a_correct_call_still_works();
+}
+
+TEST(RingErrors, KeyLengthsBeyondTheWholeSequence) {
+  const Shards s = shards(20, 8);
+  RingOptions o;
+  o.key_lengths = {21};
+  const std::string e = error_of([&] { mha::distributed::ring_attention(s.q, s.k, s.v, MPI_COMM_WORLD, o); });
+  EXPECT_NE(e.find("key_lengths: expected lengths in [0, S = 20], got 21"), std::string::npos) << e;
+  expect_a_correct_call_still_works();
+}
+
+TEST(RingErrors, TheBackwardChecksItsExtraArguments) {
+  const Shards s = shards(20, 8);
+  const auto r = mha::distributed::ring_attention(s.q, s.k, s.v, MPI_COMM_WORLD);
+  const Tensor wrong_lse = normal(DType::Float32, {1, 2, s.q.size(2) + (world_rank() == 0 ? 1 : 0)}, 6);
+  const std::string e = error_of(
+      [&] { mha::distributed::ring_attention_backward(r.out, s.q, s.k, s.v, r.out, wrong_lse, MPI_COMM_WORLD); });
+  EXPECT_NE(e.find("ring_attention_backward: rank 0: "), std::string::npos) << e;
+  EXPECT_NE(e.find("lse"), std::string::npos) << e;
+  expect_a_correct_call_still_works();
+}
+
+}  // namespace
+}  // namespace ring_test

@@ -17,6 +17,10 @@
 #include "bench/bench_one.hpp"
 #include "commands/demo.hpp"
 #include "commands/heads.hpp"
+#ifdef MHA_HAVE_DISTRIBUTED
+#include "distributed/bench_ring.hpp"
+#include "distributed/ring_check.hpp"
+#endif
 #include "commands/heads_model.hpp"
 #include "commands/run.hpp"
 #include "commands/translate.hpp"
@@ -249,6 +253,34 @@ void add_bench_grid_command(CLI::App& app, mha_cli::BenchGridOptions& options) {
   number_in(grid->add_option("--max-time", options.policy.max_time_s), 0.0, kMaxSeconds);
 }
 
+#ifdef MHA_HAVE_DISTRIBUTED
+void add_ring_commands(CLI::App& app, mha_cli::RingCheckOptions& check, mha_cli::BenchRingOptions& bench) {
+  CLI::App* c = app.add_subcommand(
+      "ring-check", "Ring attention over MPI checked against one process: mpirun -np P mha ring-check [options]");
+  integer_in(c->add_option("--n", check.n, "Sequence length N (queries = keys)"), 1, 1 << 22)->capture_default_str();
+  integer_in(c->add_option("--batch", check.batch, "Batch size B"), 1, 1024)->capture_default_str();
+  integer_in(c->add_option("--heads", check.heads, "Heads h"), 1, 1024)->capture_default_str();
+  integer_in(c->add_option("--dim", check.dim, "Width per head d_k = d_v"), 1, 4096)->capture_default_str();
+  c->add_flag("--causal", check.causal, "Causal attention over the whole sequence");
+  c->add_option("--layout", check.layout, "How the sequence is cut among ranks")
+      ->check(CLI::IsMember({"zigzag", "contiguous"}))
+      ->capture_default_str();
+  c->add_option("--dtype", check.dtype)->check(CLI::IsMember({"float32", "float64"}))->capture_default_str();
+  unsigned_integer(c->add_option("--seed", check.seed, "Seed of the inputs"))->capture_default_str();
+  threads_option(c->add_option("--threads", check.threads, "Threads per rank"), 1)->capture_default_str();
+
+  CLI::App* b = app.add_subcommand(
+      "bench-ring", "Ring attention on P ranks against one rank, one thread each: mpirun -np P mha bench-ring");
+  integer_in(b->add_option("--sizes", bench.sizes, "Sequence lengths N, comma-separated")->delimiter(','), 1, 1 << 22)
+      ->default_str("8192,16384");
+  integer_in(b->add_option("--heads", bench.heads, "Heads h"), 1, 1024)->capture_default_str();
+  integer_in(b->add_option("--dim", bench.dim, "Width per head d_k = d_v"), 1, 4096)->capture_default_str();
+  integer_in(b->add_option("--reps", bench.reps, "Timed runs per measurement (the fastest is kept)"), 1, 100)
+      ->capture_default_str();
+  b->add_option("--out", bench.out, "JSON file for the results");
+}
+#endif
+
 // `mha help [COMMAND]` prints what --help prints; `mha WORD` for a WORD that is no command names it and
 // the nearest command (CLI11 alone says "A subcommand is required"). Returns the exit status when it
 // handled the command line, nothing when the first word is a command.
@@ -293,6 +325,11 @@ int main(int argc, char** argv) {
   add_bench_one_command(app, bench_one_options);
   mha_cli::BenchGridOptions bench_grid_options;
   add_bench_grid_command(app, bench_grid_options);
+#ifdef MHA_HAVE_DISTRIBUTED
+  mha_cli::RingCheckOptions ring_check_options;
+  mha_cli::BenchRingOptions bench_ring_options;
+  add_ring_commands(app, ring_check_options, bench_ring_options);
+#endif
 
   if (argc >= 2 && argv[1][0] != '-') {
     if (const std::optional<int> status = help_or_unknown_command(app, argc, argv)) return *status;
@@ -316,6 +353,10 @@ int main(int argc, char** argv) {
     }
     if (app.got_subcommand("bench-one")) return mha_cli::run_bench_one(bench_one_options);
     if (app.got_subcommand("bench-grid")) return mha_cli::run_bench_grid(bench_grid_options);
+#ifdef MHA_HAVE_DISTRIBUTED
+    if (app.got_subcommand("ring-check")) return mha_cli::run_ring_check(ring_check_options);
+    if (app.got_subcommand("bench-ring")) return mha_cli::run_bench_ring(bench_ring_options);
+#endif
   } catch (const std::exception& e) {  // mha::Error; files that cannot be written, unexpected results
     // Messages may quote file names and other text from outside: no control bytes reach the terminal.
     fmt::print(stderr, "mha: error: {}\n", mha_cli::terminal_safe(e.what()));

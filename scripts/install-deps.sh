@@ -15,6 +15,7 @@ packages=(
   libclang-rt-14-dev   # sanitizer runtimes for the ASan + UBSan build
   clang-14             # libFuzzer targets of the file readers (make test-fuzz)
   clang-format         # make format, make format-check (.clang-format)
+  chromium chromium-driver python3-selenium  # tests/python/test_demo_report.py opens the demo's report in headless Chromium
 )
 [ $# -eq 0 ] || packages=("$@")
 

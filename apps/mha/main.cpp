@@ -98,7 +98,7 @@ std::string translate_description() {
       "Rewrite dates as ISO 8601 with the model `mha demo` trained, e.g. mha translate \"Fri, 5 Mar 21\"\n"
       "Trained formats (5 March 2021 in each; numeric dates are day-first unless the year comes first):\n";
   for (const transformer::DateFormat f : transformer::all_date_formats())
-    text += fmt::format("  {:<32} {}\n", transformer::format_name(f), transformer::format_date({2021, 3, 5}, f));
+    text += fmt::format("  {:<24} {}\n", transformer::format_date({2021, 3, 5}, f), transformer::format_description(f));
   return text +
          fmt::format(
              "Years {}-{} (two-digit years: 50-99 are 19xx, 00-49 are 20xx). Inputs are read as the formats write\n"

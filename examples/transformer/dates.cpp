@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <stdexcept>
 #include <string_view>
+#include <utility>
 
 #include "splitmix64.hpp"
 
@@ -84,12 +85,11 @@ std::string weekday_name(Date d) { return std::string(kWeekdayNames[static_cast<
 std::string weekday_abbreviation(Date d) { return weekday_name(d).substr(0, 3); }
 std::string ordinal_words(int day) { return std::string(kOrdinalWords[static_cast<std::size_t>(day - 1)]); }
 
-// "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "23rd", "31st".
-std::string ordinal_number(int n) {
+// What follows n in "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "23rd", "31st".
+const char* ordinal_suffix(int n) {
   const bool teen = n % 100 >= 11 && n % 100 <= 13;
   const int last = n % 10;
-  const char* suffix = teen ? "th" : last == 1 ? "st" : last == 2 ? "nd" : last == 3 ? "rd" : "th";
-  return std::to_string(n) + suffix;
+  return teen ? "th" : last == 1 ? "st" : last == 2 ? "nd" : last == 3 ? "rd" : "th";
 }
 
 std::string upper(std::string s) {
@@ -103,6 +103,27 @@ std::string lower(std::string s) {
     if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
   return s;
 }
+
+// Builds a source string piece by piece, noting the span each field lands on.
+class SourceWriter {
+ public:
+  SourceWriter& text(std::string_view s) {
+    out_.text += s;
+    return *this;
+  }
+  SourceWriter& year(std::string_view s) { return field(out_.fields.year, s); }
+  SourceWriter& month(std::string_view s) { return field(out_.fields.month, s); }
+  SourceWriter& day(std::string_view s) { return field(out_.fields.day, s); }
+  FormattedDate done() { return std::move(out_); }
+
+ private:
+  SourceWriter& field(CharSpan& span, std::string_view s) {
+    span = {out_.text.size(), out_.text.size() + s.size()};
+    out_.text += s;
+    return *this;
+  }
+  FormattedDate out_;
+};
 
 std::vector<Date> dates_of_split(Split split) {
   std::vector<Date> dates;
@@ -186,32 +207,61 @@ std::string format_name(DateFormat f) {
   throw std::invalid_argument("format_name: unknown DateFormat " + std::to_string(static_cast<int>(f)));
 }
 
-std::string format_date(Date d, DateFormat f) {
-  check_date(d);
-  const std::string day = std::to_string(d.day), year = std::to_string(d.year);
-  const std::string yy = two_digits(d.year % 100);
+std::string format_description(DateFormat f) {
   switch (f) {
-    case DateFormat::DayMonthYear: return day + " " + month_name(d) + " " + year;
-    case DateFormat::MonthOrdinalDayYear: return month_name(d) + " " + ordinal_number(d.day) + ", " + year;
-    case DateFormat::MonthDayYear: return month_name(d) + " " + day + ", " + year;
+    case DateFormat::DayMonthYear: return "day, month name, year";
+    case DateFormat::MonthOrdinalDayYear: return "month name, day with st/nd/rd/th, comma, year";
+    case DateFormat::MonthDayYear: return "month name, day, comma, year";
+    case DateFormat::ShortWeekdayDayMonYY: return "weekday and month in three letters, two-digit year";
+    case DateFormat::WeekdayDayMonthYear: return "weekday, comma, day, month name, year";
+    case DateFormat::WeekdayOrdinalDayMonthYear: return "weekday, day with st/nd/rd/th, month name, year";
+    case DateFormat::OrdinalWordsOfMonthYear: return "the day in words, \"of\", month name, year";
+    case DateFormat::DayMonDashYear: return "day, month in three letters, year, with dashes";
+    case DateFormat::SlashDMY: return "day/month/year with slashes, day first, day and month in two digits";
+    case DateFormat::ShortSlashDMY: return "day/month/year with slashes, day first, no leading zeros, two-digit year";
+    case DateFormat::DotDMYY: return "day.month.year with dots, day first, all in two digits";
+    case DateFormat::DotYMD: return "year.month.day with dots, year first";
+    case DateFormat::UpperDayMonthYear: return "day, month name in capitals, year";
+    case DateFormat::IsoDashYMD: return "year-month-day with dashes (ISO 8601, the answer's own format)";
+    case DateFormat::IsoSlashYMD: return "year/month/day with slashes, year first";
+    case DateFormat::CompactYMD: return "year, month and day run together in eight digits";
+    case DateFormat::ShortDotDMY: return "day.month.year with dots, day first, no leading zeros";
+    case DateFormat::MonPaddedDayYear: return "month in three letters, day in two digits, year";
+  }
+  throw std::invalid_argument("format_description: unknown DateFormat " + std::to_string(static_cast<int>(f)));
+}
+
+std::string format_date(Date d, DateFormat f) { return format_date_fields(d, f).text; }
+
+FormattedDate format_date_fields(Date d, DateFormat f) {
+  check_date(d);
+  const std::string day = std::to_string(d.day), month = std::to_string(d.month), year = std::to_string(d.year);
+  const std::string dd = two_digits(d.day), mm = two_digits(d.month), yy = two_digits(d.year % 100);
+  const std::string name = month_name(d), abbreviation = month_abbreviation(d), suffix = ordinal_suffix(d.day);
+  SourceWriter w;
+  switch (f) {
+    case DateFormat::DayMonthYear: return w.day(day).text(" ").month(name).text(" ").year(year).done();
+    case DateFormat::MonthOrdinalDayYear: return w.month(name).text(" ").day(day).text(suffix + ", ").year(year).done();
+    case DateFormat::MonthDayYear: return w.month(name).text(" ").day(day).text(", ").year(year).done();
     case DateFormat::ShortWeekdayDayMonYY:
-      return weekday_abbreviation(d) + ", " + day + " " + month_abbreviation(d) + " " + yy;
-    case DateFormat::WeekdayDayMonthYear: return weekday_name(d) + ", " + day + " " + month_name(d) + " " + year;
+      return w.text(weekday_abbreviation(d) + ", ").day(day).text(" ").month(abbreviation).text(" ").year(yy).done();
+    case DateFormat::WeekdayDayMonthYear:
+      return w.text(weekday_name(d) + ", ").day(day).text(" ").month(name).text(" ").year(year).done();
     case DateFormat::WeekdayOrdinalDayMonthYear:
-      return weekday_name(d) + " " + ordinal_number(d.day) + " " + month_name(d) + " " + year;
+      return w.text(weekday_name(d) + " ").day(day).text(suffix + " ").month(name).text(" ").year(year).done();
     case DateFormat::OrdinalWordsOfMonthYear:
-      return "the " + ordinal_words(d.day) + " of " + month_name(d) + " " + year;
-    case DateFormat::DayMonDashYear: return day + "-" + month_abbreviation(d) + "-" + year;
-    case DateFormat::SlashDMY: return two_digits(d.day) + "/" + two_digits(d.month) + "/" + year;
-    case DateFormat::ShortSlashDMY: return day + "/" + std::to_string(d.month) + "/" + yy;
-    case DateFormat::DotDMYY: return two_digits(d.day) + "." + two_digits(d.month) + "." + yy;
-    case DateFormat::DotYMD: return year + "." + two_digits(d.month) + "." + two_digits(d.day);
-    case DateFormat::UpperDayMonthYear: return day + " " + upper(month_name(d)) + " " + year;
-    case DateFormat::IsoDashYMD: return iso_date(d);
-    case DateFormat::IsoSlashYMD: return year + "/" + two_digits(d.month) + "/" + two_digits(d.day);
-    case DateFormat::CompactYMD: return year + two_digits(d.month) + two_digits(d.day);
-    case DateFormat::ShortDotDMY: return day + "." + std::to_string(d.month) + "." + year;
-    case DateFormat::MonPaddedDayYear: return month_abbreviation(d) + " " + two_digits(d.day) + " " + year;
+      return w.text("the ").day(ordinal_words(d.day)).text(" of ").month(name).text(" ").year(year).done();
+    case DateFormat::DayMonDashYear: return w.day(day).text("-").month(abbreviation).text("-").year(year).done();
+    case DateFormat::SlashDMY: return w.day(dd).text("/").month(mm).text("/").year(year).done();
+    case DateFormat::ShortSlashDMY: return w.day(day).text("/").month(month).text("/").year(yy).done();
+    case DateFormat::DotDMYY: return w.day(dd).text(".").month(mm).text(".").year(yy).done();
+    case DateFormat::DotYMD: return w.year(year).text(".").month(mm).text(".").day(dd).done();
+    case DateFormat::UpperDayMonthYear: return w.day(day).text(" ").month(upper(name)).text(" ").year(year).done();
+    case DateFormat::IsoDashYMD: return w.year(year).text("-").month(mm).text("-").day(dd).done();
+    case DateFormat::IsoSlashYMD: return w.year(year).text("/").month(mm).text("/").day(dd).done();
+    case DateFormat::CompactYMD: return w.year(year).month(mm).day(dd).done();
+    case DateFormat::ShortDotDMY: return w.day(day).text(".").month(month).text(".").year(year).done();
+    case DateFormat::MonPaddedDayYear: return w.month(abbreviation).text(" ").day(dd).text(" ").year(year).done();
   }
   throw std::invalid_argument("format_date: unknown DateFormat " + std::to_string(static_cast<int>(f)));
 }
@@ -275,7 +325,8 @@ std::uint64_t DateSampler::uniform_below(std::uint64_t n) {
 DateExample DateSampler::next() {
   const Date d = dates_[uniform_below(dates_.size())];
   const DateFormat f = kAllFormats[uniform_below(kAllFormats.size())];
-  return {format_date(d, f), iso_date(d), f};
+  FormattedDate source = format_date_fields(d, f);
+  return {std::move(source.text), iso_date(d), f, source.fields};
 }
 
 std::vector<DateExample> sample_dates(Split split, std::uint64_t seed, std::size_t count) {

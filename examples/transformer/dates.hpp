@@ -62,8 +62,30 @@ enum class DateFormat {
   MonPaddedDayYear,            // "Mar 05 2021"
 };
 std::span<const DateFormat> all_date_formats();  // every DateFormat, in declaration order
-std::string format_name(DateFormat f);           // e.g. "d Month yyyy"
+std::string format_name(DateFormat f);           // shorthand, e.g. "d Month yyyy"
+// The format in words, for readers who do not know the shorthand: e.g. "day/month/year with
+// slashes, day first, day and month in two digits" (format_date({2021, 3, 5}, f) is its example).
+std::string format_description(DateFormat f);
 std::string format_date(Date d, DateFormat f);
+
+// Characters [begin, end) of a source string.
+struct CharSpan {
+  std::size_t begin = 0, end = 0;
+  std::size_t size() const { return end - begin; }
+  friend bool operator==(const CharSpan&, const CharSpan&) = default;
+};
+// Where a source string writes the year, the month and the day. The year is its four or two digits,
+// the month its digits, name or three-letter abbreviation, the day its digits (without an ordinal
+// suffix: the "5" of "5th") or its word ("fifth"). A weekday is no field: the date determines it.
+struct DateFields {
+  CharSpan year, month, day;
+};
+// A source string and where its fields are: format_date's text, written field by field.
+struct FormattedDate {
+  std::string text;
+  DateFields fields;
+};
+FormattedDate format_date_fields(Date d, DateFormat f);
 
 // `text` the way the formats write it, for a model trained on them: leading, trailing and repeated
 // whitespace collapsed to single spaces, trailing periods and commas dropped, and month and weekday
@@ -75,6 +97,7 @@ struct DateExample {
   std::string source;  // the human-written date
   std::string target;  // its iso_date
   DateFormat format;
+  DateFields fields{};  // where `source` writes the year, month and day (DateSampler fills them in)
 };
 
 // Train and held-out sets are drawn apart BY CALENDAR DATE: a fixed hash of (year, month, day) puts

@@ -85,4 +85,20 @@ std::vector<VariationResult> measure_variations(tf::Transformer<float>& model, c
   return results;
 }
 
+std::vector<OutsideAnswer> answers_outside_the_range(tf::Transformer<float>& model, const tf::Vocabulary& vocab,
+                                                     double unsure_below) {
+  const std::vector<std::string> inputs = {fmt::format("5 March {}", tf::kFirstYear - 1),
+                                           fmt::format("5 March {}", tf::kLastYear + 1), "5 March 1492",
+                                           "31 February 2021", "31/04/2021"};
+  std::vector<std::string> normalized;
+  for (const std::string& text : inputs) normalized.push_back(tf::normalize_date_text(text));
+  const std::vector<tf::Translation> answers = tf::translate_with_confidence(model, vocab, normalized);
+  std::vector<OutsideAnswer> out;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const std::string doubt = translation_doubt(normalized[i], answers[i], unsure_below);
+    out.push_back({inputs[i], answer_line(answers[i].text, doubt), !doubt.empty()});
+  }
+  return out;
+}
+
 }  // namespace mha_cli

@@ -1,6 +1,7 @@
 // How the demo's model does on dates written the ways people write them, not only the trained formats:
 // each held-out date in a set of realistic variations, read as `mha translate` reads it (normalised,
-// then the answer checked and its confidence compared with the threshold).
+// then the answer checked and its confidence compared with the threshold); and what it answers outside
+// the range it knows.
 #pragma once
 
 #include <string>
@@ -24,5 +25,14 @@ std::vector<VariationResult> measure_variations(transformer::Transformer<float>&
                                                 const transformer::Vocabulary& vocab,
                                                 const std::vector<transformer::DateExample>& examples,
                                                 double unsure_below);
+
+// What `mha translate` prints for inputs the model is not made for (years outside kFirstYear..kLastYear,
+// dates no calendar has), answered by this model and checked as translate checks them.
+struct OutsideAnswer {
+  std::string input, line;  // e.g. "5 March 1492", "? 2002-03-05  the input's year 1492 is outside ..."
+  bool marked = false;      // the line starts with "?"
+};
+std::vector<OutsideAnswer> answers_outside_the_range(transformer::Transformer<float>& model,
+                                                     const transformer::Vocabulary& vocab, double unsure_below);
 
 }  // namespace mha_cli

@@ -8,23 +8,21 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <fmt/core.h>
-#include <nlohmann/json.hpp>
 
 #include "commands/date_variations.hpp"
+#include "commands/demo_fields.hpp"
+#include "commands/demo_report.hpp"
 #include "mha/attention.hpp"
 #include "render/attention_map_png.hpp"
 #include "render/learning_curve_svg.hpp"
-#include "render/xml_escape.hpp"
 #include "transformer/checkpoint.hpp"
 #include "transformer/training.hpp"
 
@@ -32,9 +30,6 @@ namespace mha_cli {
 namespace {
 
 namespace tf = transformer;
-
-constexpr double kTargetAccuracy = 0.99;  // the issue's goal, with kTargetSeconds on this machine's 2 cores
-constexpr double kTargetSeconds = 180;
 
 tf::TransformerConfig model_config(const DemoOptions& o, const tf::Vocabulary& vocab) {
   tf::TransformerConfig c;
@@ -61,11 +56,6 @@ tf::TrainingConfig training_config(const DemoOptions& o) {
   t.eval_every = o.eval_every;
   t.eval_examples = 200;
   return t;
-}
-
-std::string minutes(double seconds) {
-  const auto s = static_cast<long>(std::lround(seconds));
-  return fmt::format("{}:{:02}", s / 60, s % 60);
 }
 
 // "step  1200/2400 [#########.........] loss 0.734  5321 tok/s  1:02 left", redrawn in place on a
@@ -100,16 +90,6 @@ class ProgressBar {
 
 // ---- attention maps --------------------------------------------------------------------------------
 
-struct MapFigure {
-  std::string file, caption;
-};
-
-struct ExampleMaps {
-  std::string source, target, predicted;
-  // kind ("encoder self-attention", ...) -> [layer][head] figures
-  std::vector<std::pair<std::string, std::vector<std::vector<MapFigure>>>> kinds;
-};
-
 // Labels of a token sequence for the axes, one character each so they fit their cell: "^" is <bos>,
 // "_" a space.
 std::vector<std::string> labels(const std::vector<int>& ids, const tf::Vocabulary& vocab) {
@@ -131,21 +111,43 @@ AttentionMap head_map(const mha::Tensor& weights, std::int64_t head, std::string
   return map;
 }
 
+// field_share of every encoder-decoder head, layer by layer, from the weights the last forward kept.
+std::vector<HeadShare> cross_shares(const tf::Transformer<float>& model, const tf::DateFields& fields) {
+  std::vector<HeadShare> shares;
+  for (std::int64_t layer = 0; layer < model.decoder_layers(); ++layer) {
+    const mha::Tensor& weights = model.cross_weights(layer);  // [1, h, T, S]
+    const std::int64_t T = weights.size(2), S = weights.size(3);
+    for (std::int64_t head = 0; head < weights.size(1); ++head) {
+      const float* w = weights.data_as<float>() + head * T * S;
+      shares.push_back({layer, head, field_share({w, static_cast<std::size_t>(T * S)}, S, fields)});
+    }
+  }
+  return shares;
+}
+
 // Runs the model on one held-out example (the decoder reading its own greedy output) with the
-// attention weights kept, and draws every layer and head of the three kinds of attention.
+// attention weights kept, measures which encoder-decoder head reads the date's fields, and draws every
+// layer and head of the three kinds of attention, the fields boxed on the encoder-decoder maps.
 ExampleMaps draw_example(tf::Transformer<float>& model, const tf::Vocabulary& vocab, const tf::DateExample& example,
                          std::size_t index, const std::filesystem::path& dir) {
   tf::Batch batch = tf::make_batch(std::vector<tf::DateExample>{example}, vocab);
   tf::TokenBatch tokens = tf::token_batch(batch);
   const std::int64_t T = batch.target_len;
   tokens.target = model.greedy_decode(tokens, T, tf::Vocabulary::kBos, /*use_cache=*/true);  // y1 .. y10 <eos>
-  ExampleMaps out{example.source, example.target, vocab.decode(tokens.target), {}};
+  ExampleMaps out;
+  out.source = example.source;
+  out.target = example.target;
+  out.predicted = vocab.decode(tokens.target);
+  out.fields = example.fields;
   tokens.target.insert(tokens.target.begin(), tf::Vocabulary::kBos);
   tokens.target.pop_back();  // <bos> y1 .. y10: the decoder's input when it wrote y1 .. y10 <eos>
   model.train(false);
   model.keep_attention_weights(true);
   model.forward(tokens);
   model.keep_attention_weights(false);
+  out.cross_shares = cross_shares(model, example.fields);
+  out.even_share = even_field_share(batch.source_len, example.fields);
+  const HeadShare best = out.best();
 
   const std::vector<std::string> src = labels(batch.source, vocab), tgt = labels(tokens.target, vocab);
   struct Kind {
@@ -163,19 +165,29 @@ ExampleMaps draw_example(tf::Transformer<float>& model, const tf::Vocabulary& vo
       {"encoder-decoder attention", "cross", &Model::cross_weights, model.decoder_layers(), true, true},
   };
   for (const Kind& kind : kinds) {
-    std::vector<std::vector<MapFigure>> layers;
+    const bool cross = kind.weights == &Model::cross_weights;
+    KindMaps maps{kind.name, kind.slug, {}};
     for (std::int64_t layer = 0; layer < kind.layers; ++layer) {
       const mha::Tensor& weights = (model.*kind.weights)(layer);  // [1, h, L, S]
       std::vector<MapFigure> heads;
       for (std::int64_t head = 0; head < weights.size(1); ++head) {
         const std::string file = fmt::format("example{}_{}_layer{}_head{}.png", index, kind.slug, layer, head);
-        write_attention_map_png(dir / file, head_map(weights, head, fmt::format("layer {} head {}", layer, head),
-                                                     kind.decoder_rows ? tgt : src, kind.source_cols ? src : tgt));
-        heads.push_back({file, fmt::format("{}, layer {}, head {}", kind.name, layer, head)});
+        std::string title = fmt::format("layer {} head {}", layer, head);
+        if (cross)
+          title += fmt::format(": {:.0f}% in the boxes",
+                               100 * out.cross_shares[std::size_t(layer * weights.size(1) + head)].share);
+        AttentionMap map = head_map(weights, head, title, kind.decoder_rows ? tgt : src, kind.source_cols ? src : tgt);
+        if (cross) {
+          map.highlights = field_boxes(example.fields);
+          map.note = "boxes: where year, month, day are read";
+        }
+        write_attention_map_png(dir / file, map);
+        heads.push_back({file, fmt::format("{}, layer {}, head {}", kind.name, layer, head),
+                         cross && layer == best.layer && head == best.head});
       }
-      layers.push_back(std::move(heads));
+      maps.layers.push_back(std::move(heads));
     }
-    out.kinds.emplace_back(kind.name, std::move(layers));
+    out.kinds.push_back(std::move(maps));
   }
   return out;
 }
@@ -200,15 +212,7 @@ std::vector<tf::DateExample> map_examples(std::int64_t count, std::uint64_t seed
   return out;
 }
 
-// ---- the report ------------------------------------------------------------------------------------
-
-struct Evaluation {
-  double accuracy = 0;
-  double cached_seconds = 0, full_seconds = 0;                 // greedy decoding of every example, both ways
-  bool same_outputs = false;                                   // the two ways wrote the same strings
-  std::map<std::string, std::pair<int, int>> by_format;        // format name -> (correct, total)
-  std::vector<std::pair<tf::DateExample, std::string>> wrong;  // (example, what the model wrote)
-};
+// ---- evaluation ------------------------------------------------------------------------------------
 
 Evaluation evaluate(tf::Transformer<float>& model, const tf::Vocabulary& vocab,
                     const std::vector<tf::DateExample>& examples) {
@@ -227,134 +231,13 @@ Evaluation evaluate(tf::Transformer<float>& model, const tf::Vocabulary& vocab,
   for (std::size_t i = 0; i < examples.size(); ++i) {
     const bool ok = predicted[i] == examples[i].target;
     correct += ok;
-    auto& [c, n] = ev.by_format[tf::format_name(examples[i].format)];
+    auto& [c, n] = ev.by_format[examples[i].format];
     c += ok;
     ++n;
     if (!ok) ev.wrong.emplace_back(examples[i], predicted[i]);
   }
   ev.accuracy = examples.empty() ? 0.0 : static_cast<double>(correct) / static_cast<double>(examples.size());
   return ev;
-}
-
-std::string settings_rows(const DemoOptions& o, std::int64_t parameters) {
-  const std::pair<const char*, std::string> rows[] = {
-      {"layers (encoder, decoder)", fmt::format("{}, {}", o.layers, o.layers)},
-      {"d_model, heads, d_k = d_v", fmt::format("{}, {}, {}", o.d_model, o.heads, o.d_model / o.heads)},
-      {"d_ff", std::to_string(o.d_ff)},
-      {"normalisation", o.pre_norm ? "pre-norm" : "post-norm (the paper's)"},
-      {"dropout (residual, attention)", fmt::format("{}, {}", o.dropout, o.attention_dropout)},
-      {"label smoothing", fmt::format("{}", o.label_smoothing)},
-      {"Adam", "beta1 0.9, beta2 0.98, eps 1e-9"},
-      {"learning rate", fmt::format("{} * d_model^-0.5 * min(step^-0.5, step * {}^-1.5)", o.lr_factor, o.warmup)},
-      {"steps x batch", fmt::format("{} x {}", o.steps, o.batch_size)},
-      {"seed", std::to_string(o.seed)},
-      {"parameters", std::to_string(parameters)},
-  };
-  std::string html;
-  for (const auto& [name, value] : rows)
-    html += fmt::format("<tr><th>{}</th><td>{}</td></tr>\n", name, xml_escape(value));
-  return html;
-}
-
-void write_index(const std::filesystem::path& path, const DemoOptions& o, std::int64_t parameters,
-                 const tf::TrainingResult& training, const Evaluation& ev, std::size_t eval_count,
-                 const std::vector<ExampleMaps>& examples, const std::vector<VariationResult>& variations) {
-  std::string html = fmt::format(
-      "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>mha demo: a Transformer that reads dates</title>\n"
-      "<style>body{{font-family:sans-serif;max-width:80em;margin:2em auto;padding:0 1em}}"
-      "table.s th{{text-align:left;padding-right:1em;font-weight:normal;color:#555}}"
-      "td.maps img{{width:100%;image-rendering:pixelated}}td.maps{{vertical-align:top}}"
-      "code{{background:#f3f3f3;padding:0 .3em}}</style></head>\n<body>\n"
-      "<h1>A Transformer that reads dates</h1>\n"
-      "<p>The encoder-decoder Transformer of &ldquo;Attention Is All You Need&rdquo; (section 3), built on "
-      "<code>mha::MultiHeadAttention</code>, trained from scratch to rewrite human-written dates as ISO 8601, one "
-      "character at a time. Held-out dates were never seen in training, in any format.</p>\n"
-      "<h2>Result</h2>\n<p><b>{:.1f}%</b> exact match on {} held-out dates after {} of training on this machine "
-      "(the goal: {:.0f}% within {}).</p>\n",
-      100 * ev.accuracy, eval_count, minutes(training.seconds), 100 * kTargetAccuracy, minutes(kTargetSeconds));
-  html += fmt::format("<p>Greedy decoding of the {} dates took {:.2f} s through the library's KV cache (each step "
-                      "attends for the new position only) and {:.2f} s recomputing every prefix; the two wrote {} "
-                      "outputs.</p>\n",
-                      eval_count, ev.cached_seconds, ev.full_seconds, ev.same_outputs ? "the same" : "DIFFERENT");
-  html += "<table class=\"s\">\n" + settings_rows(o, parameters) + "</table>\n";
-  html += "<h2>Learning curve</h2>\n<img src=\"learning_curve.svg\" alt=\"learning curve\">\n";
-  html += "<h2>Accuracy by format</h2>\n<table class=\"s\">\n";
-  for (const auto& [name, counts] : ev.by_format)
-    html += fmt::format("<tr><th>{}</th><td>{}/{}</td></tr>\n", xml_escape(name), counts.first, counts.second);
-  html += "</table>\n";
-  html += "<h2>Realistic variations</h2>\n<p>Dates written the ways people write them, not only as trained, "
-          "read as <code>mha translate</code> reads them: spacing, trailing periods and the case of month names "
-          "normalised, then each answer checked (a calendar date of 1950-2049, the year the input states) and its "
-          "confidence compared with the threshold calibrated on held-out data. <i>Marked</i> answers start with "
-          "<code>?</code>; a <i>confidently wrong</i> one is what the checks exist to prevent.</p>\n"
-          "<table class=\"s\"><tr><th>written as</th><th>example</th><th>right</th><th>marked ?</th>"
-          "<th>confidently wrong</th></tr>\n";
-  for (const VariationResult& v : variations)
-    html += fmt::format("<tr><th>{}</th><td>{}</td><td>{}/{}</td><td>{}</td><td>{}</td></tr>\n", xml_escape(v.name),
-                        xml_escape(v.example), v.right, v.total, v.unsure, v.confidently_wrong);
-  html += "</table>\n";
-  if (!ev.wrong.empty()) {
-    html += "<h2>Mistakes (up to 20)</h2>\n<table class=\"s\">\n";
-    for (std::size_t i = 0; i < ev.wrong.size() && i < 20; ++i)
-      html += fmt::format("<tr><th>{}</th><td>wrote {}, expected {}</td></tr>\n", xml_escape(ev.wrong[i].first.source),
-                          xml_escape(ev.wrong[i].second), ev.wrong[i].first.target);
-    html += "</table>\n";
-  }
-  html += "<h2>What the heads attend to</h2>\n<p>Each map shows one head: rows are the queries, columns the keys, "
-          "darker is more weight; <code>_</code> is a space and <code>^</code> the start token &lt;bos&gt;. Encoder "
-          "maps relate source characters to each other; decoder rows are the decoder's inputs (&lt;bos&gt; and the "
-          "characters written so far: the row labelled with a character is where the next one is written); "
-          "encoder-decoder maps show where in the source each output character was read from.</p>\n";
-  for (const ExampleMaps& e : examples) {
-    html += fmt::format("<h3>&ldquo;{}&rdquo; &rarr; {} ({})</h3>\n", xml_escape(e.source), xml_escape(e.predicted),
-                        e.predicted == e.target ? "correct" : "expected " + e.target);
-    for (const auto& [kind, layers] : e.kinds) {
-      html += fmt::format("<h4>{}</h4>\n<table>\n", kind);
-      for (const auto& heads : layers) {
-        html += "<tr>";
-        for (const MapFigure& f : heads)
-          html += fmt::format("<td class=\"maps\" style=\"width:{}%\"><img src=\"{}\" alt=\"{}\" title=\"{}\"></td>",
-                              100 / heads.size(), f.file, xml_escape(f.caption), xml_escape(f.caption));
-        html += "</tr>\n";
-      }
-      html += "</table>\n";
-    }
-  }
-  html += "<p>The checkpoint is <code>checkpoint.safetensors</code>; try <code>mha translate \"Friday, 5 March "
-          "2021\"</code>.</p>\n</body></html>\n";
-  std::ofstream out(path);
-  out << html;
-  if (!out) throw std::runtime_error("cannot write " + path.string());
-}
-
-void write_summary(const std::filesystem::path& path, const DemoOptions& o, const tf::TrainingResult& training,
-                   const Evaluation& ev, std::size_t eval_count, const std::vector<VariationResult>& variations) {
-  nlohmann::json j;
-  j["heads"] = o.heads;
-  j["d_model"] = o.d_model;
-  j["layers"] = o.layers;
-  j["steps"] = o.steps;
-  j["batch_size"] = o.batch_size;
-  j["seed"] = o.seed;
-  j["train_seconds"] = training.seconds;
-  j["held_out_examples"] = eval_count;
-  j["held_out_exact_match"] = ev.accuracy;
-  j["decode_seconds_cached"] = ev.cached_seconds;
-  j["decode_seconds_recomputed"] = ev.full_seconds;
-  j["decode_same_outputs"] = ev.same_outputs;
-  for (const VariationResult& v : variations)
-    j["variations"].push_back({{"name", v.name},
-                               {"example", v.example},
-                               {"trained", v.trained},
-                               {"right", v.right},
-                               {"unsure", v.unsure},
-                               {"confidently_wrong", v.confidently_wrong},
-                               {"total", v.total}});
-  for (const auto& p : training.curve)
-    j["curve"].push_back({{"step", p.step}, {"loss", p.loss}, {"accuracy", p.accuracy}, {"seconds", p.seconds}});
-  std::ofstream out(path);
-  out << j.dump(2) << "\n";
-  if (!out) throw std::runtime_error("cannot write " + path.string());
 }
 
 void check_options(const DemoOptions& o) {
@@ -429,8 +312,10 @@ int run_demo(const DemoOptions& o) {
   for (std::size_t i = 0; i < shown.size(); ++i) maps.push_back(draw_example(model, vocab, shown[i], i, dir));
   write_learning_curve_svg(dir / "learning_curve.svg", training.curve,
                            fmt::format("Training: {} heads, d_model {}", o.heads, o.d_model));
-  write_index(dir / "index.html", o, parameters, training, ev, held_out.size(), maps, variations);
-  write_summary(dir / "summary.json", o, training, ev, held_out.size(), variations);
+  const std::vector<OutsideAnswer> outside = answers_outside_the_range(model, vocab, unsure_below);
+  const DemoReport report{o, parameters, training, ev, held_out.size(), unsure_below, maps, variations, outside};
+  write_index(dir / "index.html", report);
+  write_summary(dir / "summary.json", report);
   fmt::print("  wrote {}: index.html, learning_curve.svg, {} attention maps, checkpoint.safetensors, summary.json\n",
              dir.string(), maps.size() * static_cast<std::size_t>(o.heads * o.layers * 3));
   fmt::print("  try: mha translate --checkpoint {} \"Friday, 5 March 2021\"\n",

@@ -98,12 +98,9 @@ int run_translate(const TranslateOptions& options) {
       continue;
     }
     const transformer::Translation& translation = answers[next++];
-    if (const std::string why = translation_doubt(normalized[i], translation, unsure_below); !why.empty()) {
-      fmt::print("? {}  {}\n", terminal_safe(translation.text), why);
-      unsure = true;
-    } else {
-      fmt::print("{}\n", translation.text);
-    }
+    const std::string why = translation_doubt(normalized[i], translation, unsure_below);
+    fmt::print("{}\n", answer_line(terminal_safe(translation.text), why));
+    unsure = unsure || !why.empty();
   }
   return failed ? kTranslateFailed : unsure ? kTranslateUnsure : 0;
 }

@@ -76,4 +76,8 @@ std::string translation_doubt(const std::string& text, const transformer::Transl
   return "";
 }
 
+std::string answer_line(const std::string& answer, const std::string& doubt) {
+  return doubt.empty() ? answer : fmt::format("? {}  {}", answer, doubt);
+}
+
 }  // namespace mha_cli

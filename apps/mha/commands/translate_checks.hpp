@@ -20,4 +20,8 @@ std::string answer_doubt(const std::string& text, const std::string& answer);
 std::string translation_doubt(const std::string& text, const transformer::Translation& translation,
                               double unsure_below);
 
+// The line `mha translate` prints for an answer: the answer itself when `doubt` is empty, else
+// "? ANSWER  DOUBT".
+std::string answer_line(const std::string& answer, const std::string& doubt);
+
 }  // namespace mha_cli

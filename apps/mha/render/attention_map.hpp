@@ -14,6 +14,12 @@
 
 namespace mha_cli {
 
+// A block of cells outlined in `colour`: rows [row, row + rows), columns [col, col + cols).
+struct Highlight {
+  std::int64_t row = 0, rows = 0, col = 0, cols = 0;
+  Rgb colour{0, 0, 0};
+};
+
 struct AttentionMap {
   std::string title;                      // drawn above the map
   std::vector<std::string> query_labels;  // [L]: one short label per row (a token)
@@ -21,9 +27,19 @@ struct AttentionMap {
   std::vector<float> weights;             // [L, S] row-major, each in [0, 1]
   std::vector<std::uint8_t> marked;       // [L, S] or empty: nonzero cells get an outline
   std::string note;                       // a line under the map, e.g. what the outlines mean
+  std::vector<Highlight> highlights{};    // blocks of cells outlined in their colour, drawn over everything
 
   std::int64_t rows() const { return static_cast<std::int64_t>(query_labels.size()); }
   std::int64_t cols() const { return static_cast<std::int64_t>(key_labels.size()); }
+  // Whether weights and marked are [L, S] and every highlight is a non-empty block inside the grid.
+  bool consistent() const {
+    const auto cells = static_cast<std::size_t>(rows() * cols());
+    const bool blocks_inside = std::all_of(highlights.begin(), highlights.end(), [&](const Highlight& h) {
+      return h.row >= 0 && h.rows > 0 && h.row + h.rows <= rows() && h.col >= 0 && h.cols > 0 &&
+             h.col + h.cols <= cols();
+    });
+    return weights.size() == cells && (marked.empty() || marked.size() == cells) && blocks_inside;
+  }
 };
 
 // White (0) to dark blue (1): matplotlib's "Blues" colour map, linear between its five stops.

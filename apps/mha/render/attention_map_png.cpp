@@ -25,9 +25,8 @@ constexpr Rgb kInk{35, 35, 35};
 void write_attention_map_png(const std::filesystem::path& path, const AttentionMap& map) {
   const int rows = static_cast<int>(map.rows());
   const int cols = static_cast<int>(map.cols());
-  if (map.weights.size() != std::size_t(rows) * std::size_t(cols) ||
-      !(map.marked.empty() || map.marked.size() == map.weights.size())) {
-    throw std::logic_error("write_attention_map_png: weights/marked do not match the labels' [L, S]");
+  if (!map.consistent()) {
+    throw std::logic_error("write_attention_map_png: weights/marked/highlights do not match the labels' [L, S]");
   }
   const std::string caption = "rows: queries, columns: keys";
   const std::string legend_low = "0", legend_high = "1";
@@ -69,6 +68,12 @@ void write_attention_map_png(const std::filesystem::path& path, const AttentionM
       canvas.fill(x, y, kCell - 1, kCell - 1, weight_colour(map.weights[at]));
       if (!map.marked.empty() && map.marked[at] != 0) canvas.frame(x, y, kCell - 1, kCell - 1, 2, kMarkColour);
     }
+  }
+
+  // Highlighted blocks: a frame on the block's outer grid lines, 3 pixels wide, over the cells.
+  for (const Highlight& h : map.highlights) {
+    canvas.frame(grid_x + int(h.col) * kCell - 1, grid_y + int(h.row) * kCell - 1, int(h.cols) * kCell + 3,
+                 int(h.rows) * kCell + 3, 3, h.colour);
   }
 
   // Colour bar from 0 to 1, with its end values.

@@ -27,9 +27,8 @@ std::string hex(Rgb c) { return fmt::format("#{:02x}{:02x}{:02x}", c.r, c.g, c.b
 void write_attention_map_svg(const std::filesystem::path& path, const AttentionMap& map) {
   const int rows = static_cast<int>(map.rows());
   const int cols = static_cast<int>(map.cols());
-  if (map.weights.size() != std::size_t(rows) * std::size_t(cols) ||
-      !(map.marked.empty() || map.marked.size() == map.weights.size())) {
-    throw std::logic_error("write_attention_map_svg: weights/marked do not match the labels' [L, S]");
+  if (!map.consistent()) {
+    throw std::logic_error("write_attention_map_svg: weights/marked/highlights do not match the labels' [L, S]");
   }
   const int grid_x = kMargin + kLabelBand;
   const int grid_y = kMargin + kTitleHeight + kLabelBand;
@@ -72,6 +71,11 @@ void write_attention_map_svg(const std::filesystem::path& path, const AttentionM
     svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"{}\" "
                        "stroke-width=\"2\" pointer-events=\"none\"/>\n",
                        grid_x + j * kCell + 2, grid_y + i * kCell + 2, kCell - 4, kCell - 4, hex(kMarkColour));
+  }
+  for (const Highlight& h : map.highlights) {
+    svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"{}\" "
+                       "stroke-width=\"3\" pointer-events=\"none\"/>\n",
+                       grid_x + h.col * kCell, grid_y + h.row * kCell, h.cols * kCell, h.rows * kCell, hex(h.colour));
   }
   svg += fmt::format("<text x=\"{}\" y=\"{}\">rows: queries, columns: keys; white: 0, dark blue: 1</text>\n", grid_x,
                      caption_y);

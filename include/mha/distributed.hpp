@@ -37,11 +37,13 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
 
 #include "mha/attention.hpp"
 #include "mha/error.hpp"
+#include "mha/multi_head_attention.hpp"
 #include "mha/tensor.hpp"
 
 namespace mha::distributed {
@@ -97,5 +99,49 @@ RingResult ring_attention(const TensorView& q, const TensorView& k, const Tensor
 AttentionGradients ring_attention_backward(const TensorView& dout, const TensorView& q, const TensorView& k,
                                            const TensorView& v, const TensorView& out, const TensorView& lse,
                                            MPI_Comm comm, const RingOptions& options = {});
+
+/// What a sequence-sharded layer call takes besides its inputs (see RingMultiHeadAttention).
+struct RingLayerInputs {
+  std::optional<TensorView> key_padding_mask;  ///< bool [B, S_r]: this rank's keys, true = padding
+  std::vector<std::int64_t> key_lengths;       ///< B lengths in [0, S] over the whole sequence
+  bool causal = false;                         ///< over the whole sequence; needs L == S
+  std::uint64_t dropout_seed = 0;              ///< keys the attention dropout (config().dropout, training mode only)
+};
+
+/// A MultiHeadAttention layer run over sequence-sharded inputs: the projections of each rank's rows
+/// locally, the attention core over the ring (ring_attention), the parameter gradients summed over the
+/// ranks in rank order (every rank gets the same sums, bitwise equal from run to run).
+///
+/// It uses the wrapped layer's parameters and configuration as they are at each call (so an optimizer
+/// may update them between steps; every rank must hold the same values, as with data parallelism).
+/// Inputs are batched: query [B, L_r, E] (batch_first) or [L_r, B, E], key [B, S_r, kdim] and value
+/// [B, S_r, vdim] likewise, of the layer's dtype, L_r and S_r as the layout cuts L and S. Not offered
+/// across shards: add_bias_kv and add_zero_attn (one extra key for the whole sequence), attn_mask
+/// (O(L_r S) memory per rank) and the attention weights (O(L_r S)). The layer's dropout applies in
+/// training mode, drawn at global positions from RingLayerInputs::dropout_seed.
+class RingMultiHeadAttention {
+ public:
+  RingMultiHeadAttention(MultiHeadAttention& layer, MPI_Comm comm, Layout layout = Layout::Zigzag);
+  ~RingMultiHeadAttention();
+  RingMultiHeadAttention(RingMultiHeadAttention&&) noexcept;
+  RingMultiHeadAttention& operator=(RingMultiHeadAttention&&) noexcept;
+
+  /// This rank's rows of the layer's output, shaped like query. In training mode it keeps what
+  /// backward() needs. Collective; throws mha::Error (on every rank) on invalid or inconsistent input.
+  Tensor forward(const TensorView& query, const TensorView& key, const TensorView& value,
+                 const RingLayerInputs& inputs = {});
+
+  /// Gradients of the last training-mode forward given dout (shaped like its output): query, key and
+  /// value of this rank's rows, and every parameter's gradient summed over all ranks. Collective.
+  MultiHeadAttentionGradients backward(const TensorView& dout);
+
+  struct Saved;  ///< what a training-mode forward keeps (ring_layer.cpp)
+
+ private:
+  MultiHeadAttention* layer_;
+  MPI_Comm comm_;
+  Layout layout_;
+  std::unique_ptr<Saved> saved_;
+};
 
 }  // namespace mha::distributed

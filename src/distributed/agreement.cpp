@@ -119,4 +119,15 @@ AgreedCall agree(MPI_Comm comm, const RankCall& mine, const RingOptions& options
   return call;
 }
 
+void agree_on_errors(MPI_Comm comm, const std::string& error, const char* what) {
+  RankCall mine;  // only its error field is read
+  std::copy_n(error.begin(), std::min(error.size(), sizeof mine.error - 1), mine.error);
+  int P = 0;
+  MPI_Comm_size(comm, &P);
+  std::vector<RankCall> all(static_cast<std::size_t>(P));
+  MPI_Allgather(&mine, sizeof(RankCall), MPI_BYTE, all.data(), sizeof(RankCall), MPI_BYTE, comm);
+  for (int r = 0; r < P; ++r)
+    if (all[static_cast<std::size_t>(r)].error[0] != '\0') fail(what, r, all[static_cast<std::size_t>(r)].error);
+}
+
 }  // namespace mha::distributed::detail

@@ -61,4 +61,8 @@ RankCall describe_call(const TensorView& q, const TensorView& k, const TensorVie
 // every rank, naming `what` (the function) and the rank at fault.
 AgreedCall agree(MPI_Comm comm, const RankCall& mine, const RingOptions& options, const char* what);
 
+// The errors part of agree() alone: every rank states its error (or none); if any rank has one,
+// every rank throws the same mha::Error naming `what` and the first such rank.
+void agree_on_errors(MPI_Comm comm, const std::string& error, const char* what);
+
 }  // namespace mha::distributed::detail

@@ -1,0 +1,110 @@
+"""Run under mpirun by test_distributed.py: ring attention (mha.distributed) on this run's ranks against
+the single-process call, on random configurations every rank draws alike (awkward sizes, both layouts,
+causal or not, padding, key lengths, dropout, float32 and float64, non-contiguous and negative-stride
+shards), plus the error paths. Prints "ring worker ok" on success; any failure raises (exit status 1)."""
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+import mha
+import mha.distributed as dist
+
+comm = MPI.COMM_WORLD
+P, rank = comm.size, comm.rank
+
+
+def awkward_strides(x, rng):
+    """The same values in a differently laid out array: transposed memory, reversed rows, or plain."""
+    kind = rng.integers(3)
+    if kind == 0:
+        return np.ascontiguousarray(x.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
+    if kind == 1:
+        return np.flip(np.ascontiguousarray(np.flip(x, 2)), 2)  # negative row stride
+    return x
+
+
+def max_error(got, want):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    finite = np.isfinite(want)
+    assert np.array_equal(np.isnan(got), np.isnan(want)), "NaN positions differ"
+    assert np.array_equal(got[np.isinf(want)], want[np.isinf(want)]), "infinities differ"
+    return float(np.max(np.abs(got[finite] - want[finite]), initial=0.0)), float(np.max(np.abs(want[finite]), initial=1.0))
+
+
+def one_case(seed):
+    rng = np.random.default_rng(seed)
+    dtype = np.float32 if rng.integers(2) else np.float64
+    causal = bool(rng.integers(2))
+    B, h = int(rng.integers(1, 3)), int(rng.integers(1, 3))
+    L = int(rng.integers(1, 90))
+    S = L if causal else int(rng.integers(1, 90))
+    d_k, d_v = int(rng.integers(1, 20)), int(rng.integers(1, 20))
+    layout = ["zigzag", "contiguous"][rng.integers(2)]
+    q, k, v, dout = (rng.standard_normal(s).astype(dtype) for s in
+                     ((B, h, L, d_k), (B, h, S, d_k), (B, h, S, d_v), (B, h, L, d_v)))
+    padding = rng.random((B, S)) < 0.3 if rng.integers(3) == 0 else None
+    lengths = [int(n) for n in rng.integers(0, S + 1, B)] if rng.integers(3) == 0 else None
+    dropout = 0.25 if rng.integers(4) == 0 else 0.0
+    options = dict(key_padding_mask=padding, key_lengths=lengths, dropout_p=dropout, dropout_seed=seed)
+
+    def single(x, kernel):
+        out, lse = mha.scaled_dot_product_attention(*x[:3], is_causal=causal, need_lse=True, kernel=kernel, **options)
+        grads = mha.scaled_dot_product_attention_backward(x[3], *x[:3], out, lse, is_causal=causal,
+                                                          kernel=kernel, **options)
+        return (out, lse) + tuple(grads)
+
+    ref = single([a.astype(np.float64) for a in (q, k, v, dout)], "reference")
+    one = single([q, k, v, dout], "flash")
+
+    def shard(x, n_dim=2):
+        return awkward_strides(dist.shard_sequence(x, n_dim, P, rank, layout), rng) if x.ndim == 4 else \
+            dist.shard_sequence(x, n_dim, P, rank, layout)
+    q_r, k_r, v_r, dout_r = (shard(a) for a in (q, k, v, dout))
+    ring_options = dict(options, causal=causal, layout=layout,
+                        key_padding_mask=None if padding is None else dist.shard_sequence(padding, 1, P, rank, layout))
+    out_r, lse_r = dist.ring_attention(q_r, k_r, v_r, comm, **ring_options)
+    grads_r = dist.ring_attention_backward(dout_r, q_r, k_r, v_r, out_r, lse_r, comm, **ring_options)
+    for name, got, want, single_one in zip(("out", "lse", "dq", "dk", "dv"), (out_r, lse_r) + tuple(grads_r), ref, one):
+        want_r = dist.shard_sequence(want, 2, P, rank, layout)
+        error, magnitude = max_error(got, want_r)
+        if dtype == np.float64:
+            allowed = 1e-12 * magnitude
+        else:
+            allowed = 4 * max_error(dist.shard_sequence(single_one, 2, P, rank, layout), want_r)[0] + 1e-5 * magnitude
+        assert error <= allowed, (f"seed {seed} rank {rank}/{P}: {name} error {error} > {allowed} "
+                                  f"(B {B} h {h} L {L} S {S} d {d_k},{d_v} causal {causal} {layout} {dtype.__name__} "
+                                  f"padding {padding is not None} lengths {lengths} dropout {dropout})")
+
+
+def errors():
+    x = dist.shard_sequence(np.ones((1, 2, 20, 8), np.float32), 2, P, rank)
+    bad = x.astype(np.float64) if rank == P - 1 else x  # one rank's dtype differs (or, alone, is fine)
+    messages = []
+    for call in (lambda: dist.ring_attention(x, bad, x, comm),
+                 lambda: dist.ring_attention(x, x, x, comm, layout="diagonal"),
+                 lambda: dist.ring_attention(x, x, x, comm, key_lengths=[21])):
+        try:
+            call()
+            messages.append(None)
+        except mha.Error as e:
+            messages.append(str(e))
+    assert messages[0] is not None and f"rank {P - 1}: " in messages[0], messages[0]
+    assert messages[1] is not None and "layout" in messages[1], messages[1]
+    assert messages[2] is not None and "key_lengths: expected lengths in [0, S = 20], got 21" in messages[2], messages[2]
+    assert comm.allgather(messages) == [messages] * P, "ranks raised different errors"
+    try:
+        dist.ring_attention(x, x, x, "not a communicator")
+        raise AssertionError("a string was taken as a communicator")
+    except TypeError:
+        pass
+    out, _ = dist.ring_attention(x, x, x, comm)  # and the ring still works
+    assert out.shape == x.shape
+
+
+for seed in range(int(sys.argv[1]) if len(sys.argv) > 1 else 40):
+    one_case(seed)
+errors()
+comm.Barrier()
+if rank == 0:
+    print("ring worker ok")

@@ -20,6 +20,7 @@
 #include "attention/attention_core.hpp"
 #include "distributed/agreement.hpp"
 #include "distributed/blocks.hpp"
+#include "dtype_dispatch.hpp"
 #include "mha/error.hpp"
 
 namespace mha::distributed {
@@ -249,15 +250,17 @@ AttentionGradients backward(const TensorView& dout, const TensorView& q, const T
 
 RingResult ring_attention(const TensorView& q, const TensorView& k, const TensorView& v, MPI_Comm comm,
                           const RingOptions& options) {
-  if (q.dtype() == DType::Float64) return forward<double>(q, k, v, comm, options);
-  return forward<float>(q, k, v, comm, options);  // other dtypes: the agreement reports the local error
+  // A dtype that is no floating one runs as float32 so as to reach the agreement, which reports it.
+  return mha::detail::dispatch_floating(mha::detail::is_floating(q.dtype()) ? q.dtype() : DType::Float32,
+                                        [&](auto t) { return forward<decltype(t)>(q, k, v, comm, options); });
 }
 
 AttentionGradients ring_attention_backward(const TensorView& dout, const TensorView& q, const TensorView& k,
                                            const TensorView& v, const TensorView& out, const TensorView& lse,
                                            MPI_Comm comm, const RingOptions& options) {
-  if (q.dtype() == DType::Float64) return backward<double>(dout, q, k, v, out, lse, comm, options);
-  return backward<float>(dout, q, k, v, out, lse, comm, options);
+  return mha::detail::dispatch_floating(mha::detail::is_floating(q.dtype()) ? q.dtype() : DType::Float32, [&](auto t) {
+    return backward<decltype(t)>(dout, q, k, v, out, lse, comm, options);
+  });
 }
 
 }  // namespace mha::distributed

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "distributed/agreement.hpp"
+#include "dtype_dispatch.hpp"
 #include "layer/projections.hpp"
 #include "mha/distributed.hpp"
 
@@ -222,7 +223,7 @@ Tensor RingMultiHeadAttention::forward(const TensorView& query, const TensorView
   s->B = query.size(batch), s->L_r = query.size(1 - batch), s->S_r = key.size(1 - batch);
   s->query = Tensor::copy_of(query), s->key = Tensor::copy_of(key), s->value = Tensor::copy_of(value);
   Tensor y =
-      c.dtype == DType::Float64 ? forward_typed<double>(*layer_, comm_, *s) : forward_typed<float>(*layer_, comm_, *s);
+      mha::detail::dispatch_floating(c.dtype, [&](auto t) { return forward_typed<decltype(t)>(*layer_, comm_, *s); });
   saved_ = layer_->training() ? std::move(s) : nullptr;
   return y;
 }
@@ -237,8 +238,8 @@ MultiHeadAttentionGradients RingMultiHeadAttention::backward(const TensorView& d
   detail::agree_on_errors(comm_, error, "RingMultiHeadAttention::backward");  // every rank stops if any must
   const Tensor dy = Tensor::copy_of(dout);
   const auto& c = config_of(*layer_);
-  auto g = c.dtype == DType::Float64 ? backward_typed<double>(*layer_, comm_, *saved_, dy)
-                                     : backward_typed<float>(*layer_, comm_, *saved_, dy);
+  auto g = mha::detail::dispatch_floating(
+      c.dtype, [&](auto t) { return backward_typed<decltype(t)>(*layer_, comm_, *saved_, dy); });
   saved_.reset();
   return g;
 }

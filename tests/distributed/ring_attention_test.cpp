@@ -178,7 +178,9 @@ TEST_P(RingParity, SameBitsOnEveryRun) {
   const Results a = ring(c, p), b = ring(c, p);
   for (const auto& [x, y] :
        {std::pair{&a.out, &b.out}, {&a.lse, &b.lse}, {&a.dq, &b.dq}, {&a.dk, &b.dk}, {&a.dv, &b.dv}})
-    EXPECT_EQ(std::memcmp(x->data(), y->data(), x->nbytes()), 0) << c.name;
+    if (x->nbytes() > 0) {
+      EXPECT_EQ(std::memcmp(x->data(), y->data(), x->nbytes()), 0) << c.name;
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, RingParity,
@@ -204,7 +206,9 @@ TEST(SequenceLayout, ShardsJoinBackToTheWhole) {
         std::vector<TensorView> views(shards.begin(), shards.end());
         const Tensor joined = mha::distributed::unshard_sequence(views, 1, layout);
         ASSERT_EQ(joined.shape(), full.shape());
-        EXPECT_EQ(std::memcmp(joined.data(), full.data(), full.nbytes()), 0) << "P " << P << " n " << n;
+        if (n > 0) {
+          EXPECT_EQ(std::memcmp(joined.data(), full.data(), full.nbytes()), 0) << "P " << P << " n " << n;
+        }
       }
 }
 

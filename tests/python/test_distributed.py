@@ -8,6 +8,7 @@ DistributedDataParallel: each runs in several processes, started here.
 """
 import os
 import pathlib
+import re
 import shutil
 import socket
 import subprocess
@@ -42,6 +43,17 @@ def test_ring_attention_matches_one_process(ranks):
                             capture_output=True, text=True, timeout=300, env=_env())
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "ring worker ok" in result.stdout
+
+
+@pytest.mark.skipif(not _has_ring(), reason="mha.distributed or mpirun missing")
+def test_the_python_example_runs():
+    example = HERE.parents[1] / "examples" / "distributed" / "ring_attention.py"
+    result = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", sys.executable,
+                             str(example)], capture_output=True, text=True, timeout=300, env=_env())
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    differences = [float(x) for x in re.findall(r"by ([0-9.e+-]+)", result.stdout)]
+    assert "2 ranks: out differs by" in result.stdout and len(differences) == 2, result.stdout
+    assert all(d < 1e-5 for d in differences), result.stdout
 
 
 def _free_port():

@@ -104,3 +104,5 @@ test-pip: deps
 	cd / && $(abspath $(VENV))/bin/python -c "import mha, numpy as np; x = np.ones((3, 8), np.float32); \
 	  out, w = mha.MultiheadAttention(8, 2, seed=1)(x, x, x); assert out.shape == (3, 8) and w.shape == (3, 3); \
 	  print('test-pip: 1 passed, 0 failed (mha from', mha.__file__ + ')')"
+	cd / && $(abspath $(VENV))/bin/python -c "import mha.distributed as d; assert d.shard_chunks(10, 2, 0) == [(0, 3), (8, 2)]; \
+	  print('test-pip: mha.distributed imports (mpi4py, one rank)')"

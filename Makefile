@@ -92,7 +92,9 @@ test-install:
 	g++ -std=c++20 examples/consumer/main.cpp -o $(BUILD)/consumer/consumer_pkgconfig \
 	  $$(PKG_CONFIG_PATH=$(PREFIX_TEST)/lib/pkgconfig pkg-config --cflags --libs mha) -Wl,-rpath,$(PREFIX_TEST)/lib
 	./$(BUILD)/consumer/consumer_pkgconfig | grep -q 'consumer: out \[3, 8\], weights \[3, 3\]'
-	@echo "test-install: 3 passed, 0 failed"
+	OMP_NUM_THREADS=1 mpirun --allow-run-as-root --oversubscribe -np 2 ./$(BUILD)/consumer/consumer_ring \
+	  | grep 'consumer_ring: 2 ranks'
+	@echo "test-install: 4 passed, 0 failed"
 
 # pip install from the repository into a fresh virtual environment that sees Debian's numpy and torch
 # (as README says), then use the installed package from outside the source tree.

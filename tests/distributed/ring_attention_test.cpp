@@ -27,6 +27,7 @@ struct RingCase {
   bool lengths = false;  // key_lengths {S, S / 3, 0, ...}
   double dropout = 0.0;  // dropout_p
   bool nan_key = false;  // a NaN in key 5 of batch 0, head 0
+  double scale = 0;      // the logit scale; 0: the default 1 / sqrt(d_k)
 };
 
 const RingCase kCases[] = {
@@ -42,6 +43,7 @@ const RingCase kCases[] = {
     {"fewer_rows_than_chunks", 1, 1, 3, 3, 4, 4, true, Layout::Zigzag},
     {"nan_in_a_key", 1, 2, 40, 40, 8, 8, true, Layout::Zigzag, false, false, 0.0, true},
     {"several_kernel_blocks", 1, 2, 600, 600, 64, 64, false, Layout::Zigzag},
+    {"own_scale", 2, 1, 31, 31, 8, 8, true, Layout::Zigzag, true, false, 0.0, false, 0.7},
 };
 
 void PrintTo(const RingCase& c, std::ostream* os) { *os << c.name; }
@@ -79,6 +81,7 @@ Problem make_problem(const RingCase& c, DType dtype, std::uint64_t seed) {
 mha::AttentionOptions single_options(const RingCase& c, const Problem& p, mha::Kernel kernel) {
   mha::AttentionOptions o;
   o.causal = c.causal;
+  if (c.scale > 0) o.scale = c.scale;
   if (p.padding.defined()) o.key_padding_mask = p.padding.view();
   o.key_lengths = p.lengths;
   o.dropout_p = c.dropout;
@@ -109,6 +112,7 @@ Results ring(const RingCase& c, const Problem& p) {
   Tensor padding;
   mha::distributed::RingOptions o;
   o.causal = c.causal;
+  if (c.scale > 0) o.scale = c.scale;
   o.layout = c.layout;
   if (p.padding.defined()) padding = shard(p.padding, 1), o.key_padding_mask = padding.view();
   o.key_lengths = p.lengths;

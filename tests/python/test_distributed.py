@@ -6,6 +6,7 @@ DistributedDataParallel: each runs in several processes, started here.
     the error paths (every rank raises the same mha.Error).
   - distributed_ddp_worker.py as 2 gloo processes on localhost against 1 process on the whole batch.
 """
+import importlib.util
 import os
 import pathlib
 import re
@@ -28,11 +29,10 @@ def _env():
 
 
 def _has_ring():
-    try:
-        import mha.distributed  # noqa: F401
-        return shutil.which("mpirun") is not None
-    except ImportError:
-        return False
+    """Whether mha._distributed was built and mpirun is there. Not imported here: importing it starts
+    MPI in this process (mpi4py initialises on import), whose environment variables then confuse every
+    mpirun started from this process later (README's example failed silently that way)."""
+    return importlib.util.find_spec("mha._distributed") is not None and shutil.which("mpirun") is not None
 
 
 @pytest.mark.skipif(not _has_ring(), reason="mha.distributed or mpirun missing (scripts/install-deps.sh installs both)")

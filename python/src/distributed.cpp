@@ -6,13 +6,13 @@
 #include <mpi4py/mpi4py.h>
 
 #include <cstdint>
-#include <cstring>
 #include <optional>
 #include <utility>
 #include <vector>
 
 #include <pybind11/stl.h>
 
+#include "error_translation.hpp"
 #include "tensor_conversion.hpp"
 
 namespace mha::python {
@@ -92,15 +92,7 @@ PYBIND11_MODULE(_distributed, m) {
   if (import_mpi4py() < 0) throw py::error_already_set();
   // mha::Error arrives as mha._core.Error (the class `import mha` exposes as mha.Error).
   static py::object error_class = py::module_::import("mha._core").attr("Error");
-  py::register_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) std::rethrow_exception(p);
-    } catch (const mha::Error& e) {
-      const py::object message = py::reinterpret_steal<py::object>(
-          PyUnicode_DecodeUTF8(e.what(), static_cast<Py_ssize_t>(std::strlen(e.what())), "backslashreplace"));
-      PyErr_SetObject(error_class.ptr(), message.ptr());
-    }
-  });
+  translate_mha_errors_to(error_class);
   py::enum_<mha::distributed::Layout>(m, "Layout")
       .value("contiguous", mha::distributed::Layout::Contiguous)
       .value("zigzag", mha::distributed::Layout::Zigzag);

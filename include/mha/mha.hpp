@@ -6,4 +6,5 @@
 #include "mha/error.hpp"
 #include "mha/io.hpp"
 #include "mha/multi_head_attention.hpp"
+#include "mha/paged_kv_cache.hpp"
 #include "mha/tensor.hpp"

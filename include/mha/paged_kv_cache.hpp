@@ -1,0 +1,101 @@
+/// \file
+/// A paged key/value cache for decoding many sequences at once (as vLLM's PagedAttention stores one):
+/// one layer's projected keys and values in a pool of fixed-size pages, preallocated to a stated
+/// capacity, each sequence a list of pages (its page table). Sequences of different lengths share the
+/// pool without padding; fork() starts a sequence that shares its parent's pages copy-on-write (beam
+/// search, parallel sampling, a shared prompt).
+///
+/// Legend: h_kv key/value heads, d_k key width, d_v value width, P tokens per page, n new tokens.
+///
+/// A page holds P positions of every head: keys [h_kv, P, d_k] then values [h_kv, P, d_v], so the rows
+/// one head reads from a page are adjacent. A sequence of length T uses ceil(T / P) pages; its last page
+/// may be partly filled. Pages are counted by how many sequences use them; a sequence writes only into
+/// its last page, and when another sequence shares that page the writer first gets a copy of it (the
+/// only copy a fork ever causes: the pages before it are full and never written again).
+///
+/// Every refused call (unknown or released sequence, keys or values of the wrong shape or dtype, not
+/// enough free pages) throws mha::Error naming the cause and leaves the cache exactly as it was.
+#pragma once
+
+#if __cplusplus < 202002L
+#error "mha needs C++20 (std::span): compile with -std=c++20 or later"
+#endif
+
+#include <cstdint>
+#include <map>
+#include <span>
+#include <vector>
+
+#include "mha/tensor.hpp"
+
+namespace mha {
+
+struct PagedKVCacheConfig {
+  std::int64_t num_kv_heads = 0;     ///< h_kv >= 1
+  std::int64_t head_dim = 0;         ///< d_k >= 1
+  std::int64_t value_dim = 0;        ///< d_v; 0: head_dim
+  std::int64_t page_size = 16;       ///< P >= 1 tokens per page
+  std::int64_t capacity_tokens = 0;  ///< the pool holds ceil(capacity_tokens / P) pages
+  DType dtype = DType::Float32;      ///< Float32 or Float64
+};
+
+class PagedKVCache {
+ public:
+  using SequenceId = std::int64_t;
+
+  /// Allocates the whole pool. Throws mha::Error for sizes < 1 (value_dim and capacity may be 0), a
+  /// dtype that is not floating, or a pool larger than a tensor may be.
+  explicit PagedKVCache(const PagedKVCacheConfig& config);
+
+  const PagedKVCacheConfig& config() const { return config_; }  ///< value_dim resolved
+
+  /// A new, empty sequence; ids are never reused.
+  SequenceId add_sequence();
+  /// Appends n positions: keys [n, h_kv, d_k] and values [n, h_kv, d_v] of the cache's dtype, any
+  /// strides (n may be 0). Refused, with nothing changed, when they do not fit in the free pages.
+  void append(SequenceId sequence, const TensorView& keys, const TensorView& values);
+  /// A new sequence holding the same positions as `parent`, sharing its pages (no copy now).
+  SequenceId fork(SequenceId parent);
+  /// Ends a sequence: its pages go back to the pool unless another sequence still uses them.
+  void release(SequenceId sequence);
+
+  std::int64_t length(SequenceId sequence) const;  ///< positions held
+  bool contains(SequenceId sequence) const;        ///< added and not released
+  std::vector<SequenceId> sequences() const;       ///< those held, in the order they were added
+  std::int64_t page_count() const { return static_cast<std::int64_t>(users_.size()); }
+  std::int64_t pages_in_use() const { return page_count() - static_cast<std::int64_t>(free_.size()); }
+  std::int64_t free_pages() const { return static_cast<std::int64_t>(free_.size()); }
+
+  /// The pages of a sequence, in order: position t is at row t % P of page page_table(s)[t / P].
+  std::span<const std::int32_t> page_table(SequenceId sequence) const;
+  /// How many sequences use a page (0: free).
+  std::int32_t page_users(std::int32_t page) const;
+  /// The storage of page `page`: keys [h_kv, P, d_k], then values [h_kv, P, d_v], contiguous.
+  const void* key_page(std::int32_t page) const;
+  const void* value_page(std::int32_t page) const;
+
+  /// A sequence's keys [h_kv, T, d_k] and values [h_kv, T, d_v] gathered into new contiguous tensors
+  /// (for checks and for kernels without page tables).
+  Tensor keys(SequenceId sequence) const;
+  Tensor values(SequenceId sequence) const;
+
+ private:
+  struct Sequence {
+    std::int64_t length = 0;
+    std::vector<std::int32_t> pages;
+  };
+  const Sequence& find(SequenceId sequence, const char* what) const;  // throws naming `what` if absent
+  Sequence& find(SequenceId sequence, const char* what);
+  std::int64_t page_elements() const;  // elements of one page: keys and values
+  std::byte* page_bytes(std::int32_t page);
+  Tensor gather(const Sequence& s, bool values) const;
+
+  PagedKVCacheConfig config_;
+  Tensor pool_;                               // [pages, page_elements()]
+  std::vector<std::int32_t> users_;           // [pages]: sequences using each page
+  std::vector<std::int32_t> free_;            // free pages, the next one taken from the back
+  std::map<SequenceId, Sequence> sequences_;  // ordered by id, i.e. by when they were added
+  SequenceId next_id_ = 0;
+};
+
+}  // namespace mha

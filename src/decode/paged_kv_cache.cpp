@@ -1,0 +1,203 @@
+// PagedKVCache (mha/paged_kv_cache.hpp): the page pool, the page tables, copy-on-write after a fork.
+//
+// Legend: h_kv key/value heads, d_k key width, d_v value width, P tokens per page, n new tokens,
+// T a sequence's length.
+#include "mha/paged_kv_cache.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <utility>
+
+#include "checked_arithmetic.hpp"
+#include "dtype_dispatch.hpp"
+#include "mha/error.hpp"
+
+namespace mha {
+namespace {
+
+PagedKVCacheConfig resolved(PagedKVCacheConfig c) {
+  if (c.value_dim == 0) c.value_dim = c.head_dim;
+  const std::pair<const char*, std::int64_t> sizes[] = {{"num_kv_heads", c.num_kv_heads},
+                                                        {"head_dim", c.head_dim},
+                                                        {"value_dim", c.value_dim},
+                                                        {"page_size", c.page_size}};
+  for (const auto& [name, value] : sizes)
+    if (value < 1) throw Error(std::string("PagedKVCache: ") + name + ": expected >= 1, got " + std::to_string(value));
+  if (c.capacity_tokens < 0)
+    throw Error("PagedKVCache: capacity_tokens: expected >= 0, got " + std::to_string(c.capacity_tokens));
+  if (!detail::is_floating(c.dtype))
+    throw Error(std::string("PagedKVCache: dtype: expected ") + detail::floating_dtype_names() + ", got " +
+                dtype_name(c.dtype));
+  return c;
+}
+
+std::int64_t pages_for(std::int64_t tokens, std::int64_t page_size) { return (tokens + page_size - 1) / page_size; }
+
+}  // namespace
+
+PagedKVCache::PagedKVCache(const PagedKVCacheConfig& config) : config_(resolved(config)) {
+  const std::int64_t pages = pages_for(config_.capacity_tokens, config_.page_size);
+  if (pages > std::numeric_limits<std::int32_t>::max() ||
+      !detail::nonzero_size_product(
+          {pages, config_.num_kv_heads, config_.page_size, config_.head_dim + config_.value_dim}))
+    throw Error("PagedKVCache: a pool of " + std::to_string(pages) + " pages of " + std::to_string(config_.page_size) +
+                " tokens is larger than a tensor may be");
+  pool_ = Tensor::uninitialized(config_.dtype, {pages, page_elements()});
+  users_.assign(static_cast<std::size_t>(pages), 0);
+  for (std::int64_t p = pages - 1; p >= 0; --p) free_.push_back(static_cast<std::int32_t>(p));  // page 0 first
+}
+
+std::int64_t PagedKVCache::page_elements() const {
+  return config_.num_kv_heads * config_.page_size * (config_.head_dim + config_.value_dim);
+}
+
+std::byte* PagedKVCache::page_bytes(std::int32_t page) {
+  return static_cast<std::byte*>(pool_.data()) +
+         static_cast<std::ptrdiff_t>(page) * page_elements() * static_cast<std::ptrdiff_t>(dtype_size(config_.dtype));
+}
+
+const void* PagedKVCache::key_page(std::int32_t page) const {
+  if (page < 0 || page >= page_count()) throw Error("PagedKVCache: page " + std::to_string(page) + " does not exist");
+  return const_cast<PagedKVCache*>(this)->page_bytes(page);
+}
+
+const void* PagedKVCache::value_page(std::int32_t page) const {
+  return static_cast<const std::byte*>(key_page(page)) + config_.num_kv_heads * config_.page_size * config_.head_dim *
+                                                             static_cast<std::ptrdiff_t>(dtype_size(config_.dtype));
+}
+
+std::int32_t PagedKVCache::page_users(std::int32_t page) const {
+  if (page < 0 || page >= page_count()) throw Error("PagedKVCache: page " + std::to_string(page) + " does not exist");
+  return users_[static_cast<std::size_t>(page)];
+}
+
+PagedKVCache::Sequence& PagedKVCache::find(SequenceId sequence, const char* what) {
+  return const_cast<Sequence&>(std::as_const(*this).find(sequence, what));
+}
+
+const PagedKVCache::Sequence& PagedKVCache::find(SequenceId sequence, const char* what) const {
+  const auto it = sequences_.find(sequence);
+  if (it == sequences_.end())
+    throw Error(std::string("PagedKVCache::") + what + ": sequence " + std::to_string(sequence) +
+                " is not in the cache (" + (sequence >= 0 && sequence < next_id_ ? "released" : "never added") + ")");
+  return it->second;
+}
+
+PagedKVCache::SequenceId PagedKVCache::add_sequence() {
+  sequences_.emplace(next_id_, Sequence{});
+  return next_id_++;
+}
+
+bool PagedKVCache::contains(SequenceId sequence) const { return sequences_.count(sequence) != 0; }
+
+std::vector<PagedKVCache::SequenceId> PagedKVCache::sequences() const {
+  std::vector<SequenceId> ids;
+  for (const auto& entry : sequences_) ids.push_back(entry.first);
+  return ids;
+}
+
+std::int64_t PagedKVCache::length(SequenceId sequence) const { return find(sequence, "length").length; }
+
+std::span<const std::int32_t> PagedKVCache::page_table(SequenceId sequence) const {
+  return find(sequence, "page_table").pages;
+}
+
+PagedKVCache::SequenceId PagedKVCache::fork(SequenceId parent) {
+  Sequence child = find(parent, "fork");  // a copy of the page table
+  for (std::int32_t page : child.pages) ++users_[static_cast<std::size_t>(page)];
+  sequences_.emplace(next_id_, std::move(child));
+  return next_id_++;
+}
+
+void PagedKVCache::release(SequenceId sequence) {
+  const Sequence& s = find(sequence, "release");
+  for (std::int32_t page : s.pages)
+    if (--users_[static_cast<std::size_t>(page)] == 0) free_.push_back(page);
+  sequences_.erase(sequence);
+}
+
+void PagedKVCache::append(SequenceId sequence, const TensorView& keys, const TensorView& values) {
+  // Every check first: a refused call changes nothing.
+  Sequence& s = find(sequence, "append");
+  const std::int64_t h = config_.num_kv_heads, P = config_.page_size;
+  const std::pair<const char*, const TensorView*> inputs[] = {{"keys", &keys}, {"values", &values}};
+  for (const auto& [name, t] : inputs) {
+    const std::int64_t width = t == &keys ? config_.head_dim : config_.value_dim;
+    if (t->dtype() != config_.dtype)
+      throw Error(std::string("PagedKVCache::append: ") + name + ": expected the cache's dtype " +
+                  dtype_name(config_.dtype) + ", got " + dtype_name(t->dtype()));
+    if (t->rank() != 3 || t->size(1) != h || t->size(2) != width)
+      throw Error(std::string("PagedKVCache::append: ") + name + ": expected [n, num_kv_heads, " +
+                  (t == &keys ? "head_dim" : "value_dim") + "] = [n, " + std::to_string(h) + ", " +
+                  std::to_string(width) + "], got " + shape_str(t->shape()));
+  }
+  const std::int64_t n = keys.size(0);
+  if (values.size(0) != n)
+    throw Error("PagedKVCache::append: keys and values: expected as many tokens, got " + std::to_string(n) + " and " +
+                std::to_string(values.size(0)));
+  const bool shared_tail = s.length % P != 0 && users_[static_cast<std::size_t>(s.pages.back())] > 1;
+  const std::int64_t needed = pages_for(s.length + n, P) - pages_for(s.length, P) + (shared_tail && n > 0 ? 1 : 0);
+  if (needed > free_pages())
+    throw Error("PagedKVCache::append: " + std::to_string(n) + " tokens need " + std::to_string(needed) +
+                " free pages, " + std::to_string(free_pages()) + " are free (" + std::to_string(page_count()) +
+                " pages of " + std::to_string(P) + " tokens in all)");
+  if (n == 0) return;
+
+  const std::ptrdiff_t element = static_cast<std::ptrdiff_t>(dtype_size(config_.dtype));
+  auto take_page = [&] {
+    const std::int32_t page = free_.back();
+    free_.pop_back();
+    users_[static_cast<std::size_t>(page)] = 1;
+    return page;
+  };
+  if (shared_tail && n > 0) {  // copy-on-write: the shared, partly filled last page becomes this sequence's own
+    const std::int32_t own = take_page();
+    std::memcpy(page_bytes(own), page_bytes(s.pages.back()), static_cast<std::size_t>(page_elements() * element));
+    --users_[static_cast<std::size_t>(s.pages.back())];
+    s.pages.back() = own;
+  }
+  for (std::int64_t t = 0; t < n; ++t, ++s.length) {
+    if (s.length % P == 0) s.pages.push_back(take_page());
+    std::byte* page = page_bytes(s.pages.back());
+    const std::int64_t row = s.length % P;
+    for (const auto& [name, view] : inputs) {
+      const bool is_keys = view == &keys;
+      const std::int64_t width = is_keys ? config_.head_dim : config_.value_dim;
+      std::byte* base = page + (is_keys ? 0 : h * P * config_.head_dim * element);
+      const auto* src = static_cast<const std::byte*>(view->data());
+      for (std::int64_t head = 0; head < h; ++head) {
+        std::byte* dst = base + (head * P + row) * width * element;
+        const std::byte* row_src = src + (t * view->stride(0) + head * view->stride(1)) * element;
+        if (view->stride(2) == 1) {
+          std::memcpy(dst, row_src, static_cast<std::size_t>(width * element));
+          continue;
+        }
+        for (std::int64_t c = 0; c < width; ++c)
+          std::memcpy(dst + c * element, row_src + c * view->stride(2) * element, static_cast<std::size_t>(element));
+      }
+    }
+  }
+}
+
+Tensor PagedKVCache::gather(const Sequence& s, bool values) const {
+  const std::int64_t h = config_.num_kv_heads, P = config_.page_size;
+  const std::int64_t width = values ? config_.value_dim : config_.head_dim;
+  const std::ptrdiff_t element = static_cast<std::ptrdiff_t>(dtype_size(config_.dtype));
+  Tensor out = Tensor::uninitialized(config_.dtype, {h, s.length, width});
+  auto* dst = static_cast<std::byte*>(out.data());
+  for (std::int64_t t = 0; t < s.length; ++t) {
+    const std::int32_t page = s.pages[static_cast<std::size_t>(t / P)];
+    const auto* base = static_cast<const std::byte*>(values ? value_page(page) : key_page(page));
+    for (std::int64_t head = 0; head < h; ++head)
+      std::memcpy(dst + (head * s.length + t) * width * element, base + (head * P + t % P) * width * element,
+                  static_cast<std::size_t>(width * element));
+  }
+  return out;
+}
+
+Tensor PagedKVCache::keys(SequenceId sequence) const { return gather(find(sequence, "keys"), false); }
+Tensor PagedKVCache::values(SequenceId sequence) const { return gather(find(sequence, "values"), true); }
+
+}  // namespace mha

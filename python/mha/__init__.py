@@ -38,13 +38,14 @@ import collections
 import numpy as np
 
 from . import _core
-from ._core import Error, Kernel, KeyValueCache, max_num_threads, num_threads, set_num_threads
+from ._core import Error, Kernel, KeyValueCache, PagedKVCache, max_num_threads, num_threads, set_num_threads
 
 __all__ = [
     "Error",
     "Kernel",
     "KeyValueCache",
     "MultiheadAttention",
+    "PagedKVCache",
     "load",
     "max_num_threads",
     "num_threads",

@@ -13,5 +13,6 @@ void register_tensor(py::module_& m);                // tensor_conversion.cpp: D
 void register_attention(py::module_& m);             // attention.cpp: Kernel, scaled_dot_product_attention, threads
 void register_multi_head_attention(py::module_& m);  // multi_head_attention.cpp: config and module
 void register_io(py::module_& m);                    // io.cpp: safetensors and .npy
+void register_paged_kv_cache(py::module_& m);        // paged_kv_cache.cpp: PagedKVCache
 
 }  // namespace mha::python

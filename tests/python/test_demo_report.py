@@ -7,6 +7,7 @@ A screenshot of the page is left in pytest's temporary folder (its path is print
 scripts/install-deps.sh installs chromium, chromium-driver and python3-selenium, so `make test` runs
 these; they are skipped only where those are missing."""
 import json
+import os
 import pathlib
 import re
 import shutil
@@ -37,14 +38,18 @@ def report(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def browser():
+def browser(tmp_path_factory):
     from selenium.webdriver.chrome.service import Service
+    # Chromium's profile and its singleton socket folder go under pytest's temporary folder (TMPDIR),
+    # not into /tmp, where they would stay behind after each run.
+    scratch = tmp_path_factory.mktemp("chromium")
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                     "--window-size=1400,1000"):
+                     "--window-size=1400,1000", f"--user-data-dir={scratch / 'profile'}"):
         options.add_argument(argument)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    service = Service(CHROMEDRIVER, env=dict(os.environ, TMPDIR=str(scratch)))
+    driver = webdriver.Chrome(service=service, options=options)
     yield driver
     driver.quit()
 

@@ -66,9 +66,13 @@ void fill_call(RankCall& c, const TensorView& q, const TensorView& k, const Tens
   c.dropout_p = o.dropout_p;
   c.dropout_seed = o.dropout_seed;
   c.key_lengths_count = static_cast<std::int64_t>(o.key_lengths.size());
-  std::uint64_t digest = mha::detail::mix64(o.key_lengths.size());
-  for (std::int64_t n : o.key_lengths) digest = mha::detail::mix64(digest ^ static_cast<std::uint64_t>(n));
-  c.key_lengths_digest = digest;
+  c.key_lengths_digest = key_lengths_digest(o.key_lengths);
+}
+
+std::uint64_t key_lengths_digest(const std::vector<std::int64_t>& lengths) {
+  std::uint64_t digest = mha::detail::mix64(lengths.size());
+  for (std::int64_t n : lengths) digest = mha::detail::mix64(digest ^ static_cast<std::uint64_t>(n));
+  return digest;
 }
 
 std::vector<SequenceChunk> AgreedCall::q_chunks(int rank) const {

@@ -35,7 +35,16 @@ struct AgreedCall {
   std::vector<SequenceChunk> q_chunks(int rank) const;
   std::vector<SequenceChunk> kv_chunks(int rank) const;
   Layout layout() const { return static_cast<Layout>(ranks.front().layout); }
+  std::int64_t S_of(int rank) const { return ranks[static_cast<std::size_t>(rank)].S_r; }  // a rank's key rows
+  std::int64_t S_max() const {  // the most key rows any rank holds: the size of a block buffer
+    std::int64_t most = 0;
+    for (const RankCall& c : ranks) most = std::max(most, c.S_r);
+    return most;
+  }
 };
+
+// A 64-bit digest of the key lengths, by which the ranks compare them.
+std::uint64_t key_lengths_digest(const std::vector<std::int64_t>& lengths);
 
 // The sizes and options part of describe_call; sizes of a tensor that is not 4-D are -1.
 void fill_call(RankCall& c, const TensorView& q, const TensorView& k, const TensorView& v, const RingOptions& o);

@@ -11,24 +11,25 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "mha/tensor.hpp"
 
 namespace mha::distributed::detail {
 
-// Rows [start, start + count) of a view along dimension 2 ([B, h, rows, d]), as a view.
-inline TensorView rows_of(const TensorView& t, std::int64_t start, std::int64_t count) {
+// Rows [start, start + count) of a view along dimension `dim`, as a view (same strides).
+inline TensorView rows_along(const TensorView& t, std::int64_t dim, std::int64_t start, std::int64_t count) {
+  Shape shape = t.shape();
+  shape[static_cast<std::size_t>(dim)] = count;
   const auto* base = static_cast<const std::byte*>(t.data());
-  const std::ptrdiff_t offset = count == 0 ? 0 : start * t.stride(2) * std::ptrdiff_t(dtype_size(t.dtype()));
-  return TensorView(base ? base + offset : base, t.dtype(), {t.size(0), t.size(1), count, t.size(3)}, t.strides());
+  const std::ptrdiff_t offset = count == 0 ? 0 : start * t.stride(dim) * std::ptrdiff_t(dtype_size(t.dtype()));
+  return TensorView(base ? base + offset : base, t.dtype(), std::move(shape), t.strides());
 }
 
-// Rows [start, start + count) of a log-sum-exp view [B, h, rows] along dimension 2, as a view.
-inline TensorView lse_rows_of(const TensorView& t, std::int64_t start, std::int64_t count) {
-  const auto* base = static_cast<const std::byte*>(t.data());
-  const std::ptrdiff_t offset = count == 0 ? 0 : start * t.stride(2) * std::ptrdiff_t(dtype_size(t.dtype()));
-  return TensorView(base ? base + offset : base, t.dtype(), {t.size(0), t.size(1), count}, t.strides());
+// Rows of a [B, h, rows, ...] view (q, k, v, out, lse) along the sequence, dimension 2.
+inline TensorView rows_of(const TensorView& t, std::int64_t start, std::int64_t count) {
+  return rows_along(t, 2, start, count);
 }
 
 // The layout of one rank's block in a buffer of T: k [B, h, S_src, d_k], v [B, h, S_src, d_v], then

@@ -125,9 +125,7 @@ Requests pass_block_on(const Ring& ring, const AgreedCall& call, const BlockLayo
                        std::vector<T>& current, std::vector<T>& next) {
   Requests transfer;
   if (step + 1 == ring.size) return transfer;
-  auto elements = [&](int owner) {
-    return static_cast<int>(layout.elements(call.ranks[static_cast<std::size_t>(owner)].S_r));
-  };
+  auto elements = [&](int owner) { return static_cast<int>(layout.elements(call.S_of(owner))); };
   transfer.pending.resize(2);
   MPI_Irecv(next.data(), elements(ring.block_owner(step + 1)), mpi_type<T>(), ring.previous(), kBlockTag, ring.comm,
             &transfer.pending[0]);
@@ -143,11 +141,8 @@ RingResult forward(const TensorView& q, const TensorView& k, const TensorView& v
   const AgreedCall call = detail::agree(ring.comm, mine, o, "ring_attention");
   const std::int64_t B = mine.B, h = mine.h, L_r = mine.L_r;
   const BlockLayout<T> layout{B, h, mine.d_k, mine.d_v, o.key_padding_mask.has_value()};
-  auto S_of = [&](int rank) { return call.ranks[static_cast<std::size_t>(rank)].S_r; };
-  std::int64_t S_max = 0;
-  for (const auto& c : call.ranks) S_max = std::max(S_max, c.S_r);
 
-  std::vector<T> current(static_cast<std::size_t>(layout.elements(S_max))), next(current.size());
+  std::vector<T> current(static_cast<std::size_t>(layout.elements(call.S_max()))), next(current.size());
   layout.pack(current.data(), k, v, o.key_padding_mask ? &*o.key_padding_mask : nullptr);
   RingResult result{Tensor(dtype_of<T>(), {B, h, L_r, mine.d_v}), Tensor(dtype_of<T>(), {B, h, L_r})};
   std::fill_n(result.lse.data_as<T>(), result.lse.numel(), -std::numeric_limits<T>::infinity());
@@ -159,9 +154,9 @@ RingResult forward(const TensorView& q, const TensorView& k, const TensorView& v
                   [&](SequenceChunk qc, std::int64_t q_local, SequenceChunk kc, std::int64_t k_local) {
                     const T* block = current.data();
                     const AttentionResult part = scaled_dot_product_attention(
-                        detail::rows_of(q, q_local, qc.length), layout.k(block, S_of(src), k_local, kc.length),
-                        layout.v(block, S_of(src), k_local, kc.length),
-                        pair_options(o, qc, kc, layout, block, S_of(src), k_local));
+                        detail::rows_of(q, q_local, qc.length), layout.k(block, call.S_of(src), k_local, kc.length),
+                        layout.v(block, call.S_of(src), k_local, kc.length),
+                        pair_options(o, qc, kc, layout, block, call.S_of(src), k_local));
                     detail::merge_partial<T>(result.out, result.lse, q_local, part.out, part.lse);
                   });
     transfer.wait();
@@ -182,12 +177,11 @@ AttentionGradients backward(const TensorView& dout, const TensorView& q, const T
   const AgreedCall call = detail::agree(ring.comm, mine, o, "ring_attention_backward");
   const std::int64_t B = mine.B, h = mine.h, L_r = mine.L_r, d_k = mine.d_k, d_v = mine.d_v;
   const BlockLayout<T> layout{B, h, d_k, d_v, o.key_padding_mask.has_value()};
-  auto S_of = [&](int rank) { return call.ranks[static_cast<std::size_t>(rank)].S_r; };
-  auto gradient_elements = [&](int rank) { return layout.k_elements(S_of(rank)) + layout.v_elements(S_of(rank)); };
-  std::int64_t S_max = 0;
-  for (const auto& c : call.ranks) S_max = std::max(S_max, c.S_r);
+  auto gradient_elements = [&](int rank) {
+    return layout.k_elements(call.S_of(rank)) + layout.v_elements(call.S_of(rank));
+  };
 
-  std::vector<T> current(static_cast<std::size_t>(layout.elements(S_max))), next(current.size());
+  std::vector<T> current(static_cast<std::size_t>(layout.elements(call.S_max()))), next(current.size());
   layout.pack(current.data(), k, v, o.key_padding_mask ? &*o.key_padding_mask : nullptr);
   Tensor dq(dtype_of<T>(), {B, h, L_r, d_k});  // zero
   // dK, dV of the block being worked on: [B, h, S_src, d_k] then [B, h, S_src, d_v]
@@ -197,7 +191,7 @@ AttentionGradients backward(const TensorView& dout, const TensorView& q, const T
 
   for (int step = 0; step < ring.size; ++step) {
     const int src = ring.block_owner(step);
-    const std::int64_t S_src = S_of(src);
+    const std::int64_t S_src = call.S_of(src);
     Requests transfer = pass_block_on(ring, call, layout, step, current, next);
     Requests gradient_received;  // the sum of the ranks before this one, for the same block
     if (step > 0) {
@@ -213,7 +207,7 @@ AttentionGradients backward(const TensorView& dout, const TensorView& q, const T
                     const AttentionGradients part = scaled_dot_product_attention_backward(
                         detail::rows_of(dout, q_local, qc.length), detail::rows_of(q, q_local, qc.length),
                         layout.k(block, S_src, k_local, kc.length), layout.v(block, S_src, k_local, kc.length),
-                        detail::rows_of(out, q_local, qc.length), detail::lse_rows_of(lse, q_local, qc.length),
+                        detail::rows_of(out, q_local, qc.length), detail::rows_of(lse, q_local, qc.length),
                         pair_options(o, qc, kc, layout, block, S_src, k_local));
                     detail::add_rows<T>(dq.data_as<T>(), L_r, q_local, part.dq);
                     detail::add_rows<T>(gradients.data(), S_src, k_local, part.dk);

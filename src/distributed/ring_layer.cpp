@@ -31,8 +31,6 @@ namespace {
 
 using mha::detail::RowLayout;
 
-const MultiHeadAttentionConfig& config_of(const MultiHeadAttention& layer) { return layer.config(); }
-
 RowLayout rows_of(const MultiHeadAttentionConfig& c, std::int64_t B, std::int64_t T) {
   return c.batch_first ? RowLayout{T, 1} : RowLayout{1, B};
 }
@@ -79,9 +77,8 @@ detail::RankCall describe_layer_call(const MultiHeadAttentionConfig& c, const Te
   call.h = c.num_heads, call.d_k = c.d_k, call.d_v = c.d_v;
   call.scale = std::numeric_limits<double>::quiet_NaN(), call.dropout_p = o.dropout_p;
   call.dropout_seed = o.dropout_seed;
-  detail::RankCall lengths;
-  detail::fill_call(lengths, TensorView(), TensorView(), TensorView(), o);  // the key_lengths digest
-  call.key_lengths_count = lengths.key_lengths_count, call.key_lengths_digest = lengths.key_lengths_digest;
+  call.key_lengths_count = static_cast<std::int64_t>(o.key_lengths.size());
+  call.key_lengths_digest = detail::key_lengths_digest(o.key_lengths);
   return call;
 }
 
@@ -102,7 +99,7 @@ Tensor heads_side_by_side(const Tensor& per_head, RowLayout rows) {
 
 template <class T>
 Tensor forward_typed(MultiHeadAttention& layer, MPI_Comm comm, RingMultiHeadAttention::Saved& s) {
-  const auto& c = config_of(layer);
+  const auto& c = layer.config();
   const std::int64_t B = s.B, h = c.num_heads, qk = h * c.d_k, vw = h * c.d_v;
   const RowLayout q_rows = rows_of(c, B, s.L_r), kv_rows = rows_of(c, B, s.S_r);
   const auto w = mha::detail::projection_weights<T>(layer);
@@ -149,7 +146,7 @@ void sum_over_ranks(std::map<std::string, Tensor>& grads, const std::vector<std:
 template <class T>
 MultiHeadAttentionGradients backward_typed(MultiHeadAttention& layer, MPI_Comm comm,
                                            const RingMultiHeadAttention::Saved& s, const Tensor& dy) {
-  const auto& c = config_of(layer);
+  const auto& c = layer.config();
   const std::int64_t B = s.B, h = c.num_heads, qk = h * c.d_k, vw = h * c.d_v, E = c.d_model;
   const RowLayout q_rows = rows_of(c, B, s.L_r), kv_rows = rows_of(c, B, s.S_r);
   const auto w = mha::detail::projection_weights<T>(layer);
@@ -198,7 +195,7 @@ RingMultiHeadAttention& RingMultiHeadAttention::operator=(RingMultiHeadAttention
 
 Tensor RingMultiHeadAttention::forward(const TensorView& query, const TensorView& key, const TensorView& value,
                                        const RingLayerInputs& inputs) {
-  const auto& c = config_of(*layer_);
+  const auto& c = layer_->config();
   auto s = std::make_unique<Saved>();
   s->options.causal = inputs.causal;
   s->options.layout = layout_;
@@ -237,7 +234,7 @@ MultiHeadAttentionGradients RingMultiHeadAttention::backward(const TensorView& d
             shape_str(dout.shape());
   detail::agree_on_errors(comm_, error, "RingMultiHeadAttention::backward");  // every rank stops if any must
   const Tensor dy = Tensor::copy_of(dout);
-  const auto& c = config_of(*layer_);
+  const auto& c = layer_->config();
   auto g = mha::detail::dispatch_floating(
       c.dtype, [&](auto t) { return backward_typed<decltype(t)>(*layer_, comm_, *saved_, dy); });
   saved_.reset();

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "distributed/blocks.hpp"
 #include "mha/distributed.hpp"
 #include "mha/error.hpp"
 
@@ -21,15 +22,6 @@ void check_dim(const TensorView& t, std::int64_t dim, const char* what) {
   if (dim < 0 || dim >= t.rank())
     throw Error(std::string(what) + ": dim " + std::to_string(dim) + " is outside a tensor of rank " +
                 std::to_string(t.rank()) + " " + shape_str(t.shape()));
-}
-
-// Rows [c.start, c.start + c.length) of t along dim, as a view.
-TensorView rows(const TensorView& t, std::int64_t dim, SequenceChunk c) {
-  Shape shape = t.shape();
-  shape[static_cast<std::size_t>(dim)] = c.length;
-  const auto* base = static_cast<const std::byte*>(t.data());
-  const std::ptrdiff_t offset = c.length == 0 ? 0 : c.start * t.stride(dim) * std::ptrdiff_t(dtype_size(t.dtype()));
-  return TensorView(base ? base + offset : base, t.dtype(), std::move(shape), t.strides());
 }
 
 // The parts (each any strides) joined along dim into one contiguous tensor; they agree elsewhere.
@@ -69,7 +61,8 @@ std::vector<SequenceChunk> shard_chunks(std::int64_t n, int ranks, int rank, Lay
 Tensor shard_sequence(const TensorView& full, std::int64_t dim, int ranks, int rank, Layout layout) {
   check_dim(full, dim, "shard_sequence");
   std::vector<TensorView> parts;
-  for (SequenceChunk c : shard_chunks(full.size(dim), ranks, rank, layout)) parts.push_back(rows(full, dim, c));
+  for (SequenceChunk c : shard_chunks(full.size(dim), ranks, rank, layout))
+    parts.push_back(detail::rows_along(full, dim, c.start, c.length));
   return concatenate(parts, dim);
 }
 
@@ -101,7 +94,7 @@ Tensor unshard_sequence(const std::vector<TensorView>& shards, std::int64_t dim,
                   " rows in dim " + std::to_string(dim) + "; the layout gives it " + std::to_string(expected) +
                   " of the " + std::to_string(n));
     for (SequenceChunk c : chunks) {
-      pieces.emplace_back(c, rows(s, dim, {local, c.length}));
+      pieces.emplace_back(c, detail::rows_along(s, dim, local, c.length));
       local += c.length;
     }
   }

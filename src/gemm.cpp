@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "gemm_blocks.hpp"
 #include "mha/error.hpp"
-
 #include "parallel.hpp"
 
 namespace mha::detail {
@@ -97,26 +97,11 @@ void gemm<float>(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<float
     if (status != dnnl_success) throw Error(describe_failure(status, M, N, K, A, B, C));
     return;
   }
-  const std::int64_t rows_per_block = gemm_rows_per_block(M);
-  const std::int64_t row_blocks = (M + rows_per_block - 1) / rows_per_block;
-  const std::int64_t column_blocks = gemm_column_blocks(M, N);
-  std::atomic<int> failure{dnnl_success};  // an exception cannot leave the parallel region
-#pragma omp parallel for schedule(dynamic, 1)
-  for (std::int64_t block = 0; block < row_blocks * column_blocks; ++block) {  // C [m0.., n0..], whole K
-    const std::int64_t m0 = block / column_blocks * rows_per_block, rows = std::min(rows_per_block, M - m0);
-    const std::int64_t part = block % column_blocks;  // columns [n0, n1), multiples of 16 but the last
-    const std::int64_t n0 = N * part / column_blocks / 16 * 16;
-    const std::int64_t n1 = part + 1 == column_blocks ? N : N * (part + 1) / column_blocks / 16 * 16;
-    GemmInput<float> A_rows = A;  // rows of op(A): columns of A when transposed
-    A_rows.data += A.transposed ? m0 : m0 * A.ld;
-    GemmInput<float> B_columns = B;  // columns of op(B): rows of B when transposed
-    B_columns.data += B.transposed ? n0 * B.ld : n0;
-    const dnnl_status_t status =
-        sgemm_on_this_thread(rows, n1 - n0, K, A_rows, B_columns, {C.data + m0 * C.ld + n0, C.ld, C.accumulate}, alpha);
-    if (status != dnnl_success) failure = status;
-  }
-  if (failure != dnnl_success)
-    throw Error(describe_failure(static_cast<dnnl_status_t>(failure.load()), M, N, K, A, B, C));
+  const dnnl_status_t status = for_each_block(M, N, A, B, C, [&](std::int64_t rows, std::int64_t cols, auto A_rows,
+                                                                   auto B_columns, auto C_block) {
+    return sgemm_on_this_thread(rows, cols, K, A_rows, B_columns, C_block, alpha);
+  });
+  if (status != dnnl_success) throw Error(describe_failure(status, M, N, K, A, B, C));
 }
 
 template <>

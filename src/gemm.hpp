@@ -1,7 +1,9 @@
 // The one entry for matrix products: every product of the library (projections, their gradients, the
 // fused kernel's tiles) and of the example Transformer goes through here. float32 runs oneDNN's sgemm
 // (the only call of it in the tree); float64, the verification dtype that oneDNN's CPU matmul does
-// not support, runs plain loops. A new dtype's product is added here.
+// not support, runs plain loops; bfloat16 runs oneDNN's matmul primitive (gemm_bf16.cpp), which picks
+// AMX, AVX512-BF16 or its own fallback for the machine, always accumulating in float32. A new dtype's
+// product is added here.
 //
 // A product is C [M, N] = alpha op(A) op(B), or C += alpha op(A) op(B), with op(A) [M, K] and
 // op(B) [K, N]. Every matrix is row-major with its own row stride in elements (ld), so an operand or
@@ -10,6 +12,9 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+
+#include "mha/bfloat16.hpp"
 
 namespace mha::detail {
 
@@ -102,5 +107,18 @@ void gemm(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<T> A, GemmIn
 // A product oneDNN refuses is an internal assertion: it prints the product's arguments and aborts.
 void gemm_tile(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<float> A, GemmInput<float> B,
                GemmOutput<float> C, float alpha = 1);
+
+// bfloat16 operands, float32 accumulation (gemm_bf16.cpp). gemm<bfloat16> rounds each product's C to
+// bfloat16 once (when accumulating, the old C is added in float32 before that rounding); these
+// overloads keep C in float32, as the kernels' tiles and sums of several products need.
+void gemm(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<bfloat16> A, GemmInput<bfloat16> B,
+          GemmOutput<float> C, float alpha = 1);
+void gemm_tile(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<bfloat16> A, GemmInput<bfloat16> B,
+               GemmOutput<float> C, float alpha = 1);
+
+// What oneDNN runs bfloat16 products with on this machine: its implementation's name (e.g.
+// "brg:avx512_core_amx_bf16" on AMX, "brg:avx512_core_bf16" with AVX512-BF16, something else where the
+// CPU has neither), as it picks it for a 256 x 256 x 256 product.
+std::string bf16_gemm_implementation();
 
 }  // namespace mha::detail

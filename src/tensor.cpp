@@ -21,6 +21,7 @@ std::size_t dtype_size(DType dtype) {
     case DType::Float32: return 4;
     case DType::Float64: return 8;
     case DType::Bool: return 1;
+    case DType::BFloat16: return 2;
   }
   return 0;
 }
@@ -30,6 +31,7 @@ const char* dtype_name(DType dtype) {
     case DType::Float32: return "float32";
     case DType::Float64: return "float64";
     case DType::Bool: return "bool";
+    case DType::BFloat16: return "bfloat16";
   }
   return "unknown";
 }
@@ -132,6 +134,10 @@ TensorView::TensorView(std::span<const float> data, Shape shape) : TensorView(da
 TensorView::TensorView(std::span<const double> data, Shape shape)
     : TensorView(data, shape, contiguous_strides(shape)) {}
 TensorView::TensorView(std::span<const bool> data, Shape shape) : TensorView(data, shape, contiguous_strides(shape)) {}
+TensorView::TensorView(std::span<const bfloat16> data, Shape shape)
+    : TensorView(data, shape, contiguous_strides(shape)) {}
+TensorView::TensorView(std::span<const bfloat16> data, Shape shape, Shape strides)
+    : TensorView(checked_view(data, std::move(shape), std::move(strides))) {}
 TensorView::TensorView(std::span<const float> data, Shape shape, Shape strides)
     : TensorView(checked_view(data, std::move(shape), std::move(strides))) {}
 TensorView::TensorView(std::span<const double> data, Shape shape, Shape strides)
@@ -143,8 +149,9 @@ void detail::throw_element_type_mismatch(DType dtype, const char* requested) {
   throw Error(std::string("data_as<") + requested + ">() on " + dtype_name(dtype) + " elements (read " +
               dtype_name(dtype) + " as " +
               (dtype == DType::Float32   ? "float"
-               : dtype == DType::Float64 ? "double"
-                                         : "bool or std::uint8_t") +
+               : dtype == DType::Float64  ? "double"
+               : dtype == DType::BFloat16 ? "mha::bfloat16"
+                                          : "bool or std::uint8_t") +
               ")");
 }
 
@@ -215,6 +222,7 @@ void copy_from(const TensorView& src, Dst* dst) {
     case DType::Float32: return copy_strided<Dst, float>(src, dst);
     case DType::Float64: return copy_strided<Dst, double>(src, dst);
     case DType::Bool: return copy_strided<Dst, std::uint8_t>(src, dst);
+    case DType::BFloat16: return copy_strided<Dst, bfloat16>(src, dst);
   }
 }
 
@@ -229,6 +237,7 @@ Tensor Tensor::copy_of(const TensorView& view, DType dtype) {
   switch (dtype) {
     case DType::Float32: copy_from(view, t.data_as<float>()); break;
     case DType::Float64: copy_from(view, t.data_as<double>()); break;
+    case DType::BFloat16: copy_from(view, t.data_as<bfloat16>()); break;
     case DType::Bool: {
       auto* dst = t.data_as<std::uint8_t>();
       copy_from(view, dst);

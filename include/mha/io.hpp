@@ -62,16 +62,17 @@ struct SafetensorsFile {
   std::map<std::string, std::string> metadata;  ///< "__metadata__"; empty when the file has none
 };
 
-/// Reads a safetensors file. `dtype` is the dtype floating-point tensors are converted to (Float32 or
-/// Float64); std::nullopt keeps F64 as float64 and reads F32, F16 and BF16 as float32. BOOL tensors are
-/// read as Bool (nonzero bytes = true) whatever `dtype` says.
+/// Reads a safetensors file. `dtype` is the dtype floating-point tensors are converted to (Float32,
+/// Float64 or BFloat16, which rounds to nearest even); std::nullopt keeps F64 as float64 and BF16 as
+/// bfloat16, and reads F32 and F16 as float32. BOOL tensors are read as Bool (nonzero bytes = true)
+/// whatever `dtype` says.
 SafetensorsFile read_safetensors(const std::string& path, std::optional<DType> dtype = std::nullopt);
 
 /// The same from bytes in memory; `name` stands for the file in error messages.
 SafetensorsFile parse_safetensors(std::span<const std::byte> bytes, const std::string& name,
                                   std::optional<DType> dtype = std::nullopt);
 
-/// Writes tensors (float32 as F32, float64 as F64, bool as BOOL; any strides) and string metadata to
+/// Writes tensors (float32 as F32, float64 as F64, bfloat16 as BF16, bool as BOOL; any strides) and string metadata to
 /// `path`, as the file comment says (beside the target, then renamed; links followed; anything but a
 /// regular file refused).
 /// The header is padded with spaces to a multiple of 8 bytes; tensors are laid out without gaps, wider
@@ -131,7 +132,8 @@ MultiHeadAttention load_multi_head_attention(const std::string& path,
 Tensor read_npy(const std::string& path);
 Tensor parse_npy(std::span<const std::byte> bytes, const std::string& name);
 
-/// Writes a float32, float64 or bool view (any strides) in C order, as version 1.0, or 2.0 when the
+/// Writes a float32, float64 or bool view (any strides) in C order (a bfloat16 one as float32, '<f4',
+/// which holds its values exactly: NumPy has no bfloat16), as version 1.0, or 2.0 when the
 /// header does not fit version 1.0's 65535 bytes. The header is padded to a multiple of 64 bytes. The
 /// file is written as write_safetensors writes (beside the target, then renamed; links followed;
 /// anything but a regular file refused).

@@ -18,14 +18,18 @@
 #include <type_traits>
 #include <vector>
 
+#include "mha/bfloat16.hpp"
+
 namespace mha {
 
-enum class DType : std::uint8_t { Float32, Float64, Bool };
+/// Element types. BFloat16 (mha::bfloat16) is a compute dtype like the other two floating ones: its
+/// products accumulate in float32 and its softmax runs in float32.
+enum class DType : std::uint8_t { Float32, Float64, Bool, BFloat16 };
 
 using Shape = std::vector<std::int64_t>;
 
-std::size_t dtype_size(DType dtype);        ///< bytes per element: 4, 8, 1
-const char* dtype_name(DType dtype);        ///< "float32", "float64", "bool"
+std::size_t dtype_size(DType dtype);        ///< bytes per element: 4, 8, 1, 2
+const char* dtype_name(DType dtype);        ///< "float32", "float64", "bool", "bfloat16"
 std::string shape_str(const Shape& shape);  ///< "[2, 3, 4]"
 /// The product of the sizes; 1 for rank 0, 0 when a size is 0; mha::Error when it overflows 64 bits.
 std::int64_t shape_numel(const Shape& shape);
@@ -44,19 +48,24 @@ template <>
 constexpr DType dtype_of<bool>() {
   return DType::Bool;
 }
+template <>
+constexpr DType dtype_of<bfloat16>() {
+  return DType::BFloat16;
+}
 
 /// Row-major (C order) strides of a shape, in elements; mha::Error when one overflows 64 bits.
 Shape contiguous_strides(const Shape& shape);
 
 namespace detail {
 /// Whether elements of `dtype` may be read as T: float for Float32, double for Float64, bool or
-/// std::uint8_t (one byte, nonzero = true) for Bool.
+/// std::uint8_t (one byte, nonzero = true) for Bool, mha::bfloat16 for BFloat16.
 template <class T>
 constexpr bool element_type_matches(DType dtype) {
   using U = std::remove_cv_t<T>;
   if constexpr (std::is_same_v<U, float>) return dtype == DType::Float32;
   if constexpr (std::is_same_v<U, double>) return dtype == DType::Float64;
   if constexpr (std::is_same_v<U, bool> || std::is_same_v<U, std::uint8_t>) return dtype == DType::Bool;
+  if constexpr (std::is_same_v<U, bfloat16>) return dtype == DType::BFloat16;
   return false;
 }
 /// Throws mha::Error: data_as<`requested`>() on elements of `dtype`.
@@ -68,6 +77,7 @@ constexpr const char* element_type_name() {
   if constexpr (std::is_same_v<U, double>) return "double";
   if constexpr (std::is_same_v<U, bool>) return "bool";
   if constexpr (std::is_same_v<U, std::uint8_t>) return "std::uint8_t";
+  if constexpr (std::is_same_v<U, bfloat16>) return "mha::bfloat16";
   return "another type";
 }
 template <class T>
@@ -95,10 +105,12 @@ class TensorView {
   TensorView(std::span<const float> data, Shape shape);
   TensorView(std::span<const double> data, Shape shape);
   TensorView(std::span<const bool> data, Shape shape);
+  TensorView(std::span<const bfloat16> data, Shape shape);
   /// Strided view of `data`: mha::Error when the shape and strides reach past its end, or as below.
   TensorView(std::span<const float> data, Shape shape, Shape strides);
   TensorView(std::span<const double> data, Shape shape, Shape strides);
   TensorView(std::span<const bool> data, Shape shape, Shape strides);
+  TensorView(std::span<const bfloat16> data, Shape shape, Shape strides);
 
   /// Raw form (see above: the caller vouches for the extent). Strides in elements; may be zero
   /// (broadcast) or any non-negative value. Sizes must be non-negative, and the product of the nonzero
@@ -109,7 +121,7 @@ class TensorView {
 
   const void* data() const { return data_; }
   /// The elements as T; mha::Error when T does not match the dtype (float for float32, double for
-  /// float64, bool or std::uint8_t for bool).
+  /// float64, bool or std::uint8_t for bool, mha::bfloat16 for bfloat16).
   template <class T>
   const T* data_as() const {
     detail::check_element_type<T>(dtype_);
@@ -152,7 +164,8 @@ class Tensor {
   /// overwrites whole before reading (the library's own outputs), saving the zero fill.
   static Tensor uninitialized(DType dtype, Shape shape);
 
-  /// A contiguous copy of any view, converted to `dtype` (float32 <-> float64; bool stays bool).
+  /// A contiguous copy of any view, converted to `dtype` (between float32, float64 and bfloat16, rounding
+  /// to nearest even where the target is narrower; bool stays bool).
   static Tensor copy_of(const TensorView& view, DType dtype);
   static Tensor copy_of(const TensorView& view) { return copy_of(view, view.dtype()); }
   Tensor clone() const { return copy_of(view()); }

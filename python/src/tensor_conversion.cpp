@@ -96,11 +96,14 @@ py::dtype numpy_dtype(DType dtype) {
     case DType::Float32: return py::dtype::of<float>();
     case DType::Float64: return py::dtype::of<double>();
     case DType::Bool: return py::dtype::of<bool>();
+    case DType::BFloat16: break;  // NumPy has none: to_numpy converts to float32 first
   }
-  throw Error("numpy_dtype: unknown dtype");
+  throw Error(std::string("numpy_dtype: no NumPy dtype for ") + dtype_name(dtype));
 }
 
 py::array to_numpy(Tensor&& tensor) {
+  // NumPy has no bfloat16: such tensors reach Python as float32, which holds their values exactly.
+  if (tensor.dtype() == DType::BFloat16) tensor = Tensor::copy_of(tensor, DType::Float32);
   const py::dtype dtype = numpy_dtype(tensor.dtype());
   std::vector<py::ssize_t> shape(tensor.shape().begin(), tensor.shape().end());
   std::vector<py::ssize_t> strides;

@@ -4,6 +4,7 @@
 #include "attention/attention_core.hpp"
 
 #include <cmath>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -22,6 +23,15 @@ namespace {
 
 std::string describe(const TensorView& t) { return std::string(dtype_name(t.dtype())) + " " + shape_str(t.shape()); }
 
+// A float mask added to the logits has q's dtype; with bfloat16 q it may also be float32 (the dtype the
+// logits are computed in).
+bool additive_mask_dtype_ok(DType mask, DType q) {
+  return mask == q || (q == DType::BFloat16 && mask == DType::Float32);
+}
+std::string additive_mask_dtypes(DType q) {
+  return q == DType::BFloat16 ? "bfloat16 or float32 (q is bfloat16)" : std::string(dtype_name(q)) + " (the dtype of q)";
+}
+
 void expect_rank(const TensorView& t, const char* name, std::int64_t rank, const char* layout) {
   if (t.rank() != rank)
     fail(std::string(name) + ": expected rank " + std::to_string(rank) + " " + layout + ", got rank " +
@@ -34,9 +44,9 @@ void validate_attention_masks(const AttentionOptions& o, DType dtype, std::int64
                               std::int64_t S) {
   if (o.key_padding_mask) {
     const TensorView& m = *o.key_padding_mask;
-    if (m.dtype() != DType::Bool && m.dtype() != dtype)
-      fail(std::string("key_padding_mask: expected bool (true = padding) or ") + dtype_name(dtype) +
-           " (the dtype of q: added to the logits), got " + describe(m));
+    if (m.dtype() != DType::Bool && !additive_mask_dtype_ok(m.dtype(), dtype))
+      fail(std::string("key_padding_mask: expected bool (true = padding) or ") + additive_mask_dtypes(dtype) +
+           " (added to the logits), got " + describe(m));
     if (m.shape() != Shape{B, S})
       fail("key_padding_mask: expected shape [B, S] = " + shape_str({B, S}) + ", got " + shape_str(m.shape()));
   }
@@ -50,8 +60,8 @@ void validate_attention_masks(const AttentionOptions& o, DType dtype, std::int64
   }
   if (o.attn_mask) {
     const TensorView& m = *o.attn_mask;
-    if (m.dtype() != DType::Bool && m.dtype() != dtype)
-      fail(std::string("attn_mask: expected bool or ") + dtype_name(dtype) + " (the dtype of q), got " + describe(m));
+    if (m.dtype() != DType::Bool && !additive_mask_dtype_ok(m.dtype(), dtype))
+      fail(std::string("attn_mask: expected bool or ") + additive_mask_dtypes(dtype) + ", got " + describe(m));
     const bool ok = (m.rank() == 2 && m.shape() == Shape{L, S}) || (m.rank() == 3 && m.shape() == Shape{B * h, L, S});
     if (!ok)
       fail("attn_mask: expected shape [L, S] = " + shape_str({L, S}) + " or [B*h, L, S] = " + shape_str({B * h, L, S}) +
@@ -120,7 +130,8 @@ void fill_common(AttentionInputs<T>& p, const TensorView& q, const TensorView& k
   p.q = strided4<T>(q);
   p.k = strided4<T>(k);
   p.v = strided4<T>(v);
-  p.scale = static_cast<T>(o.scale ? *o.scale : 1.0 / std::sqrt(static_cast<double>(p.d_k)));
+  using Acc = compute_t<T>;  // masks reach here in it (with_compute_masks)
+  p.scale = static_cast<Acc>(o.scale ? *o.scale : 1.0 / std::sqrt(static_cast<double>(p.d_k)));
   p.causal = o.causal;
   if (o.key_padding_mask) {  // bool: padding; float: added to the logits of each key
     const TensorView& m = *o.key_padding_mask;
@@ -129,14 +140,14 @@ void fill_common(AttentionInputs<T>& p, const TensorView& q, const TensorView& k
       s.stride[3] = m.stride(1);
     };
     if (m.dtype() == DType::Bool) p.key_padding.data = m.data_as<std::uint8_t>(), columns(p.key_padding);
-    else p.key_bias.data = m.data_as<T>(), columns(p.key_bias);
+    else p.key_bias.data = m.data_as<Acc>(), columns(p.key_bias);
   }
   if (!o.key_lengths.empty()) p.key_lengths = o.key_lengths.data();
   if (o.attn_mask) {
     if (o.attn_mask->dtype() == DType::Bool) p.bool_mask = mask4<std::uint8_t>(*o.attn_mask, p.h);
-    else p.additive_mask = mask4<T>(*o.attn_mask, p.h);
+    else p.additive_mask = mask4<Acc>(*o.attn_mask, p.h);
   }
-  p.dropout_p = static_cast<T>(o.dropout_p);
+  p.dropout_p = static_cast<Acc>(o.dropout_p);
   p.dropout_seed = o.dropout_seed;
   p.dropout_query_offset = o.dropout_query_offset;
   p.dropout_key_offset = o.dropout_key_offset;
@@ -150,9 +161,57 @@ Strided4<T> strided_output(const StridedOutput& o) {
   return s;
 }
 
+// The dtype the kernels read float masks and write the log-sum-exp in: float32 for bfloat16 inputs.
+DType compute_dtype(DType dtype) { return dtype == DType::BFloat16 ? DType::Float32 : dtype; }
+
+// The options with their float masks in the compute dtype: converted copies (in `storage`) of those
+// that are not (bfloat16 masks of bfloat16 inputs).
+AttentionOptions with_compute_masks(const AttentionOptions& o, DType compute, Tensor (&storage)[2]) {
+  AttentionOptions converted = o;
+  auto convert = [&](std::optional<TensorView>& mask, Tensor& copy) {
+    if (!mask || mask->dtype() == DType::Bool || mask->dtype() == compute) return;
+    copy = Tensor::copy_of(*mask, compute);
+    mask = copy.view();
+  };
+  convert(converted.key_padding_mask, storage[0]);
+  convert(converted.attn_mask, storage[1]);
+  return converted;
+}
+
+// dst [B, h, T, d] (bfloat16, strided) = src (float32, contiguous, same shape) rounded to bfloat16.
+void round_into(const Tensor& src, const StridedOutput& dst) {
+  const Strided4<bfloat16> out = strided_output<bfloat16>(dst);
+  const float* x = src.data_as<float>();
+  const std::int64_t B = src.size(0), h = src.size(1), T = src.size(2), d = src.size(3);
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t head = 0; head < h; ++head)
+      for (std::int64_t t = 0; t < T; ++t, x += d)
+        for (std::int64_t c = 0; c < d; ++c) out(b, head, t, c) = x[c];
+}
+
+template <class T>
+void run_typed(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionOptions& o,
+               const StridedOutput& out, Tensor& weights, Tensor& lse);
+
+// bfloat16 attention computed in float32: the inputs widened (exactly), the float32 kernel run, its
+// results rounded to bfloat16 once. The reference kernel runs so for bfloat16 inputs.
+void forward_in_float32(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionOptions& o,
+                        const StridedOutput& out, Tensor& weights, Tensor& lse) {
+  const Tensor q32 = Tensor::copy_of(q, DType::Float32), k32 = Tensor::copy_of(k, DType::Float32);
+  const Tensor v32 = Tensor::copy_of(v, DType::Float32);
+  Tensor out32(DType::Float32, {q.size(0), q.size(1), q.size(2), v.size(3)}), weights32;
+  run_typed<float>(q32, k32, v32, o, {out32.data(), out32.strides()}, weights32, lse);
+  round_into(out32, out);
+  if (weights32.defined()) weights = Tensor::copy_of(weights32, DType::BFloat16);
+}
+
 template <class T>
 void run_typed(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionOptions& o,
                const StridedOutput& out, Tensor& weights, Tensor& lse) {
+  const bool flash = o.kernel == Kernel::Flash && v.size(3) > 0;  // d_v = 0: nothing to tile
+  if constexpr (std::is_same_v<T, bfloat16>) {
+    if (!flash) return forward_in_float32(q, k, v, o, out, weights, lse);
+  }
   AttentionParams<T> p;
   fill_common(p, q, k, v, o);
   p.out = strided_output<T>(out);
@@ -161,32 +220,47 @@ void run_typed(const TensorView& q, const TensorView& k, const TensorView& v, co
     p.weights = weights.data_as<T>();
   }
   if (o.need_lse) {
-    lse = Tensor::uninitialized(dtype_of<T>(), {p.B, p.h, p.L});
-    p.lse = lse.data_as<T>();
+    lse = Tensor::uninitialized(dtype_of<compute_t<T>>(), {p.B, p.h, p.L});
+    p.lse = lse.data_as<compute_t<T>>();
   }
-  if constexpr (std::is_same_v<T, float>) {
-    if (o.kernel == Kernel::Flash && p.d_v > 0) return flash_attention_forward(p);  // d_v = 0: nothing to tile
+  if constexpr (std::is_same_v<T, double>) {
+    reference_attention_forward(p);
+  } else {
+    if (flash) return flash_attention_forward(p);
+    if constexpr (std::is_same_v<T, float>) reference_attention_forward(p);
   }
-  reference_attention_forward(p);
 }
 
 template <class T>
 void run_backward_typed(const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
                         const TensorView& out, const TensorView& lse, const AttentionOptions& o,
                         const StridedOutput& dq, const StridedOutput& dk, const StridedOutput& dv) {
-  AttentionBackwardParams<T> p;
-  fill_common(p, q, k, v, o);
-  p.dout = strided4<T>(dout);
-  p.o = strided4<T>(out);
-  p.lse_in.data = lse.data_as<T>();
-  for (int d = 0; d < 3; ++d) p.lse_in.stride[d] = lse.stride(d);
-  p.dq = strided_output<T>(dq);
-  p.dk = strided_output<T>(dk);
-  p.dv = strided_output<T>(dv);
-  if constexpr (std::is_same_v<T, float>) {
-    if (o.kernel == Kernel::Flash && p.d_v > 0) return flash_attention_backward(p);
+  if constexpr (std::is_same_v<T, bfloat16>) {
+    // In float32 for now, both kernels (the fused backward's tiles in bfloat16 are not written yet):
+    // inputs widened, gradients rounded to bfloat16 once.
+    auto widened = [](const TensorView& t) { return Tensor::copy_of(t, DType::Float32); };
+    const Tensor dout32 = widened(dout), q32 = widened(q), k32 = widened(k), v32 = widened(v), out32 = widened(out);
+    Tensor dq32(DType::Float32, q.shape()), dk32(DType::Float32, k.shape()), dv32(DType::Float32, v.shape());
+    run_backward_typed<float>(dout32, q32, k32, v32, out32, lse, o, {dq32.data(), dq32.strides()},
+                              {dk32.data(), dk32.strides()}, {dv32.data(), dv32.strides()});
+    round_into(dq32, dq);
+    round_into(dk32, dk);
+    round_into(dv32, dv);
+  } else {
+    AttentionBackwardParams<T> p;
+    fill_common(p, q, k, v, o);
+    p.dout = strided4<T>(dout);
+    p.o = strided4<T>(out);
+    p.lse_in.data = lse.data_as<T>();
+    for (int d = 0; d < 3; ++d) p.lse_in.stride[d] = lse.stride(d);
+    p.dq = strided_output<T>(dq);
+    p.dk = strided_output<T>(dk);
+    p.dv = strided_output<T>(dv);
+    if constexpr (std::is_same_v<T, float>) {
+      if (o.kernel == Kernel::Flash && p.d_v > 0) return flash_attention_backward(p);
+    }
+    reference_attention_backward(p);
   }
-  reference_attention_backward(p);
 }
 
 }  // namespace
@@ -203,8 +277,9 @@ void validate_attention_backward(const TensorView& dout, const TensorView& q, co
            shape_str(t->shape()));
   }
   const Shape lse_shape{q.size(0), q.size(1), q.size(2)};
-  if (lse.dtype() != q.dtype())
-    fail(std::string("lse: expected ") + dtype_name(q.dtype()) + " like q, got " + describe(lse));
+  if (lse.dtype() != compute_dtype(q.dtype()))
+    fail(std::string("lse: expected ") + dtype_name(compute_dtype(q.dtype())) +
+         (q.dtype() == DType::BFloat16 ? " (the log-sum-exp of bfloat16 q)" : " like q") + ", got " + describe(lse));
   if (lse.shape() != lse_shape)
     fail("lse: expected shape [B, h, L] = " + shape_str(lse_shape) + ", got " + shape_str(lse.shape()));
 }
@@ -237,7 +312,9 @@ void run_attention_backward(const TensorView& dout_in, const TensorView& q_in, c
   const TensorView k = with_readable_rows(k_in, copies[1]);
   const TensorView v = with_readable_rows(v_in, copies[2]);
   const TensorView dout = with_readable_rows(dout_in, copies[3]);
-  dispatch_floating(q.dtype(), [&]<class T>(T) { run_backward_typed<T>(dout, q, k, v, out, lse, o, dq, dk, dv); });
+  Tensor masks[2];
+  const AttentionOptions oc = with_compute_masks(o, compute_dtype(q.dtype()), masks);
+  dispatch_floating(q.dtype(), [&]<class T>(T) { run_backward_typed<T>(dout, q, k, v, out, lse, oc, dq, dk, dv); });
 }
 
 void run_attention(const TensorView& q_in, const TensorView& k_in, const TensorView& v_in, const AttentionOptions& o,
@@ -246,7 +323,9 @@ void run_attention(const TensorView& q_in, const TensorView& k_in, const TensorV
   const TensorView q = with_readable_rows(q_in, copies[0]);
   const TensorView k = with_readable_rows(k_in, copies[1]);
   const TensorView v = with_readable_rows(v_in, copies[2]);
-  dispatch_floating(q.dtype(), [&]<class T>(T) { run_typed<T>(q, k, v, o, out, weights, lse); });
+  Tensor masks[2];
+  const AttentionOptions oc = with_compute_masks(o, compute_dtype(q.dtype()), masks);
+  dispatch_floating(q.dtype(), [&]<class T>(T) { run_typed<T>(q, k, v, oc, out, weights, lse); });
 }
 
 }  // namespace mha::detail

@@ -68,7 +68,7 @@ struct BackwardTiles {
 
 // The K and V blocks of keys j0.., safe for whole-block products (nonfinite.hpp).
 struct KeyBlocks {
-  SafeBlock k, v;
+  SafeBlock<float> k, v;
 };
 
 // Where one work item adds its share of dQ for one (b, head): rows [L, d_k], row stride ld.
@@ -262,9 +262,9 @@ void KeyBlockGradients(const BackwardContext& ctx, const BackwardTiles& t, std::
     // dV_j += dropout(P)^T dO_i;  dK_j += scale dS^T Q_i (the first query block overwrites), through
     // copies of dO_i and Q_i whose non-finite rows are zeroed and added apart where their coefficient
     // is not 0 (nonfinite.hpp).
-    const SafeBlock dout_rows =
+    const SafeBlock<float> dout_rows =
         safe_query_rows(t.do_head, p.d_v, i0, rows, p.d_v, query_flags, kDoutRow, t.do_copy, t.nonfinite_do);
-    const SafeBlock q_rows =
+    const SafeBlock<float> q_rows =
         safe_query_rows(t.q_head, p.d_k, i0, rows, p.d_k, query_flags, kQueryRow, t.q_copy, t.nonfinite_q);
     gemm_tile(seen, p.d_v, rows, transposed(pd, kBlockK), plain(dout_rows.data, dout_rows.ld),
               first ? overwrite(t.dv_block, p.d_v) : accumulate_into(t.dv_block, p.d_v));

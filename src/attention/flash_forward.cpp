@@ -1,5 +1,5 @@
 // The fused attention kernel's forward: FlashAttention-2 (Dao 2023, "FlashAttention-2: Faster Attention with
-// Better Parallelism and Work Partitioning") on the CPU, float32, never holding an L x S matrix.
+// Better Parallelism and Work Partitioning") on the CPU, float32 or bfloat16, never holding an L x S matrix.
 //
 // Forward, for one (b, head, block of kBlockQ query rows):
 //   m = -inf, l = 0, acc = 0                                   per row; acc [rows, d_v]
@@ -8,9 +8,11 @@
 //     m' = max(m, rowmax S);  P = exp(S - m');  a = exp(m - m')
 //     l = a l + rowsum P;  acc = a acc + dropout(P) V_blk;  m = m'
 //   out = acc / l;  lse = m + log l                            (a row with no allowed key: 0, -inf)
-// The two products go through gemm_tile (oneDNN's sgemm on the calling thread, inside our OpenMP
-// region); the row operations through Highway, dispatched once per call to the best SIMD target of the
-// machine. Causal masking skips key blocks that lie entirely above the diagonal; key_lengths shortens
+// The two products go through gemm_tile (on the calling thread, inside our OpenMP region: oneDNN's
+// sgemm for float32; for bfloat16 its matmul primitive, bfloat16 operands with float32 accumulation,
+// P rounded to bfloat16 for the P V product as FlashAttention does); the online softmax, m, l and the
+// accumulator are float32 for both. The row operations go through Highway, dispatched once per call
+// to the best SIMD target of the machine. Causal masking skips key blocks that lie entirely above the diagonal; key_lengths shortens
 // the key range. Keys outside the range are never read; masked keys inside it get -inf logits
 // (masks.hpp), and K/V rows of padded keys or holding NaN/Inf are zeroed in a copy of the block
 // (nonfinite.hpp), so a NaN or Inf stored at a masked position cannot leak through the block products.
@@ -39,25 +41,28 @@ namespace mha::detail::HWY_NAMESPACE {
 
 // ---- forward --------------------------------------------------------------------------------------
 
-// One thread's state for one block of query rows.
+// One thread's state for one block of query rows; T is the inputs' type (float or bfloat16).
+template <class T>
 struct ForwardBlock {
   float* s;                 // [rows, kBlockK]: logits, then probabilities
+  bfloat16* p_rounded;      // [rows, kBlockK]: the probabilities in bfloat16 (bfloat16 inputs only)
   float* acc;               // [rows, ld_acc]: the unnormalised output
-  float* v_copy;            // [kBlockK, d_v]: a V block made safe (nonfinite.hpp)
+  T* v_copy;                // [kBlockK, d_v]: a V block made safe (nonfinite.hpp)
   float* m;                 // [rows]: running max, then the log-sum-exp
   float* l;                 // [rows]: running sum
-  float* q_copy;            // [rows, d_k]: the Q rows, adjacent
+  T* q_copy;                // [rows, d_k]: the Q rows, adjacent
   std::int64_t* nonfinite;  // [kBlockK]
   std::int64_t ld_acc;
   const std::uint8_t* key_flags;  // [S] of this (b, head): kValueRow where v holds NaN or Inf
-  const float* k_head;            // [S, d_k] of this (b, head), adjacent rows (the caller's or a copy)
-  const float* v_head;            // [S, d_v], likewise
+  const T* k_head;                // [S, d_k] of this (b, head), adjacent rows (the caller's or a copy)
+  const T* v_head;                // [S, d_v], likewise
 };
 
 // The online softmax over one logits tile (data masks applied, cols <= kBlockK) of query rows i0..:
 // P = exp(S - m') in place (0 past each row's causal prefix and in the padding), l = a l + rowsum P,
 // acc = a acc, m = m' with a = exp(m - m'). Two passes over each row: its max, then its exp and sum.
-void OnlineSoftmaxTile(const AttentionInputs<float>& p, const ForwardBlock& w, std::int64_t i0, std::int64_t rows,
+template <class T>
+void OnlineSoftmaxTile(const AttentionInputs<T>& p, const ForwardBlock<T>& w, std::int64_t i0, std::int64_t rows,
                        std::int64_t j0, std::int64_t cols) {
   const std::int64_t padded_cols = round_up(cols, kRowAlign);
   for (std::int64_t r = 0; r < rows; ++r) {
@@ -78,26 +83,34 @@ void OnlineSoftmaxTile(const AttentionInputs<float>& p, const ForwardBlock& w, s
   }
 }
 
-// acc += P V_blk for keys [j0, j0 + cols); rows of V holding NaN or Inf are added apart, only where
-// their weight is not 0.
-void AccumulateValues(const AttentionParams<float>& p, const ForwardBlock& w, std::int64_t b, std::int64_t head,
+// acc += P V_blk for keys [j0, j0 + cols) (P rounded to bfloat16 first for bfloat16 inputs); rows of V
+// holding NaN or Inf are added apart, only where their weight is not 0.
+template <class T>
+void AccumulateValues(const AttentionParams<T>& p, const ForwardBlock<T>& w, std::int64_t b, std::int64_t head,
                       std::int64_t rows, std::int64_t j0, std::int64_t cols) {
-  const SafeBlock v_block =
+  const SafeBlock<T> v_block =
       safe_block(p, w.v_head, p.d_v, b, head, j0, cols, p.d_v, w.key_flags, kValueRow, w.v_copy, w.nonfinite);
-  gemm_tile(rows, p.d_v, cols, plain(w.s, kBlockK), plain(v_block.data, v_block.ld), accumulate_into(w.acc, w.ld_acc));
+  const auto values = plain(v_block.data, v_block.ld);
+  if constexpr (std::is_same_v<T, bfloat16>) {
+    RoundRowsToBfloat16(w.s, kBlockK, rows, round_up(cols, kRowAlign), w.p_rounded, kBlockK);
+    gemm_tile(rows, p.d_v, cols, plain<bfloat16>(w.p_rounded, kBlockK), values, accumulate_into(w.acc, w.ld_acc));
+  } else {
+    gemm_tile(rows, p.d_v, cols, plain(w.s, kBlockK), values, accumulate_into(w.acc, w.ld_acc));
+  }
   for (std::int64_t n = 0; n < v_block.nonfinite_count; ++n) {
     const std::int64_t c = w.nonfinite[n];
     for (std::int64_t r = 0; r < rows; ++r) {
       const float weight = w.s[r * kBlockK + c];
       if (weight == 0.0f) continue;
-      for (std::int64_t e = 0; e < p.d_v; ++e) w.acc[r * w.ld_acc + e] += weight * p.v(b, head, j0 + c, e);
+      for (std::int64_t e = 0; e < p.d_v; ++e) w.acc[r * w.ld_acc + e] += weight * float(p.v(b, head, j0 + c, e));
     }
   }
 }
 
 // out = acc / l; m becomes lse = m + log l. A row with no allowed key attends to nothing; one whose
 // allowed logits are all -inf gets NaN (0 / 0), as the reference.
-void FinishRows(const AttentionParams<float>& p, const ForwardBlock& w, std::int64_t b, std::int64_t head,
+template <class T>
+void FinishRows(const AttentionParams<T>& p, const ForwardBlock<T>& w, std::int64_t b, std::int64_t head,
                 std::int64_t i0, std::int64_t rows, std::int64_t key_end) {
   for (std::int64_t r = 0; r < rows; ++r) {
     bool empty = w.m[r] == kMinusInf;
@@ -106,12 +119,12 @@ void FinishRows(const AttentionParams<float>& p, const ForwardBlock& w, std::int
       empty = false;
     }
     const float inv_l = empty ? 0.0f : 1.0f / w.l[r];
-    float* out_row = &p.out(b, head, i0 + r, 0);
+    T* out_row = &p.out(b, head, i0 + r, 0);
     const float* acc_row = w.acc + r * w.ld_acc;
     if (p.out.stride[3] == 1)  // (vectorised)
-      for (std::int64_t c = 0; c < p.d_v; ++c) out_row[c] = empty ? 0.0f : acc_row[c] * inv_l;
+      for (std::int64_t c = 0; c < p.d_v; ++c) out_row[c] = T(empty ? 0.0f : acc_row[c] * inv_l);
     else
-      for (std::int64_t c = 0; c < p.d_v; ++c) out_row[c * p.out.stride[3]] = empty ? 0.0f : acc_row[c] * inv_l;
+      for (std::int64_t c = 0; c < p.d_v; ++c) out_row[c * p.out.stride[3]] = T(empty ? 0.0f : acc_row[c] * inv_l);
     w.m[r] = empty ? kMinusInf : w.m[r] + std::log(w.l[r]);
     if (p.lse) p.lse[(b * p.h + head) * p.L + i0 + r] = w.m[r];
   }
@@ -119,7 +132,8 @@ void FinishRows(const AttentionParams<float>& p, const ForwardBlock& w, std::int
 
 // The weights of query rows [i0, i0 + rows), recomputed block by block from the log-sum-exp (in w.m),
 // straight into the [B, h, L, S] output (0 outside the key range).
-void WriteWeights(const AttentionParams<float>& p, const ForwardBlock& w, std::int64_t b, std::int64_t head,
+template <class T>
+void WriteWeights(const AttentionParams<T>& p, const ForwardBlock<T>& w, std::int64_t b, std::int64_t head,
                   std::int64_t i0, std::int64_t rows, std::int64_t key_end) {
   for (std::int64_t j0 = 0; j0 < key_end; j0 += kBlockK) {
     const std::int64_t cols = std::min(kBlockK, key_end - j0);
@@ -130,15 +144,16 @@ void WriteWeights(const AttentionParams<float>& p, const ForwardBlock& w, std::i
       std::copy_n(w.s + r * kBlockK, cols, p.weights + ((b * p.h + head) * p.L + i0 + r) * p.S + j0);
   }
   for (std::int64_t r = 0; r < rows; ++r) {
-    float* row = p.weights + ((b * p.h + head) * p.L + i0 + r) * p.S;
-    std::fill(row + key_end, row + p.S, 0.0f);
+    T* row = p.weights + ((b * p.h + head) * p.L + i0 + r) * p.S;
+    std::fill(row + key_end, row + p.S, T(0.0f));
   }
 }
 
 // The forward of query rows [i0, i0 + rows) of (b, head).
-void ForwardQueryBlock(const AttentionParams<float>& p, const ForwardBlock& w, std::int64_t b, std::int64_t head,
+template <class T>
+void ForwardQueryBlock(const AttentionParams<T>& p, const ForwardBlock<T>& w, std::int64_t b, std::int64_t head,
                        std::int64_t i0, std::int64_t rows) {
-  const float* q_rows = adjacent_rows(&p.q(b, head, i0, 0), p.q.stride[2], rows, p.d_k, w.q_copy);  // [rows, d_k]
+  const T* q_rows = adjacent_rows(&p.q(b, head, i0, 0), p.q.stride[2], rows, p.d_k, w.q_copy);  // [rows, d_k]
   std::fill(w.m, w.m + rows, kMinusInf);
   std::fill(w.l, w.l + rows, 0.0f);
   std::fill(w.acc, w.acc + rows * w.ld_acc, 0.0f);
@@ -160,20 +175,21 @@ void ForwardQueryBlock(const AttentionParams<float>& p, const ForwardBlock& w, s
 // layer's [B, S, h, d] layout: its rows lie h d apart, which the products read much slower, and a
 // copy per key block would be made once per query block; a copy per head serves all the thread's
 // query blocks of that head, since the work items run through the heads in order).
+template <class T>
 class HeadCopies {
  public:
-  HeadCopies(const AttentionParams<float>& p, int threads)
+  HeadCopies(const AttentionParams<T>& p, int threads)
       : p_(p),
         copy_k_(p.k.stride[2] != p.d_k),
         copy_v_(p.v.stride[2] != p.d_v),
         per_thread_((copy_k_ ? p.S * p.d_k : 0) + (copy_v_ ? p.S * p.d_v : 0)),
-        storage_(AllocateFloats(std::max<std::int64_t>(1, threads * per_thread_))),
+        storage_(Allocate<T>(std::max<std::int64_t>(1, threads * per_thread_))),
         copied_(static_cast<std::size_t>(threads), -1) {}
 
   // Sets w.k_head and w.v_head for (b, head) on thread `thread`.
-  void use(ForwardBlock& w, int thread, std::int64_t b, std::int64_t head) {
-    float* k_copy = storage_.get() + thread * per_thread_;
-    float* v_copy = k_copy + (copy_k_ ? p_.S * p_.d_k : 0);
+  void use(ForwardBlock<T>& w, int thread, std::int64_t b, std::int64_t head) {
+    T* k_copy = storage_.get() + thread * per_thread_;
+    T* v_copy = k_copy + (copy_k_ ? p_.S * p_.d_k : 0);
     const bool fresh = copied_[static_cast<std::size_t>(thread)] != b * p_.h + head;
     copied_[static_cast<std::size_t>(thread)] = b * p_.h + head;
     w.k_head = copy_k_
@@ -185,29 +201,35 @@ class HeadCopies {
   }
 
  private:
-  const AttentionParams<float>& p_;
+  const AttentionParams<T>& p_;
   bool copy_k_, copy_v_;
   std::int64_t per_thread_;
-  hwy::AlignedFreeUniquePtr<float[]> storage_;
+  hwy::AlignedFreeUniquePtr<T[]> storage_;
   std::vector<std::int64_t> copied_;  // per thread: the b * h + head its copies hold, -1 for none
 };
 
-void FlashForward(const AttentionParams<float>& p) {
+template <class T>
+void FlashForward(const AttentionParams<T>& p) {
   const SerialIfSmall serial_if_small(2.0 * p.B * p.h * p.L * p.S * (p.d_k + p.d_v));
   const std::int64_t q_blocks = (p.L + kBlockQ - 1) / kBlockQ;
   const std::int64_t ld_acc = round_up(p.d_v, kRowAlign);
   const int threads = omp_get_max_threads();
-  // Per-thread workspace, allocated once per call: logits tile, accumulator, V block copy, m, l, Q copy.
-  // Sized to need: a block holds at most min(kBlockQ, L) query rows and min(kBlockK, S) keys.
+  // Per-thread workspace, allocated once per call: logits tile, accumulator, m, l (float32); V block and
+  // Q copies (of T), the rounded probabilities (bfloat16 inputs). Sized to need: a block holds at most
+  // min(kBlockQ, L) query rows and min(kBlockK, S) keys.
   const std::int64_t max_rows = std::min(kBlockQ, p.L), max_cols = std::min(kBlockK, p.S);
   const std::int64_t s_size = max_rows * kBlockK, acc_size = max_rows * ld_acc;
+  const std::int64_t floats_per_thread = s_size + acc_size + 2 * kBlockQ;
   const std::int64_t v_size = round_up(max_cols * p.d_v, kRowAlign);
-  const std::int64_t per_thread = s_size + acc_size + v_size + 2 * kBlockQ + round_up(max_rows * p.d_k, kRowAlign);
-  const auto workspace = AllocateFloats(threads * per_thread);
+  const std::int64_t elements_per_thread = v_size + round_up(max_rows * p.d_k, kRowAlign);
+  const std::int64_t rounded_per_thread = std::is_same_v<T, bfloat16> ? s_size : 0;
+  const auto floats = AllocateFloats(threads * floats_per_thread);
+  const auto elements = Allocate<T>(threads * elements_per_thread);
+  const auto rounded = Allocate<bfloat16>(std::max<std::int64_t>(1, threads * rounded_per_thread));
   std::vector<std::int64_t> nonfinite_lists(static_cast<std::size_t>(threads * kBlockK));
   std::vector<std::uint8_t> key_flags(static_cast<std::size_t>(p.B * p.h * p.S));  // [B, h, S]
   FlagNonfiniteRows(p.v, p.B, p.h, p.S, p.d_v, kValueRow, key_flags.data());
-  HeadCopies head_copies(p, threads);
+  HeadCopies<T> head_copies(p, threads);
 
 #pragma omp parallel for schedule(dynamic, 1)
   for (std::int64_t item = 0; item < p.B * p.h * q_blocks; ++item) {
@@ -216,13 +238,14 @@ void FlashForward(const AttentionParams<float>& p) {
     // balances best when the longest items start first.
     const std::int64_t i0 = (q_blocks - 1 - item % q_blocks) * kBlockQ, rows = std::min(kBlockQ, p.L - i0);
     const int thread = omp_get_thread_num();
-    ForwardBlock w;
-    w.s = workspace.get() + thread * per_thread;
+    ForwardBlock<T> w;
+    w.s = floats.get() + thread * floats_per_thread;
     w.acc = w.s + s_size;
-    w.v_copy = w.acc + acc_size;
-    w.m = w.v_copy + v_size;
+    w.m = w.acc + acc_size;
     w.l = w.m + kBlockQ;
-    w.q_copy = w.l + kBlockQ;
+    w.v_copy = elements.get() + thread * elements_per_thread;
+    w.q_copy = w.v_copy + v_size;
+    w.p_rounded = rounded.get() + thread * rounded_per_thread;
     w.nonfinite = nonfinite_lists.data() + thread * kBlockK;
     w.ld_acc = ld_acc;
     w.key_flags = key_flags.data() + (b * p.h + head) * p.S;
@@ -231,15 +254,20 @@ void FlashForward(const AttentionParams<float>& p) {
   }
 }
 
+void FlashForwardFloat(const AttentionParams<float>& p) { FlashForward(p); }
+void FlashForwardBfloat16(const AttentionParams<bfloat16>& p) { FlashForward(p); }
+
 }  // namespace mha::detail::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 namespace mha::detail {
 
-HWY_EXPORT(FlashForward);
+HWY_EXPORT(FlashForwardFloat);
+HWY_EXPORT(FlashForwardBfloat16);
 
-void flash_attention_forward(const AttentionParams<float>& p) { HWY_DYNAMIC_DISPATCH(FlashForward)(p); }
+void flash_attention_forward(const AttentionParams<float>& p) { HWY_DYNAMIC_DISPATCH(FlashForwardFloat)(p); }
+void flash_attention_forward(const AttentionParams<bfloat16>& p) { HWY_DYNAMIC_DISPATCH(FlashForwardBfloat16)(p); }
 
 }  // namespace mha::detail
 #endif  // HWY_ONCE

@@ -35,35 +35,40 @@ using flash::round_up;
 
 inline constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
 
-// `count` floats of aligned scratch; std::bad_alloc when the memory is not there (never a null to
+// `count` elements of aligned scratch; std::bad_alloc when the memory is not there (never a null to
 // write through).
-inline hwy::AlignedFreeUniquePtr<float[]> AllocateFloats(std::int64_t count) {
-  auto scratch = hwy::AllocateAligned<float>(static_cast<std::size_t>(count));
+template <class E>
+hwy::AlignedFreeUniquePtr<E[]> Allocate(std::int64_t count) {
+  auto scratch = hwy::AllocateAligned<E>(static_cast<std::size_t>(count));
   if (!scratch) throw std::bad_alloc();
   return scratch;
 }
+inline hwy::AlignedFreeUniquePtr<float[]> AllocateFloats(std::int64_t count) { return Allocate<float>(count); }
 
 // Sets the forbidden entries of a tile row of query i, keys [j0, j0 + cols), back to exactly 0: for a
 // row of weights whose log-sum-exp is NaN (every entry is NaN after the exp) and for a row of dS whose
 // D is not finite. A masked position is ignored, whatever the row holds.
-inline void ZeroForbiddenEntries(const AttentionInputs<float>& p, std::int64_t b, std::int64_t head, std::int64_t i,
+template <class T>
+void ZeroForbiddenEntries(const AttentionInputs<T>& p, std::int64_t b, std::int64_t head, std::int64_t i,
                                  std::int64_t j0, std::int64_t cols, float* row) {
   for (std::int64_t c = 0; c < cols; ++c) {
     if (p.forbidden(b, head, i, j0 + c)) row[c] = 0.0f;
   }
 }
 
-// S [rows, cols] (row stride kBlockK) = scale Q_rows K_blk^T. The scale goes in as sgemm's alpha in the
-// forward and in both backward passes alike, so the backward's P = exp(S - lse) is normalised to float
-// precision.
-inline void ScaledLogits(const AttentionInputs<float>& p, const float* q_rows, std::int64_t ldq, std::int64_t rows,
-                         const float* k_block, std::int64_t ldk, std::int64_t cols, float* s) {
+// S [rows, cols] (row stride kBlockK, float32) = scale Q_rows K_blk^T, from float32 or bfloat16 rows
+// (float32 accumulation). The scale goes in as the product's alpha in the forward and in both backward
+// passes alike, so the backward's P = exp(S - lse) is normalised to float precision.
+template <class T>
+void ScaledLogits(const AttentionInputs<T>& p, const T* q_rows, std::int64_t ldq, std::int64_t rows, const T* k_block,
+                  std::int64_t ldk, std::int64_t cols, float* s) {
   gemm_tile(rows, cols, p.d_k, plain(q_rows, ldq), transposed(k_block, ldk), overwrite(s, kBlockK), p.scale);
 }
 
 // Probabilities of a tile: s [rows, cols] (row stride kBlockK) holds scale * Q K^T; masks are applied
 // and each row becomes P = exp(S - lse) (0 for a row that attended to nothing), padded with zeros.
-inline void ProbabilitiesFromLse(const AttentionInputs<float>& p, std::int64_t b, std::int64_t head, std::int64_t i0,
+template <class T>
+void ProbabilitiesFromLse(const AttentionInputs<T>& p, std::int64_t b, std::int64_t head, std::int64_t i0,
                                  std::int64_t rows, std::int64_t j0, std::int64_t cols, const float* lse, float* s) {
   const std::int64_t padded_cols = round_up(cols, kRowAlign);
   if (needs_data_masks(p)) apply_masks(p, b, head, i0, rows, j0, cols, s, kBlockK);
@@ -76,7 +81,7 @@ inline void ProbabilitiesFromLse(const AttentionInputs<float>& p, std::int64_t b
 }
 
 // Whether row[0, n) holds only finite floats.
-inline bool RowIsFinite(const float* HWY_RESTRICT row, std::int64_t n) {
+HWY_INLINE bool RowIsFinite(const float* HWY_RESTRICT row, std::int64_t n) {
   const hn::ScalableTag<float> d;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
   std::int64_t e = 0;
@@ -87,9 +92,40 @@ inline bool RowIsFinite(const float* HWY_RESTRICT row, std::int64_t n) {
   return true;
 }
 
+// Whether row[0, n) holds only finite bfloat16 values (exponent bits not all ones).
+inline bool RowIsFinite(const bfloat16* row, std::int64_t n) {
+  bool finite = true;
+  for (std::int64_t e = 0; e < n; ++e) finite &= (row[e].bits & 0x7f80) != 0x7f80;
+  return finite;
+}
+
+// p[r * ldp + c] = s[r * lds + c] rounded to bfloat16 (to nearest, ties to even, as the AVX512-BF16
+// conversion does; Highway 1.0's DemoteTo truncates instead), for rows [0, rows) and columns [0, n),
+// n a multiple of 16: the probabilities of a tile for the P V product in bfloat16. P >= 0 here, or
+// NaN, which stays NaN.
+inline void RoundRowsToBfloat16(const float* HWY_RESTRICT s, std::int64_t lds, std::int64_t rows, std::int64_t n,
+                                bfloat16* HWY_RESTRICT p, std::int64_t ldp) {
+  const hn::CappedTag<float, 16> d;
+  const hn::RebindToUnsigned<decltype(d)> du;
+  const hn::RebindToSigned<decltype(d)> di;  // the bits fit 16: demoting from int32 keeps them
+  const hn::Rebind<std::uint16_t, decltype(d)> du16;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t j = 0; j < n; j += N) {
+      const auto x = hn::Load(d, s + r * lds + j);
+      const auto u = hn::BitCast(du, x);
+      const auto lsb = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u));
+      auto rounded = hn::ShiftRight<16>(hn::Add(u, hn::Add(hn::Set(du, 0x7fffu), lsb)));
+      const auto quiet_nan = hn::Or(hn::ShiftRight<16>(u), hn::Set(du, 0x40u));
+      rounded = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(x)), quiet_nan, rounded);
+      hn::StoreU(hn::DemoteTo(du16, hn::BitCast(di, rounded)), du16, reinterpret_cast<std::uint16_t*>(p + r * ldp + j));
+    }
+}
+
 // flags[(b * h + head) * rows + r] |= bit for each row r of x [B, h, rows, width] (unit inner stride)
 // that holds NaN or Inf: one pass over x, so that the tiles only read a byte per row (nonfinite.hpp).
-inline void FlagNonfiniteRows(const Strided4<const float>& x, std::int64_t B, std::int64_t h, std::int64_t rows,
+template <class E>
+void FlagNonfiniteRows(const Strided4<const E>& x, std::int64_t B, std::int64_t h, std::int64_t rows,
                               std::int64_t width, std::uint8_t bit, std::uint8_t* flags) {
 #pragma omp parallel for schedule(static)
   for (std::int64_t n = 0; n < B * h * rows; ++n) {

@@ -13,7 +13,8 @@
 namespace mha::detail {
 
 // The key range [0, end) that query rows [i0, i0 + rows) of batch b may attend to at all.
-inline std::int64_t key_range_end(const AttentionInputs<float>& p, std::int64_t b, std::int64_t i0, std::int64_t rows) {
+template <class T>
+std::int64_t key_range_end(const AttentionInputs<T>& p, std::int64_t b, std::int64_t i0, std::int64_t rows) {
   std::int64_t end = p.S;
   if (p.key_lengths) end = std::min(end, p.key_lengths[b]);
   if (p.causal) end = std::min(end, std::max<std::int64_t>(0, i0 + rows + p.S - p.L));  // last row sees j <= i + S - L
@@ -24,20 +25,23 @@ inline std::int64_t key_range_end(const AttentionInputs<float>& p, std::int64_t 
 // additive masks). The causal rule and key_lengths need none: key_range_end cuts the key range, and
 // causal_visible gives each row's visible prefix of a tile, which the row operations mask with vector
 // compares.
-inline bool needs_data_masks(const AttentionInputs<float>& p) {
+template <class T>
+bool needs_data_masks(const AttentionInputs<T>& p) {
   return p.key_padding || p.bool_mask || p.additive_mask || p.key_bias;
 }
 
 // How many of the keys [j0, j0 + cols) query i may see by the causal rule (a prefix of them; all
 // without causal).
-inline std::int64_t causal_visible(const AttentionInputs<float>& p, std::int64_t i, std::int64_t j0,
+template <class T>
+std::int64_t causal_visible(const AttentionInputs<T>& p, std::int64_t i, std::int64_t j0,
                                    std::int64_t cols) {
   if (!p.causal) return cols;
   return std::clamp<std::int64_t>(i + p.S - p.L - j0 + 1, 0, cols);
 }
 
 // Applies the masks to a logits tile s [rows, cols] (row stride ld): forbidden -> -inf, additive added.
-inline void apply_masks(const AttentionInputs<float>& p, std::int64_t b, std::int64_t head, std::int64_t i0,
+template <class T>
+void apply_masks(const AttentionInputs<T>& p, std::int64_t b, std::int64_t head, std::int64_t i0,
                         std::int64_t rows, std::int64_t j0, std::int64_t cols, float* s, std::int64_t ld) {
   constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
   for (std::int64_t r = 0; r < rows; ++r)

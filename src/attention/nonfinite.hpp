@@ -15,16 +15,17 @@ namespace mha::detail {
 
 // Rows [0, count) of `block` (row stride ld, `width` floats each), adjacent: in place when they are
 // (ld == width), else copied into `scratch` [count, width]. Returns where they are (row stride width).
-inline const float* adjacent_rows(const float* block, std::int64_t ld, std::int64_t count, std::int64_t width,
-                                  float* scratch) {
+template <class E>
+const E* adjacent_rows(const E* block, std::int64_t ld, std::int64_t count, std::int64_t width, E* scratch) {
   if (ld == width) return block;
   for (std::int64_t c = 0; c < count; ++c) std::copy_n(block + c * ld, width, scratch + c * width);
   return scratch;
 }
 
-// A block of rows ready for whole-block products.
+// A block of rows (of float or bfloat16) ready for whole-block products.
+template <class E>
 struct SafeBlock {
-  const float* data;  // [count, width], row stride ld
+  const E* data;  // [count, width], row stride ld
   std::int64_t ld;
   std::int64_t nonfinite_count;  // entries written to the caller's list
 };
@@ -46,9 +47,9 @@ enum NonfiniteBit : std::uint8_t {
 // skipped are listed (as row indices) in `nonfinite` [count], for the caller to add their exact
 // contribution where their coefficient is not 0. skip(c): whether row c is padding that no output may
 // read.
-template <class Skip>
-SafeBlock safe_rows(const float* block, std::int64_t ld, std::int64_t count, std::int64_t width, Skip skip,
-                    const std::uint8_t* flags, std::uint8_t bit, float* scratch, std::int64_t* nonfinite) {
+template <class E, class Skip>
+SafeBlock<E> safe_rows(const E* block, std::int64_t ld, std::int64_t count, std::int64_t width, Skip skip,
+                       const std::uint8_t* flags, std::uint8_t bit, E* scratch, std::int64_t* nonfinite) {
   std::int64_t listed = 0;
   bool any_skipped = false;
   for (std::int64_t c = 0; c < count; ++c) {
@@ -59,7 +60,7 @@ SafeBlock safe_rows(const float* block, std::int64_t ld, std::int64_t count, std
   for (std::int64_t c = 0, next = 0; c < count; ++c) {
     bool zero = skip(c);
     if (next < listed && nonfinite[next] == c) zero = true, ++next;
-    if (zero) std::fill_n(scratch + c * width, width, 0.0f);
+    if (zero) std::fill_n(scratch + c * width, width, E(0.0f));
     else std::copy_n(block + c * ld, width, scratch + c * width);
   }
   return {scratch, width, listed};
@@ -69,9 +70,10 @@ SafeBlock safe_rows(const float* block, std::int64_t ld, std::int64_t count, std
 // [S, width] with row stride ld (the caller's rows or an adjacent copy of them); rows of padded keys
 // (key_padding_mask) skipped, non-finite rows listed (column indices within the block). key_flags:
 // the flags of (b, head)'s keys [S].
-inline SafeBlock safe_block(const AttentionInputs<float>& p, const float* head_rows, std::int64_t ld, std::int64_t b,
-                            std::int64_t head, std::int64_t j0, std::int64_t cols, std::int64_t width,
-                            const std::uint8_t* key_flags, std::uint8_t bit, float* scratch, std::int64_t* nonfinite) {
+template <class T>
+SafeBlock<T> safe_block(const AttentionInputs<T>& p, const T* head_rows, std::int64_t ld, std::int64_t b,
+                        std::int64_t head, std::int64_t j0, std::int64_t cols, std::int64_t width,
+                        const std::uint8_t* key_flags, std::uint8_t bit, T* scratch, std::int64_t* nonfinite) {
   auto padded = [&](std::int64_t c) { return p.key_padding && p.key_padding(b, head, 0, j0 + c); };
   return safe_rows(head_rows + j0 * ld, ld, cols, width, padded, key_flags + j0, bit, scratch, nonfinite);
 }
@@ -79,7 +81,7 @@ inline SafeBlock safe_block(const AttentionInputs<float>& p, const float* head_r
 // The rows [i0, i0 + rows) of a query-side head (Q or dO of one (b, head): head_rows [L, width], row
 // stride ld) made safe: nothing skipped, non-finite rows listed (row indices within the block).
 // query_flags: (b, head)'s [L].
-inline SafeBlock safe_query_rows(const float* head_rows, std::int64_t ld, std::int64_t i0, std::int64_t rows,
+inline SafeBlock<float> safe_query_rows(const float* head_rows, std::int64_t ld, std::int64_t i0, std::int64_t rows,
                                  std::int64_t width, const std::uint8_t* query_flags, std::uint8_t bit, float* scratch,
                                  std::int64_t* nonfinite) {
   return safe_rows(

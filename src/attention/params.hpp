@@ -6,6 +6,9 @@
 
 #include <cstdint>
 #include <limits>
+#include <type_traits>
+
+#include "dtype_dispatch.hpp"
 
 namespace mha::detail {
 
@@ -28,23 +31,24 @@ struct Strided4 {
 // What the forward and the backward both read: sizes, q, k, v, the scale, the masks and dropout.
 template <class T>
 struct AttentionInputs {
+  using Acc = compute_t<T>;
   std::int64_t B = 0, h = 0, L = 0, S = 0, d_k = 0, d_v = 0;
 
   Strided4<const T> q;  // [B, h, L, d_k]
   Strided4<const T> k;  // [B, h, S, d_k]
   Strided4<const T> v;  // [B, h, S, d_v]
 
-  T scale = 1;
+  Acc scale = 1;
   bool causal = false;  // key j allowed for query i iff j <= i + S - L
 
   // Masks, each viewed as [B, h, L, S] through broadcast strides; null when absent.
   Strided4<const std::uint8_t> key_padding;   // nonzero = padded key (strides: b, 0, 0, s)
   const std::int64_t* key_lengths = nullptr;  // [B]: keys j >= key_lengths[b] are padding
   Strided4<const std::uint8_t> bool_mask;     // nonzero = may not attend
-  Strided4<const T> additive_mask;            // added to the logits; -inf forbids
-  Strided4<const T> key_bias;                 // a float key_padding_mask, added to key s's logits (strides: b, 0, 0, s)
+  Strided4<const Acc> additive_mask;          // added to the logits; -inf forbids
+  Strided4<const Acc> key_bias;               // a float key_padding_mask, added to key s's logits (strides: b, 0, 0, s)
 
-  T dropout_p = 0;  // in [0, 1)
+  Acc dropout_p = 0;  // in [0, 1)
   std::uint64_t dropout_seed = 0;
   std::int64_t dropout_query_offset = 0, dropout_key_offset = 0;  // positions of row 0 and key 0 in dropout's hash
 
@@ -58,8 +62,8 @@ struct AttentionInputs {
   }
 
   // What the additive masks add to logit (i, j): attn_mask + key_bias, 0 without them.
-  T added(std::int64_t b, std::int64_t head, std::int64_t i, std::int64_t j) const {
-    if (!key_bias) return additive_mask ? additive_mask(b, head, i, j) : T(0);
+  Acc added(std::int64_t b, std::int64_t head, std::int64_t i, std::int64_t j) const {
+    if (!key_bias) return additive_mask ? additive_mask(b, head, i, j) : Acc(0);
     return additive_mask ? additive_mask(b, head, i, j) + key_bias(b, head, i, j) : key_bias(b, head, i, j);
   }
 
@@ -70,15 +74,15 @@ struct AttentionInputs {
   }
 
  private:
-  static constexpr T infinity() { return std::numeric_limits<T>::infinity(); }
+  static constexpr Acc infinity() { return std::numeric_limits<Acc>::infinity(); }
 };
 
 // The forward: the inputs and where the results go.
 template <class T>
 struct AttentionParams : AttentionInputs<T> {
-  Strided4<T> out;       // [B, h, L, d_v]
-  T* weights = nullptr;  // [B, h, L, S] contiguous, or null
-  T* lse = nullptr;      // [B, h, L] contiguous, or null
+  Strided4<T> out;                    // [B, h, L, d_v]
+  T* weights = nullptr;               // [B, h, L, S] contiguous, or null
+  compute_t<T>* lse = nullptr;        // [B, h, L] contiguous, or null
 };
 
 // The backward: the forward's inputs, what the forward produced, and the gradient buffers.
@@ -86,7 +90,7 @@ template <class T>
 struct AttentionBackwardParams : AttentionInputs<T> {
   Strided4<const T> dout;    // [B, h, L, d_v]
   Strided4<const T> o;       // [B, h, L, d_v]: the forward's output
-  Strided4<const T> lse_in;  // [B, h, L, (1)]: the forward's log-sum-exp; column stride unused
+  Strided4<const compute_t<T>> lse_in;  // [B, h, L, (1)]: the forward's log-sum-exp; column stride unused
   Strided4<T> dq;            // [B, h, L, d_k]
   Strided4<T> dk;            // [B, h, S, d_k]
   Strided4<T> dv;            // [B, h, S, d_v]

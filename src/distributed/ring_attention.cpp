@@ -65,8 +65,14 @@ AttentionOptions local_options(const RingOptions& o) {
   return a;
 }
 
+// The dtypes the ring runs in (bfloat16 across ranks is not built yet).
+bool ring_dtype(DType dtype) { return dtype == DType::Float32 || dtype == DType::Float64; }
+
 void check_local(const TensorView& q, const TensorView& k, const TensorView& v, const RingOptions& o) {
   mha::detail::validate_attention(q, k, v, local_options(o));
+  if (!ring_dtype(q.dtype()))
+    throw Error(std::string("q: ring attention takes float32 or float64, got ") + dtype_name(q.dtype()) +
+                " (bfloat16 across ranks is not built yet)");
   if (o.key_padding_mask && o.key_padding_mask->dtype() != DType::Bool)
     throw Error("key_padding_mask: ring attention takes a bool mask [B, S_r], got " +
                 std::string(dtype_name(o.key_padding_mask->dtype())));
@@ -244,15 +250,16 @@ AttentionGradients backward(const TensorView& dout, const TensorView& q, const T
 
 RingResult ring_attention(const TensorView& q, const TensorView& k, const TensorView& v, MPI_Comm comm,
                           const RingOptions& options) {
-  // A dtype that is no floating one runs as float32 so as to reach the agreement, which reports it.
-  return mha::detail::dispatch_floating(mha::detail::is_floating(q.dtype()) ? q.dtype() : DType::Float32,
-                                        [&](auto t) { return forward<decltype(t)>(q, k, v, comm, options); });
+  // A dtype the ring does not take runs as float32 so as to reach the agreement, which reports it.
+  return mha::detail::dispatch_float32_or_float64(ring_dtype(q.dtype()) ? q.dtype() : DType::Float32, [&](auto t) {
+    return forward<decltype(t)>(q, k, v, comm, options);
+  });
 }
 
 AttentionGradients ring_attention_backward(const TensorView& dout, const TensorView& q, const TensorView& k,
                                            const TensorView& v, const TensorView& out, const TensorView& lse,
                                            MPI_Comm comm, const RingOptions& options) {
-  return mha::detail::dispatch_floating(mha::detail::is_floating(q.dtype()) ? q.dtype() : DType::Float32, [&](auto t) {
+  return mha::detail::dispatch_float32_or_float64(ring_dtype(q.dtype()) ? q.dtype() : DType::Float32, [&](auto t) {
     return backward<decltype(t)>(dout, q, k, v, out, lse, comm, options);
   });
 }

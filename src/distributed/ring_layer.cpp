@@ -188,7 +188,11 @@ MultiHeadAttentionGradients backward_typed(MultiHeadAttention& layer, MPI_Comm c
 }  // namespace
 
 RingMultiHeadAttention::RingMultiHeadAttention(MultiHeadAttention& layer, MPI_Comm comm, Layout layout)
-    : layer_(&layer), comm_(comm), layout_(layout) {}
+    : layer_(&layer), comm_(comm), layout_(layout) {
+  if (layer.config().dtype == DType::BFloat16)
+    throw Error("RingMultiHeadAttention: the layer is bfloat16; the ring takes float32 or float64 layers (bfloat16 "
+                "across ranks is not built yet)");
+}
 RingMultiHeadAttention::~RingMultiHeadAttention() = default;
 RingMultiHeadAttention::RingMultiHeadAttention(RingMultiHeadAttention&&) noexcept = default;
 RingMultiHeadAttention& RingMultiHeadAttention::operator=(RingMultiHeadAttention&&) noexcept = default;
@@ -220,7 +224,7 @@ Tensor RingMultiHeadAttention::forward(const TensorView& query, const TensorView
   s->B = query.size(batch), s->L_r = query.size(1 - batch), s->S_r = key.size(1 - batch);
   s->query = Tensor::copy_of(query), s->key = Tensor::copy_of(key), s->value = Tensor::copy_of(value);
   Tensor y =
-      mha::detail::dispatch_floating(c.dtype, [&](auto t) { return forward_typed<decltype(t)>(*layer_, comm_, *s); });
+      mha::detail::dispatch_float32_or_float64(c.dtype, [&](auto t) { return forward_typed<decltype(t)>(*layer_, comm_, *s); });
   saved_ = layer_->training() ? std::move(s) : nullptr;
   return y;
 }
@@ -235,7 +239,7 @@ MultiHeadAttentionGradients RingMultiHeadAttention::backward(const TensorView& d
   detail::agree_on_errors(comm_, error, "RingMultiHeadAttention::backward");  // every rank stops if any must
   const Tensor dy = Tensor::copy_of(dout);
   const auto& c = layer_->config();
-  auto g = mha::detail::dispatch_floating(
+  auto g = mha::detail::dispatch_float32_or_float64(
       c.dtype, [&](auto t) { return backward_typed<decltype(t)>(*layer_, comm_, *saved_, dy); });
   saved_.reset();
   return g;

@@ -248,6 +248,8 @@ std::string header_text(const TensorView& view) {
 }
 
 void write_to(io::ByteSink& sink, const TensorView& view) {
+  if (view.dtype() == DType::BFloat16)  // NumPy has no bfloat16: written as float32, which holds it exactly
+    return write_to(sink, Tensor::copy_of(view, DType::Float32));
   std::string header = header_text(view);
   // Version 1.0 has a 2-byte header length; use 2.0 (4 bytes) only when the header needs it.
   int major = 1;

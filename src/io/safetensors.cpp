@@ -157,7 +157,7 @@ void check_buffer_tiling(const std::vector<Entry>& entries, const std::string& f
 SafetensorsFile read_from(const io::ByteSource& source, std::optional<DType> dtype) {
   const std::string& file = source.name();
   if (dtype && *dtype == DType::Bool)
-    fail(file, "dtype: floating-point tensors are read as float32 or float64, not bool");
+    fail(file, "dtype: floating-point tensors are read as float32, float64 or bfloat16, not bool");
   std::string header = read_header_text(source);
   const std::uint64_t data_start = kLengthBytes + header.size();
 
@@ -190,6 +190,7 @@ const char* stored_name(DType dtype) {
     case DType::Float64: return "F64";
     case DType::Float32: return "F32";
     case DType::Bool: return "BOOL";
+    case DType::BFloat16: return "BF16";
   }
   return "?";
 }

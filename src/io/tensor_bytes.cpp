@@ -25,6 +25,7 @@ DType natural_dtype(StoredType type) {
   switch (type) {
     case StoredType::F64: return DType::Float64;
     case StoredType::Bool: return DType::Bool;
+    case StoredType::BF16: return DType::BFloat16;
     default: return DType::Float32;
   }
 }
@@ -62,7 +63,8 @@ Tensor read_elements(const ByteSource& source, std::uint64_t offset, StoredType 
   if (n == 0) return t;
   const std::size_t item = stored_size(stored);
   const bool same_layout =
-      (stored == StoredType::F64 && dtype == DType::Float64) || (stored == StoredType::F32 && dtype == DType::Float32);
+      (stored == StoredType::F64 && dtype == DType::Float64) || (stored == StoredType::F32 && dtype == DType::Float32) ||
+      (stored == StoredType::BF16 && dtype == DType::BFloat16);
   if (same_layout) {
     source.read(offset, t.data(), n * item);
     return t;
@@ -77,6 +79,7 @@ Tensor read_elements(const ByteSource& source, std::uint64_t offset, StoredType 
       case DType::Float32: convert(stored, buffer.data(), count, t.data_as<float>() + done); break;
       case DType::Float64: convert(stored, buffer.data(), count, t.data_as<double>() + done); break;
       case DType::Bool: convert(stored, buffer.data(), count, t.data_as<std::uint8_t>() + done); break;
+      case DType::BFloat16: convert(stored, buffer.data(), count, t.data_as<bfloat16>() + done); break;
     }
     done += count;
   }

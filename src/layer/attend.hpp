@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "attention/attention_core.hpp"
+#include "dtype_dispatch.hpp"
 #include "layer/linear.hpp"
 #include "layer/projections.hpp"
 #include "mha/multi_head_attention.hpp"
@@ -47,9 +48,9 @@ Tensor output_weights(Tensor per_head, bool average, bool batched) {
     T* m = mean.data_as<T>();
     for (std::int64_t b = 0; b < B; ++b)
       for (std::int64_t i = 0; i < L * S2; ++i) {
-        T sum = 0;
+        compute_t<T> sum = 0;
         for (std::int64_t head = 0; head < h; ++head) sum += p[(b * h + head) * L * S2 + i];
-        m[b * L * S2 + i] = sum / static_cast<T>(h);
+        m[b * L * S2 + i] = T(sum / static_cast<compute_t<T>>(h));
       }
     weights = std::move(mean);
   }

@@ -267,10 +267,15 @@ MultiHeadAttentionGradients MultiHeadAttention::backward(const TensorView& dout)
     if (c.add_bias_kv) {  // forward: k_proj[b, S] = bias_k, v_proj[b, S] = bias_v for every b
       T* dbias_k = grad("bias_k");
       T* dbias_v = grad("bias_v");
-      for (std::int64_t b = 0; b < B; ++b) {
-        for (std::int64_t n = 0; n < qk; ++n) dbias_k[n] += dk_proj.data_as<T>()[(b * S2 + S) * qk + n];
-        for (std::int64_t n = 0; n < vw; ++n) dbias_v[n] += dv_proj.data_as<T>()[(b * S2 + S) * vw + n];
-      }
+      auto sum_over_batches = [&](const Tensor& d_proj, std::int64_t width, T* dbias) {
+        for (std::int64_t n = 0; n < width; ++n) {
+          compute_t<T> sum = 0;
+          for (std::int64_t b = 0; b < B; ++b) sum += d_proj.data_as<T>()[(b * S2 + S) * width + n];
+          dbias[n] = T(sum);
+        }
+      };
+      sum_over_batches(dk_proj, qk, dbias_k);
+      sum_over_batches(dv_proj, vw, dbias_v);
     }
 
     // Input projections. Forward: q_proj = query W_q^T + b_q (likewise k, v).

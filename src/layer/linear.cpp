@@ -1,6 +1,9 @@
 // Linear projections: the bias, then the product through the one GEMM entry.
 #include "layer/linear.hpp"
 
+#include <vector>
+
+#include "dtype_dispatch.hpp"
 #include "gemm.hpp"
 
 namespace mha::detail {
@@ -16,15 +19,19 @@ void linear_forward(const T* x, std::int64_t ldx, std::int64_t M, std::int64_t K
 
 template <class T>
 void column_sums(const T* dy, std::int64_t ldy, std::int64_t M, std::int64_t N, T* bias_grad) {
-  for (std::int64_t n = 0; n < N; ++n) bias_grad[n] = 0;
+  std::vector<compute_t<T>> sums(static_cast<std::size_t>(N));  // bfloat16 sums in float32, rounded once
   for (std::int64_t m = 0; m < M; ++m)
-    for (std::int64_t n = 0; n < N; ++n) bias_grad[n] += dy[m * ldy + n];
+    for (std::int64_t n = 0; n < N; ++n) sums[static_cast<std::size_t>(n)] += dy[m * ldy + n];
+  for (std::int64_t n = 0; n < N; ++n) bias_grad[n] = T(sums[static_cast<std::size_t>(n)]);
 }
 
 template void linear_forward<float>(const float*, std::int64_t, std::int64_t, std::int64_t, const float*, std::int64_t,
                                     const float*, float*, std::int64_t);
 template void linear_forward<double>(const double*, std::int64_t, std::int64_t, std::int64_t, const double*,
                                      std::int64_t, const double*, double*, std::int64_t);
+template void linear_forward<bfloat16>(const bfloat16*, std::int64_t, std::int64_t, std::int64_t, const bfloat16*,
+                                       std::int64_t, const bfloat16*, bfloat16*, std::int64_t);
+template void column_sums<bfloat16>(const bfloat16*, std::int64_t, std::int64_t, std::int64_t, bfloat16*);
 template void column_sums<float>(const float*, std::int64_t, std::int64_t, std::int64_t, float*);
 template void column_sums<double>(const double*, std::int64_t, std::int64_t, std::int64_t, double*);
 

@@ -96,6 +96,9 @@ void pad_masks_for_extra_keys(KernelMasks& m, std::int64_t B, std::int64_t h, st
 KernelMasks kernel_masks(const MultiHeadAttentionInputs& in, const MultiHeadAttentionConfig& c, bool batched,
                          std::int64_t B, std::int64_t L, std::int64_t S) {
   const std::int64_t h = c.num_heads;
+  // Float masks are added to the logits, which a bfloat16 layer computes in float32: its masks are
+  // kept (or made) float32, not rounded to bfloat16.
+  const DType mask_dtype = c.dtype == DType::BFloat16 ? DType::Float32 : c.dtype;
   KernelMasks masks;
   AttentionOptions& o = masks.options;
   o.causal = in.causal;
@@ -110,15 +113,15 @@ KernelMasks kernel_masks(const MultiHeadAttentionInputs& in, const MultiHeadAtte
     } else {
       o.key_padding_mask = kpm;
     }
-    if (kpm.dtype() != DType::Bool && kpm.dtype() != c.dtype) {  // the other float dtype: convert
-      masks.key_padding_mask = Tensor::copy_of(*o.key_padding_mask, c.dtype);
+    if (kpm.dtype() != DType::Bool && kpm.dtype() != mask_dtype) {  // another float dtype: convert
+      masks.key_padding_mask = Tensor::copy_of(*o.key_padding_mask, mask_dtype);
       o.key_padding_mask = masks.key_padding_mask.view();
     }
   }
   if (in.attn_mask) {
     const TensorView& am = *in.attn_mask;
-    if (am.dtype() != DType::Bool && am.dtype() != c.dtype) {  // the other float dtype: convert
-      masks.attn_mask = Tensor::copy_of(am, c.dtype);
+    if (am.dtype() != DType::Bool && am.dtype() != mask_dtype) {  // another float dtype: convert
+      masks.attn_mask = Tensor::copy_of(am, mask_dtype);
       o.attn_mask = masks.attn_mask.view();
     } else {
       o.attn_mask = am;
@@ -126,7 +129,7 @@ KernelMasks kernel_masks(const MultiHeadAttentionInputs& in, const MultiHeadAtte
   }
   validate_attention_masks(o, c.dtype, B, h, L, S);
   if (const std::int64_t extra = extra_positions(c)) {
-    dispatch_floating(c.dtype, [&]<class T>(T) { pad_masks_for_extra_keys<T>(masks, B, h, L, S, extra); });
+    dispatch_float32_or_float64(mask_dtype, [&]<class T>(T) { pad_masks_for_extra_keys<T>(masks, B, h, L, S, extra); });
   }
   return masks;
 }

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "dtype_dispatch.hpp"
 #include "gemm.hpp"
 #include "layer/inputs.hpp"
 #include "layer/linear.hpp"
@@ -93,16 +94,19 @@ void project_backward(const Tensor& dy, const TensorView& x, RowLayout rows, std
   }
   // y is [B, positions + extra, N]; x and dx keep the input's row layout.
   std::vector<T> batch_bias(static_cast<std::size_t>(N));
+  std::vector<compute_t<T>> bias_sums(static_cast<std::size_t>(N));
   for (std::int64_t b = 0; b < B; ++b) {
     const T* dy_b = dyp + b * (positions + extra) * N;
     const std::int64_t x_offset = b * rows.batch * width, ld = rows.position * width;
     gemm<T>(N, width, positions, transposed(dy_b, N), plain(xp + x_offset, ld), GemmOutput<T>{dw, width, b > 0});
     if (dbias) {
       column_sums(dy_b, N, positions, N, batch_bias.data());
-      for (std::int64_t n = 0; n < N; ++n) dbias[n] += batch_bias[static_cast<std::size_t>(n)];
+      for (std::int64_t n = 0; n < N; ++n) bias_sums[static_cast<std::size_t>(n)] += batch_bias[static_cast<std::size_t>(n)];
     }
     gemm<T>(positions, width, N, plain(dy_b, N), plain(w, width), overwrite(dxp + x_offset, ld));
   }
+  if (dbias)
+    for (std::int64_t n = 0; n < N; ++n) dbias[n] = T(bias_sums[static_cast<std::size_t>(n)]);
 }
 
 // Writes the extra key / value positions after the S keys of each batch: bias_k / bias_v at position S

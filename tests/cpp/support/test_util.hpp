@@ -72,6 +72,7 @@ inline double load(const void* base, DType dtype, std::int64_t offset) {
     case DType::Float32: return static_cast<const float*>(base)[offset];
     case DType::Float64: return static_cast<const double*>(base)[offset];
     case DType::Bool: return static_cast<const std::uint8_t*>(base)[offset] != 0 ? 1.0 : 0.0;
+    case DType::BFloat16: return static_cast<const mha::bfloat16*>(base)[offset];
   }
   return kNaN;
 }
@@ -81,6 +82,7 @@ inline void store(void* base, DType dtype, std::int64_t offset, double value) {
     case DType::Float32: static_cast<float*>(base)[offset] = static_cast<float>(value); break;
     case DType::Float64: static_cast<double*>(base)[offset] = value; break;
     case DType::Bool: static_cast<std::uint8_t*>(base)[offset] = value != 0.0 ? 1 : 0; break;
+    case DType::BFloat16: static_cast<mha::bfloat16*>(base)[offset] = static_cast<float>(value); break;
   }
 }
 
@@ -219,6 +221,7 @@ inline const char* short_name(DType dtype) {
     case DType::Float32: return "f32";
     case DType::Float64: return "f64";
     case DType::Bool: return "bool";
+    case DType::BFloat16: return "bf16";
   }
   return "?";
 }

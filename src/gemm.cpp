@@ -97,10 +97,10 @@ void gemm<float>(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<float
     if (status != dnnl_success) throw Error(describe_failure(status, M, N, K, A, B, C));
     return;
   }
-  const dnnl_status_t status = for_each_block(M, N, A, B, C, [&](std::int64_t rows, std::int64_t cols, auto A_rows,
-                                                                   auto B_columns, auto C_block) {
-    return sgemm_on_this_thread(rows, cols, K, A_rows, B_columns, C_block, alpha);
-  });
+  const dnnl_status_t status = for_each_block(
+      M, N, A, B, C, [&](std::int64_t rows, std::int64_t cols, auto A_rows, auto B_columns, auto C_block) {
+        return sgemm_on_this_thread(rows, cols, K, A_rows, B_columns, C_block, alpha);
+      });
   if (status != dnnl_success) throw Error(describe_failure(status, M, N, K, A, B, C));
 }
 

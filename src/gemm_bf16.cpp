@@ -112,7 +112,8 @@ dnnl_status_t matmul_on_this_thread(std::int64_t M, std::int64_t N, std::int64_t
                                     GemmInput<bfloat16> B, void* C, std::int64_t ldc, bool c_bfloat16, bool accumulate,
                                     float alpha) {
   try {
-    const Matmul m = cached_matmul({M, N, K, A.ld, B.ld, ldc, A.transposed, B.transposed, c_bfloat16, accumulate, alpha});
+    const Matmul m =
+        cached_matmul({M, N, K, A.ld, B.ld, ldc, A.transposed, B.transposed, c_bfloat16, accumulate, alpha});
     thread_local dnnl::stream stream(cpu_engine());
     thread_local std::vector<std::byte> scratch;
     if (scratch.size() < m.scratchpad.get_size()) scratch.resize(m.scratchpad.get_size());
@@ -147,8 +148,8 @@ void gemm_bf16_blocks(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<
   }
   const SerialIfSmall serial_if_small(2.0 * M * N * K);
   constexpr bool c_bfloat16 = std::is_same_v<TC, bfloat16>;
-  const dnnl_status_t status =
-      for_each_block(M, N, A, B, C, [&](std::int64_t rows, std::int64_t cols, auto A_rows, auto B_columns, auto C_block) {
+  const dnnl_status_t status = for_each_block(
+      M, N, A, B, C, [&](std::int64_t rows, std::int64_t cols, auto A_rows, auto B_columns, auto C_block) {
         return matmul_on_this_thread(rows, cols, K, A_rows, B_columns, C_block.data, C.ld, c_bfloat16, C.accumulate,
                                      alpha);
       });

@@ -148,7 +148,7 @@ TensorView::TensorView(std::span<const bool> data, Shape shape, Shape strides)
 void detail::throw_element_type_mismatch(DType dtype, const char* requested) {
   throw Error(std::string("data_as<") + requested + ">() on " + dtype_name(dtype) + " elements (read " +
               dtype_name(dtype) + " as " +
-              (dtype == DType::Float32   ? "float"
+              (dtype == DType::Float32    ? "float"
                : dtype == DType::Float64  ? "double"
                : dtype == DType::BFloat16 ? "mha::bfloat16"
                                           : "bool or std::uint8_t") +

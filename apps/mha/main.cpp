@@ -13,6 +13,7 @@
 #include <CLI/CLI.hpp>
 
 #include "bench/bench.hpp"
+#include "bench/bench_bf16.hpp"
 #include "bench/bench_grid.hpp"
 #include "bench/bench_one.hpp"
 #include "commands/demo.hpp"
@@ -180,6 +181,12 @@ void add_bench_command(CLI::App& app, mha_cli::BenchOptions& options) {
                    "BLAS under PyTorch's products: onednn (its sgemm_ preloaded onto oneDNN), openblas (Debian's "
                    "libopenblas0-pthread) or installed (libblas.so.3); the others are measured once at N 4096")
       ->check(CLI::IsMember({"onednn", "openblas", "installed"}))
+      ->capture_default_str();
+  bench
+      ->add_option("--dtype", options.dtype,
+                   "float32: the benchmark above; bf16: bfloat16 instead (oneDNN's bf16 matmul roof, the core at d 64 "
+                   "and 128 and the layer against our float32 and PyTorch in bf16 and float32; --sizes default 4096)")
+      ->check(CLI::IsMember({"float32", "bf16"}))
       ->capture_default_str();
   bench->add_option("--python", options.python, "The Python with torch")->capture_default_str();
   bench->add_option("--torch-script", options.torch_script, "PyTorch's side (default: apps/mha/bench/torch_mha.py)");
@@ -349,6 +356,10 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("bench")) {
       std::string command;
       for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
+      if (bench_options.dtype == "bf16") {
+        if (app.get_subcommand("bench")->count("--sizes") == 0) bench_options.sizes = {4096};
+        return mha_cli::bench::run_bench_bf16(bench_options, command);
+      }
       return mha_cli::run_bench(bench_options, command);
     }
     if (app.got_subcommand("bench-one")) return mha_cli::run_bench_one(bench_one_options);

@@ -29,7 +29,8 @@ bool additive_mask_dtype_ok(DType mask, DType q) {
   return mask == q || (q == DType::BFloat16 && mask == DType::Float32);
 }
 std::string additive_mask_dtypes(DType q) {
-  return q == DType::BFloat16 ? "bfloat16 or float32 (q is bfloat16)" : std::string(dtype_name(q)) + " (the dtype of q)";
+  return q == DType::BFloat16 ? "bfloat16 or float32 (q is bfloat16)"
+                              : std::string(dtype_name(q)) + " (the dtype of q)";
 }
 
 void expect_rank(const TensorView& t, const char* name, std::int64_t rank, const char* layout) {

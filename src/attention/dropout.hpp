@@ -27,8 +27,8 @@ bool dropped(const AttentionInputs<T>& p, std::int64_t b, std::int64_t head, std
 // A tile of weights s [rows, cols] (row stride ld) for rows i0.. and keys j0.. times its dropout
 // factors: 0 where dropped, 1 / (1 - dropout_p) where kept.
 template <class T>
-void apply_dropout(const AttentionInputs<T>& p, std::int64_t b, std::int64_t head, std::int64_t i0,
-                          std::int64_t rows, std::int64_t j0, std::int64_t cols, float* s, std::int64_t ld) {
+void apply_dropout(const AttentionInputs<T>& p, std::int64_t b, std::int64_t head, std::int64_t i0, std::int64_t rows,
+                   std::int64_t j0, std::int64_t cols, float* s, std::int64_t ld) {
   const float keep_scale = 1.0f / (1.0f - p.dropout_p);
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t c = 0; c < cols; ++c) {

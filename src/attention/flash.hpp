@@ -1,5 +1,5 @@
-// The fused attention kernel: FlashAttention-2 (Dao 2023) on the CPU, float32 (and bfloat16 forward). The forward and the
-// backward take the parameter objects of params.hpp; attention_core.cpp builds and validates them.
+// The fused attention kernel: FlashAttention-2 (Dao 2023) on the CPU, float32 (and bfloat16 forward). The forward and
+// the backward take the parameter objects of params.hpp; attention_core.cpp builds and validates them.
 #pragma once
 
 #include "attention/params.hpp"

@@ -12,8 +12,8 @@
 // sgemm for float32; for bfloat16 its matmul primitive, bfloat16 operands with float32 accumulation,
 // P rounded to bfloat16 for the P V product as FlashAttention does); the online softmax, m, l and the
 // accumulator are float32 for both. The row operations go through Highway, dispatched once per call
-// to the best SIMD target of the machine. Causal masking skips key blocks that lie entirely above the diagonal; key_lengths shortens
-// the key range. Keys outside the range are never read; masked keys inside it get -inf logits
+// to the best SIMD target of the machine. Causal masking skips key blocks that lie entirely above the diagonal;
+// key_lengths shortens the key range. Keys outside the range are never read; masked keys inside it get -inf logits
 // (masks.hpp), and K/V rows of padded keys or holding NaN/Inf are zeroed in a copy of the block
 // (nonfinite.hpp), so a NaN or Inf stored at a masked position cannot leak through the block products.
 #include "attention/flash.hpp"

@@ -50,7 +50,7 @@ inline hwy::AlignedFreeUniquePtr<float[]> AllocateFloats(std::int64_t count) { r
 // D is not finite. A masked position is ignored, whatever the row holds.
 template <class T>
 void ZeroForbiddenEntries(const AttentionInputs<T>& p, std::int64_t b, std::int64_t head, std::int64_t i,
-                                 std::int64_t j0, std::int64_t cols, float* row) {
+                          std::int64_t j0, std::int64_t cols, float* row) {
   for (std::int64_t c = 0; c < cols; ++c) {
     if (p.forbidden(b, head, i, j0 + c)) row[c] = 0.0f;
   }
@@ -69,7 +69,7 @@ void ScaledLogits(const AttentionInputs<T>& p, const T* q_rows, std::int64_t ldq
 // and each row becomes P = exp(S - lse) (0 for a row that attended to nothing), padded with zeros.
 template <class T>
 void ProbabilitiesFromLse(const AttentionInputs<T>& p, std::int64_t b, std::int64_t head, std::int64_t i0,
-                                 std::int64_t rows, std::int64_t j0, std::int64_t cols, const float* lse, float* s) {
+                          std::int64_t rows, std::int64_t j0, std::int64_t cols, const float* lse, float* s) {
   const std::int64_t padded_cols = round_up(cols, kRowAlign);
   if (needs_data_masks(p)) apply_masks(p, b, head, i0, rows, j0, cols, s, kBlockK);
   for (std::int64_t r = 0; r < rows; ++r) {
@@ -126,7 +126,7 @@ inline void RoundRowsToBfloat16(const float* HWY_RESTRICT s, std::int64_t lds, s
 // that holds NaN or Inf: one pass over x, so that the tiles only read a byte per row (nonfinite.hpp).
 template <class E>
 void FlagNonfiniteRows(const Strided4<const E>& x, std::int64_t B, std::int64_t h, std::int64_t rows,
-                              std::int64_t width, std::uint8_t bit, std::uint8_t* flags) {
+                       std::int64_t width, std::uint8_t bit, std::uint8_t* flags) {
 #pragma omp parallel for schedule(static)
   for (std::int64_t n = 0; n < B * h * rows; ++n) {
     const std::int64_t b = n / (h * rows), head = (n / rows) % h, r = n % rows;

@@ -33,16 +33,15 @@ bool needs_data_masks(const AttentionInputs<T>& p) {
 // How many of the keys [j0, j0 + cols) query i may see by the causal rule (a prefix of them; all
 // without causal).
 template <class T>
-std::int64_t causal_visible(const AttentionInputs<T>& p, std::int64_t i, std::int64_t j0,
-                                   std::int64_t cols) {
+std::int64_t causal_visible(const AttentionInputs<T>& p, std::int64_t i, std::int64_t j0, std::int64_t cols) {
   if (!p.causal) return cols;
   return std::clamp<std::int64_t>(i + p.S - p.L - j0 + 1, 0, cols);
 }
 
 // Applies the masks to a logits tile s [rows, cols] (row stride ld): forbidden -> -inf, additive added.
 template <class T>
-void apply_masks(const AttentionInputs<T>& p, std::int64_t b, std::int64_t head, std::int64_t i0,
-                        std::int64_t rows, std::int64_t j0, std::int64_t cols, float* s, std::int64_t ld) {
+void apply_masks(const AttentionInputs<T>& p, std::int64_t b, std::int64_t head, std::int64_t i0, std::int64_t rows,
+                 std::int64_t j0, std::int64_t cols, float* s, std::int64_t ld) {
   constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t c = 0; c < cols; ++c) {

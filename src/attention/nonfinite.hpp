@@ -82,8 +82,8 @@ SafeBlock<T> safe_block(const AttentionInputs<T>& p, const T* head_rows, std::in
 // stride ld) made safe: nothing skipped, non-finite rows listed (row indices within the block).
 // query_flags: (b, head)'s [L].
 inline SafeBlock<float> safe_query_rows(const float* head_rows, std::int64_t ld, std::int64_t i0, std::int64_t rows,
-                                 std::int64_t width, const std::uint8_t* query_flags, std::uint8_t bit, float* scratch,
-                                 std::int64_t* nonfinite) {
+                                        std::int64_t width, const std::uint8_t* query_flags, std::uint8_t bit,
+                                        float* scratch, std::int64_t* nonfinite) {
   return safe_rows(
       head_rows + i0 * ld, ld, rows, width, [](std::int64_t) { return false; }, query_flags + i0, bit, scratch,
       nonfinite);

@@ -80,20 +80,20 @@ struct AttentionInputs {
 // The forward: the inputs and where the results go.
 template <class T>
 struct AttentionParams : AttentionInputs<T> {
-  Strided4<T> out;                    // [B, h, L, d_v]
-  T* weights = nullptr;               // [B, h, L, S] contiguous, or null
-  compute_t<T>* lse = nullptr;        // [B, h, L] contiguous, or null
+  Strided4<T> out;              // [B, h, L, d_v]
+  T* weights = nullptr;         // [B, h, L, S] contiguous, or null
+  compute_t<T>* lse = nullptr;  // [B, h, L] contiguous, or null
 };
 
 // The backward: the forward's inputs, what the forward produced, and the gradient buffers.
 template <class T>
 struct AttentionBackwardParams : AttentionInputs<T> {
-  Strided4<const T> dout;    // [B, h, L, d_v]
-  Strided4<const T> o;       // [B, h, L, d_v]: the forward's output
+  Strided4<const T> dout;               // [B, h, L, d_v]
+  Strided4<const T> o;                  // [B, h, L, d_v]: the forward's output
   Strided4<const compute_t<T>> lse_in;  // [B, h, L, (1)]: the forward's log-sum-exp; column stride unused
-  Strided4<T> dq;            // [B, h, L, d_k]
-  Strided4<T> dk;            // [B, h, S, d_k]
-  Strided4<T> dv;            // [B, h, S, d_v]
+  Strided4<T> dq;                       // [B, h, L, d_k]
+  Strided4<T> dk;                       // [B, h, S, d_k]
+  Strided4<T> dv;                       // [B, h, S, d_v]
 };
 
 }  // namespace mha::detail

@@ -251,9 +251,8 @@ AttentionGradients backward(const TensorView& dout, const TensorView& q, const T
 RingResult ring_attention(const TensorView& q, const TensorView& k, const TensorView& v, MPI_Comm comm,
                           const RingOptions& options) {
   // A dtype the ring does not take runs as float32 so as to reach the agreement, which reports it.
-  return mha::detail::dispatch_float32_or_float64(ring_dtype(q.dtype()) ? q.dtype() : DType::Float32, [&](auto t) {
-    return forward<decltype(t)>(q, k, v, comm, options);
-  });
+  return mha::detail::dispatch_float32_or_float64(ring_dtype(q.dtype()) ? q.dtype() : DType::Float32,
+                                                  [&](auto t) { return forward<decltype(t)>(q, k, v, comm, options); });
 }
 
 AttentionGradients ring_attention_backward(const TensorView& dout, const TensorView& q, const TensorView& k,

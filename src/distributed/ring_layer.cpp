@@ -223,8 +223,8 @@ Tensor RingMultiHeadAttention::forward(const TensorView& query, const TensorView
   const int batch = c.batch_first ? 0 : 1;
   s->B = query.size(batch), s->L_r = query.size(1 - batch), s->S_r = key.size(1 - batch);
   s->query = Tensor::copy_of(query), s->key = Tensor::copy_of(key), s->value = Tensor::copy_of(value);
-  Tensor y =
-      mha::detail::dispatch_float32_or_float64(c.dtype, [&](auto t) { return forward_typed<decltype(t)>(*layer_, comm_, *s); });
+  Tensor y = mha::detail::dispatch_float32_or_float64(
+      c.dtype, [&](auto t) { return forward_typed<decltype(t)>(*layer_, comm_, *s); });
   saved_ = layer_->training() ? std::move(s) : nullptr;
   return y;
 }

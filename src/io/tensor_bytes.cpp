@@ -62,9 +62,9 @@ Tensor read_elements(const ByteSource& source, std::uint64_t offset, StoredType 
   const auto n = static_cast<std::size_t>(t.numel());
   if (n == 0) return t;
   const std::size_t item = stored_size(stored);
-  const bool same_layout =
-      (stored == StoredType::F64 && dtype == DType::Float64) || (stored == StoredType::F32 && dtype == DType::Float32) ||
-      (stored == StoredType::BF16 && dtype == DType::BFloat16);
+  const bool same_layout = (stored == StoredType::F64 && dtype == DType::Float64) ||
+                           (stored == StoredType::F32 && dtype == DType::Float32) ||
+                           (stored == StoredType::BF16 && dtype == DType::BFloat16);
   if (same_layout) {
     source.read(offset, t.data(), n * item);
     return t;

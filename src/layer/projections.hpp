@@ -101,7 +101,8 @@ void project_backward(const Tensor& dy, const TensorView& x, RowLayout rows, std
     gemm<T>(N, width, positions, transposed(dy_b, N), plain(xp + x_offset, ld), GemmOutput<T>{dw, width, b > 0});
     if (dbias) {
       column_sums(dy_b, N, positions, N, batch_bias.data());
-      for (std::int64_t n = 0; n < N; ++n) bias_sums[static_cast<std::size_t>(n)] += batch_bias[static_cast<std::size_t>(n)];
+      for (std::int64_t n = 0; n < N; ++n)
+        bias_sums[static_cast<std::size_t>(n)] += batch_bias[static_cast<std::size_t>(n)];
     }
     gemm<T>(positions, width, N, plain(dy_b, N), plain(w, width), overwrite(dxp + x_offset, ld));
   }

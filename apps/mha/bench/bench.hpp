@@ -27,6 +27,7 @@ struct BenchOptions {
   std::string torch_blas = "onednn";
   double torch_memory_limit_gib = 16;  // PyTorch runs estimated to need more are skipped
   double torch_timeout_s = 900;        // per PyTorch process
+  std::string dtype = "float32";       // "bf16": the bfloat16 benchmark instead (bench_bf16.hpp)
 };
 
 // Runs the benchmark, printing tables to stdout as it goes; writes out_dir/bench.json and

@@ -75,11 +75,13 @@ def parse_shapes(spec):
     return shapes
 
 
-def make_call(batch, n, e, heads, causal, pass_):
-    """The timed call: one forward (eval, no_grad) or one training step (train, forward + backward)."""
-    module = torch.nn.MultiheadAttention(e, heads, batch_first=True)
-    x = torch.randn(batch, n, e)  # [B, N, E]
-    dout = torch.randn(batch, n, e)  # [B, N, E]
+def make_call(batch, n, e, heads, causal, pass_, dtype=torch.float32):
+    """The timed call: one forward (eval, no_grad) or one training step (train, forward + backward),
+    with the module's parameters and the inputs in `dtype` (float32, or bfloat16: the module as
+    `.to(torch.bfloat16)` makes it, whose products run on oneDNN)."""
+    module = torch.nn.MultiheadAttention(e, heads, batch_first=True).to(dtype)
+    x = torch.randn(batch, n, e).to(dtype)  # [B, N, E]
+    dout = torch.randn(batch, n, e).to(dtype)  # [B, N, E]
     # torch 1.13 has no is_causal: the causal mask is a boolean [N, N], True = may not attend.
     mask = torch.triu(torch.ones(n, n, dtype=torch.bool), diagonal=1) if causal else None
 
@@ -149,6 +151,7 @@ def main():
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--pass", dest="pass_", choices=("fwd", "fwdbwd"), default="fwd")
     parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--d-model", type=int, default=512)
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=1)
@@ -165,7 +168,8 @@ def main():
         run_grid(args)
         return
     torch.manual_seed(0)
-    call = make_call(args.batch, args.n, args.d_model, args.heads, args.causal, args.pass_)
+    call = make_call(args.batch, args.n, args.d_model, args.heads, args.causal, args.pass_,
+                     getattr(torch, args.dtype))
     baseline = max_rss_bytes()
     times, peak_first = time_call(call, args)
     print_json({

@@ -578,11 +578,15 @@ TEST(IoTorch, ReadsFilesWrittenByPyTorchAndNumPy) {
     const auto out = layer.forward(in("separate_q.npy"), in("separate_k.npy"), in("separate_v.npy"));
     EXPECT_TRUE(all_close(to_doubles(out.out), to_doubles(in("separate_out.npy")), 1e-5, 1e-5));
   }
-  // float16 and bfloat16 from torch, against torch's own conversion to float32.
+  // float16 and bfloat16 from torch, against torch's own conversion to float32: BF16 is read as
+  // bfloat16 (its own dtype) by default, and as float32 when asked.
   {
     const auto file = mha::read_safetensors(dir / "halves.safetensors");
     EXPECT_TRUE(bitwise_equal(file.tensors.at("f16"), in("f16_as_f32.npy")));
-    EXPECT_TRUE(bitwise_equal(file.tensors.at("bf16"), in("bf16_as_f32.npy")));
+    EXPECT_EQ(file.tensors.at("bf16").dtype(), DType::BFloat16);
+    EXPECT_TRUE(bitwise_equal(Tensor::copy_of(file.tensors.at("bf16"), DType::Float32), in("bf16_as_f32.npy")));
+    const auto as_f32 = mha::read_safetensors(dir / "halves.safetensors", DType::Float32);
+    EXPECT_TRUE(bitwise_equal(as_f32.tensors.at("bf16"), in("bf16_as_f32.npy")));
   }
   // np.save / write_array variants against the same values saved plainly.
   for (const char* name : {"fortran_f8", "v2_f4", "v3_f4", "bool", "scalar_f8", "empty_f4", "f2"}) {

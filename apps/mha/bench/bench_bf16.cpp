@@ -1,0 +1,220 @@
+// `mha bench --dtype bf16`: bfloat16 attention beside its own roof, our float32, and PyTorch 1.13 in
+// bfloat16 and float32, in one run (issue 12's benchmark; results in docs/PERFORMANCE.md).
+//
+//   roof        oneDNN's bf16 matmul C [2048, 2048] = A B (one primitive, every thread), with the
+//               implementation oneDNN picked (brg:avx512_core_amx_bf16 on AMX, brg:avx512_core_bf16
+//               with AVX512-BF16, another name where the CPU has neither)
+//   core        scaled_dot_product_attention, B 1, h 8, N = L = S, d 64 and 128, forward and backward,
+//               GFLOP/s and % of the roof; float32 beside it
+//   layer       MultiHeadAttention E 512, h 8, B 1: forward (eval) and training step (forward +
+//               backward), ours in bf16 and float32, PyTorch's nn.MultiheadAttention in bf16 and
+//               float32 (its float32 products on oneDNN through the preloaded sgemm_), same threads
+//
+// Legend: B batch, h heads, N = L = S, d head width, E = d_model.
+#include "bench/bench_bf16.hpp"
+
+#include <fmt/format.h>
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "bench/bench_machine.hpp"
+#include "bench/bench_measure.hpp"
+#include "bench/bench_runs.hpp"
+#include "bench/bench_workloads.hpp"
+#include "gemm.hpp"
+#include "mha/mha.hpp"
+
+namespace mha_cli::bench {
+
+namespace {
+
+using mha::DType;
+using mha::Tensor;
+
+// The bf16 roof at the current thread count: the best GFLOP/s of one 2048^3 matmul primitive.
+struct Bf16Roof {
+  double gflops = 0;
+  std::string implementation;
+};
+
+Bf16Roof measure_bf16_roof(const RepeatPolicy& policy) {
+  using dnnl::memory;
+  const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(engine);
+  const memory::dim n = kRoofSize;
+  const memory::desc a({n, n}, memory::data_type::bf16, memory::format_tag::ab);
+  const memory::desc c({n, n}, memory::data_type::f32, memory::format_tag::ab);
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, a, c), engine);
+  const dnnl::matmul matmul(pd);
+  const memory A(a, engine), B(a, engine), C(c, engine);
+  for (auto* m : {&A, &B}) {  // ones: every product is exact and finite
+    auto* bits = static_cast<std::uint16_t*>(m->get_data_handle());
+    for (memory::dim i = 0; i < n * n; ++i) bits[i] = 0x3f80;
+  }
+  const Timing t = measure(
+      [&] {
+        matmul.execute(stream, {{DNNL_ARG_SRC, A}, {DNNL_ARG_WEIGHTS, B}, {DNNL_ARG_DST, C}});
+        stream.wait();
+      },
+      policy);
+  return {2.0 * n * n * n / t.min_s * 1e-9, pd.impl_info_str()};
+}
+
+Tensor random_tensor(DType dtype, const mha::Shape& shape, std::uint64_t seed) {
+  Tensor t(DType::Float32, shape);
+  float* x = t.data_as<float>();
+  std::uint64_t state = seed;
+  for (std::int64_t i = 0; i < t.numel(); ++i) {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    x[i] = static_cast<float>(static_cast<std::int64_t>(state >> 40) % 2001 - 1000) / 1000.0f;
+  }
+  return dtype == DType::Float32 ? std::move(t) : Tensor::copy_of(t, dtype);
+}
+
+// The core's forward and backward times at [1, h, N, d] in `dtype`.
+struct CoreTimes {
+  Timing forward, backward;
+};
+
+CoreTimes time_core(DType dtype, std::int64_t N, std::int64_t d, const RepeatPolicy& policy) {
+  const mha::Shape shape{1, kHeads, N, d};
+  const Tensor q = random_tensor(dtype, shape, 1), k = random_tensor(dtype, shape, 2);
+  const Tensor v = random_tensor(dtype, shape, 3), dout = random_tensor(dtype, shape, 4);
+  mha::AttentionOptions o;
+  o.need_lse = true;
+  mha::AttentionResult r;
+  CoreTimes t;
+  t.forward = measure([&] { r = mha::scaled_dot_product_attention(q, k, v, o); }, policy);
+  t.backward =
+      measure([&] { (void)mha::scaled_dot_product_attention_backward(dout, q, k, v, r.out, r.lse, o); }, policy);
+  return t;
+}
+
+// The layer's forward (eval) and training step in `dtype`: E 512, h 8, B 1, self-attention.
+CoreTimes time_layer(DType dtype, std::int64_t N, const RepeatPolicy& policy) {
+  mha::MultiHeadAttentionConfig c;
+  c.d_model = kDModel, c.num_heads = kHeads, c.batch_first = true, c.dtype = dtype;
+  mha::MultiHeadAttention layer(c);
+  const Tensor x = random_tensor(dtype, {1, N, kDModel}, 5), dout = random_tensor(dtype, {1, N, kDModel}, 6);
+  CoreTimes t;
+  layer.eval();
+  t.forward = measure([&] { (void)layer.forward(x, x, x); }, policy);
+  layer.train();
+  t.backward = measure(
+      [&] {
+        (void)layer.forward(x, x, x);
+        (void)layer.backward(dout);
+      },
+      policy);
+  return t;
+}
+
+// PyTorch's layer in `dtype` ("float32" or "bfloat16"): its best time, or a reason in `error`.
+double torch_layer_seconds(const BenchOptions& options, std::int64_t N, int threads, Pass pass,
+                           const std::string& dtype, const RepeatPolicy& policy, std::string& error) {
+  BenchResults unused;
+  const TorchRunner runner{options, unused};
+  std::vector<std::string> args = {
+      "--n",       std::to_string(N),       "--pass",  pass_name(pass),       "--dtype", dtype,
+      "--d-model", std::to_string(kDModel), "--heads", std::to_string(kHeads)};
+  for (std::string& a : policy_args(policy)) args.push_back(std::move(a));
+  const std::vector<nlohmann::json> lines = runner.run_lines(args, threads, "onednn", error);
+  if (lines.empty()) return 0;
+  return lines.back().value("min_s", 0.0);
+}
+
+std::string percent(double part, double whole) { return whole > 0 ? fmt::format("{:.1f}%", 100 * part / whole) : "-"; }
+std::string ratio(double slow_s, double fast_s) {
+  return slow_s > 0 && fast_s > 0 ? fmt::format("{:.2f}x", slow_s / fast_s) : "-";
+}
+
+}  // namespace
+
+int run_bench_bf16(const BenchOptions& options, const std::string& command) {
+  const MachineInfo m = describe_machine();
+  fmt::print("mha bench --dtype bf16 ({})\nmachine: {} ({}), {} CPUs, {}; oneDNN {} ({})\n", m.date, m.cpu_model,
+             m.cpu_family_model, m.logical_cpus, m.simd, m.onednn_version, m.onednn_isa);
+  const RepeatPolicy policy{1, 3, 20, 1.0, 6.0};
+  const std::vector<std::int64_t> sizes = options.quick ? std::vector<std::int64_t>{1024} : options.sizes;
+  nlohmann::json report = {{"command", command},
+                           {"machine", m.cpu_model + " (" + m.cpu_family_model + ")"},
+                           {"onednn_isa", m.onednn_isa},
+                           {"date", m.date},
+                           {"runs", nlohmann::json::array()}};
+  for (const int threads : options.threads) {
+    mha::set_num_threads(threads);
+    const Bf16Roof roof = measure_bf16_roof(policy);
+    const Roof roof32 = measure_roof(threads);
+    fmt::print("\n{} thread(s): bf16 roof {:.0f} GFLOP/s ({}; the library's tiles: {}), float32 roof {:.0f}\n", threads,
+               roof.gflops, roof.implementation, mha::detail::bf16_gemm_implementation(), roof32.gflops);
+    for (const std::int64_t N : sizes) {
+      for (const std::int64_t d : {64, 128}) {
+        const double flops = attention_forward_flops(1, kHeads, N, d, false);
+        const CoreTimes bf = time_core(DType::BFloat16, N, d, policy), f32 = time_core(DType::Float32, N, d, policy);
+        const double fwd = flops / bf.forward.min_s * 1e-9,
+                     bwd = kBackwardFlopsRatio * flops / bf.backward.min_s * 1e-9;
+        fmt::print("  core N {} d {}: bf16 forward {:.0f} GFLOP/s ({} of the bf16 roof), backward {:.0f} ({}); "
+                   "float32 forward {:.0f}, backward {:.0f}; bf16 vs float32 {} / {}\n",
+                   N, d, fwd, percent(fwd, roof.gflops), bwd, percent(bwd, roof.gflops),
+                   flops / f32.forward.min_s * 1e-9, kBackwardFlopsRatio * flops / f32.backward.min_s * 1e-9,
+                   ratio(f32.forward.min_s, bf.forward.min_s), ratio(f32.backward.min_s, bf.backward.min_s));
+        report["runs"].push_back({{"what", "core"},
+                                  {"threads", threads},
+                                  {"n", N},
+                                  {"d", d},
+                                  {"bf16_roof_gflops", roof.gflops},
+                                  {"bf16_forward_s", bf.forward.min_s},
+                                  {"bf16_backward_s", bf.backward.min_s},
+                                  {"f32_forward_s", f32.forward.min_s},
+                                  {"f32_backward_s", f32.backward.min_s},
+                                  {"forward_flops", flops}});
+      }
+      const CoreTimes bf = time_layer(DType::BFloat16, N, policy), f32 = time_layer(DType::Float32, N, policy);
+      std::string error;
+      double torch[2][2] = {};  // [dtype: bf16, f32][pass: fwd, fwdbwd]
+      if (options.torch)
+        for (int t = 0; t < 2; ++t)
+          for (int p = 0; p < 2; ++p)
+            torch[t][p] = torch_layer_seconds(options, N, threads, p ? Pass::ForwardBackward : Pass::Forward,
+                                              t ? "float32" : "bfloat16", policy, error);
+      fmt::print("  layer N {}: forward bf16 {:.1f} ms, float32 {:.1f} ms ({} faster), PyTorch bf16 {:.1f} ms ({}), "
+                 "PyTorch float32 {:.1f} ms ({})\n",
+                 N, 1e3 * bf.forward.min_s, 1e3 * f32.forward.min_s, ratio(f32.forward.min_s, bf.forward.min_s),
+                 1e3 * torch[0][0], ratio(torch[0][0], bf.forward.min_s), 1e3 * torch[1][0],
+                 ratio(torch[1][0], bf.forward.min_s));
+      fmt::print("  layer N {}: training step bf16 {:.1f} ms, float32 {:.1f} ms ({}), PyTorch bf16 {:.1f} ms ({}), "
+                 "PyTorch float32 {:.1f} ms ({})\n",
+                 N, 1e3 * bf.backward.min_s, 1e3 * f32.backward.min_s, ratio(f32.backward.min_s, bf.backward.min_s),
+                 1e3 * torch[0][1], ratio(torch[0][1], bf.backward.min_s), 1e3 * torch[1][1],
+                 ratio(torch[1][1], bf.backward.min_s));
+      if (!error.empty()) fmt::print("  PyTorch: {}\n", error);
+      report["runs"].push_back({{"what", "layer"},
+                                {"threads", threads},
+                                {"n", N},
+                                {"bf16_forward_s", bf.forward.min_s},
+                                {"bf16_step_s", bf.backward.min_s},
+                                {"f32_forward_s", f32.forward.min_s},
+                                {"f32_step_s", f32.backward.min_s},
+                                {"torch_bf16_forward_s", torch[0][0]},
+                                {"torch_bf16_step_s", torch[0][1]},
+                                {"torch_f32_forward_s", torch[1][0]},
+                                {"torch_f32_step_s", torch[1][1]}});
+    }
+  }
+  report["peak_rss_bytes"] = peak_rss_bytes();
+  fmt::print("\npeak resident set of this process: {:.0f} MiB (the largest run's working set plus the roof's "
+             "matrices; PyTorch runs in processes of its own)\n",
+             static_cast<double>(peak_rss_bytes()) / (1 << 20));
+  std::filesystem::create_directories(options.out_dir);
+  const std::filesystem::path path = std::filesystem::path(options.out_dir) / "bench-bf16.json";
+  std::ofstream(path) << report.dump(2) << "\n";
+  fmt::print("wrote {}\n", path.string());
+  return 0;
+}
+
+}  // namespace mha_cli::bench

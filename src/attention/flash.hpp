@@ -1,4 +1,4 @@
-// The fused attention kernel: FlashAttention-2 (Dao 2023) on the CPU, float32 (and bfloat16 forward). The forward and
+// The fused attention kernel: FlashAttention-2 (Dao 2023) on the CPU, float32 and bfloat16. The forward and
 // the backward take the parameter objects of params.hpp; attention_core.cpp builds and validates them.
 #pragma once
 
@@ -14,5 +14,7 @@ void flash_attention_forward(const AttentionParams<bfloat16>& p);
 // Accumulates into dq, dk, dv, which must be zero on entry; they need unit stride in their last
 // dimension.
 void flash_attention_backward(const AttentionBackwardParams<float>& p);
+// bfloat16 inputs and outputs: bfloat16 products (P and dS rounded) with float32 accumulation.
+void flash_attention_backward(const AttentionBackwardParams<bfloat16>& p);
 
 }  // namespace mha::detail

@@ -1,8 +1,11 @@
-// The fused attention kernel's backward: FlashAttention-2 (Dao 2023) on the CPU, float32, recomputing
-// P from the forward's log-sum-exp block by block (no L x S matrix), without atomics (see below).
-// Products through gemm_tile, row operations through Highway (flash_tiles-inl.h,
+// The fused attention kernel's backward: FlashAttention-2 (Dao 2023) on the CPU, float32 or bfloat16,
+// recomputing P from the forward's log-sum-exp block by block (no L x S matrix), without atomics (see
+// below). Products through gemm_tile, row operations through Highway (flash_tiles-inl.h,
 // online_softmax-inl.h); NaN and Inf in Q, K, V or dO reach exactly the gradients that depend on them
-// (nonfinite.hpp), and a forbidden key's gradients stay exactly 0.
+// (nonfinite.hpp), and a forbidden key's gradients stay exactly 0. For bfloat16 inputs the five
+// products take bfloat16 operands (Q, K, V, dO as given; P and dS rounded to bfloat16, as
+// FlashAttention does) with float32 accumulation; P, dP, dS, D, dK, dV and dQ are float32 until dK, dV
+// and dQ are rounded once into the outputs.
 #include "attention/flash.hpp"
 
 #undef HWY_TARGET_INCLUDE
@@ -14,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "attention/dropout.hpp"
@@ -42,7 +46,8 @@ namespace mha::detail::HWY_NAMESPACE {
 // scale) on exit; f is the dropout factor (1 without dropout). In a row whose D is not finite (its dO
 // or its output holds NaN or Inf) P * (...) is NaN even where P is 0, so a forbidden key's dS is set
 // back to exactly 0 there: no gradient reaches a key the row does not attend to.
-void SoftmaxBackwardTile(const AttentionInputs<float>& p, std::int64_t b, std::int64_t head, std::int64_t i0,
+template <class T>
+void SoftmaxBackwardTile(const AttentionInputs<T>& p, std::int64_t b, std::int64_t head, std::int64_t i0,
                          std::int64_t rows, std::int64_t j0, std::int64_t cols, const float* s, const float* D,
                          float* dp) {
   if (p.dropout_p > 0) apply_dropout(p, b, head, i0, rows, j0, cols, dp, kBlockK);
@@ -54,21 +59,24 @@ void SoftmaxBackwardTile(const AttentionInputs<float>& p, std::int64_t b, std::i
   }
 }
 
-// One thread's tiles and block copies.
+// One thread's tiles and block copies; T is the inputs' type (float or bfloat16).
+template <class T>
 struct BackwardTiles {
-  float *s, *dp, *pd;                         // [kBlockQ, kBlockK] each
-  float *k_copy, *v_copy, *q_copy, *do_copy;  // [kBlockK, max(d_k, d_v)] x 2, [kBlockQ, max(d_k, d_v)] x 2
-  float *dk_block, *dv_block;                 // [kBlockK, d_k], [kBlockK, d_v]: a key block's dK and dV
-  std::int64_t *nonfinite_k, *nonfinite_v;    // [kBlockK] each
-  std::int64_t *nonfinite_q, *nonfinite_do;   // [kBlockQ] each
-  const float* q_head = nullptr;   // [L, d_k] of the item's (b, head), adjacent (the caller's rows or a copy)
-  const float* do_head = nullptr;  // [L, d_v], likewise
-  float* dq_head = nullptr;        // [L, d_k]: group 0\'s dQ, where the output\'s rows are not adjacent
+  float *s, *dp, *pd;                        // [kBlockQ, kBlockK] each
+  T *k_copy, *v_copy, *q_copy, *do_copy;     // [kBlockK, max(d_k, d_v)] x 2, [kBlockQ, max(d_k, d_v)] x 2
+  float *dk_block, *dv_block;                // [kBlockK, d_k], [kBlockK, d_v]: a key block's dK and dV
+  bfloat16 *pd_rounded, *ds_rounded;         // [kBlockQ, kBlockK] each: dropout(P) and dS in bfloat16 (bfloat16 only)
+  std::int64_t *nonfinite_k, *nonfinite_v;   // [kBlockK] each
+  std::int64_t *nonfinite_q, *nonfinite_do;  // [kBlockQ] each
+  const T* q_head = nullptr;                 // [L, d_k] of the item's (b, head), adjacent (the caller's rows or a copy)
+  const T* do_head = nullptr;                // [L, d_v], likewise
+  float* dq_head = nullptr;  // [L, d_k]: group 0's dQ, where the output's rows are not adjacent (float32)
 };
 
 // The K and V blocks of keys j0.., safe for whole-block products (nonfinite.hpp).
+template <class T>
 struct KeyBlocks {
-  SafeBlock<float> k, v;
+  SafeBlock<T> k, v;
 };
 
 // Where one work item adds its share of dQ for one (b, head): rows [L, d_k], row stride ld.
@@ -77,53 +85,72 @@ struct DqTarget {
   std::int64_t ld;
 };
 
+// A float32 tile as a product's operand: itself for float32 inputs, its bfloat16 copy for bfloat16
+// inputs (rounded by the caller).
+template <class T>
+auto tile_operand(const T*, const float* tile, const bfloat16* rounded) {
+  if constexpr (std::is_same_v<T, bfloat16>) return plain(rounded, kBlockK);
+  else return plain(tile, kBlockK);
+}
+template <class T>
+auto transposed_tile(const T*, const float* tile, const bfloat16* rounded) {
+  if constexpr (std::is_same_v<T, bfloat16>) return transposed(rounded, kBlockK);
+  else return transposed(tile, kBlockK);
+}
+
 // What the backward's work items share: the parameters, D = rowsum(dO * O) and the lse gathered
 // contiguous ([B*h*L] each), the non-finite flags of the query rows ([B*h*L]: kQueryRow, kDoutRow) and
 // of the key rows ([B*h*S]: kKeyRow, kValueRow), and the per-thread workspace.
+//
+// Per thread, in `floats`: the three tiles, then dK and dV of a key block (kv_size each) and group 0's
+// dQ rows where the output's are not adjacent (dq_head_size); in `elements` (of T): the K, V block and
+// Q, dO block copies, then the Q and dO rows of a head where they are not adjacent (head_copy_size); in
+// `rounded` (bfloat16 inputs only): the two rounded tiles.
+template <class T>
 struct BackwardContext {
-  const AttentionBackwardParams<float>& p;
+  const AttentionBackwardParams<T>& p;
   const float* D;
   const float* lse;
   const std::uint8_t* query_flags;
   const std::uint8_t* key_flags;
-  float* workspace;
-  std::int64_t per_thread, tile, kv_size, q_size;
+  float* floats;
+  T* elements;
+  bfloat16* rounded;
+  std::int64_t tile, kv_size, q_size, head_copy_size, dq_head_size;
   std::int64_t* nonfinite_lists;  // kListsPerThread per thread
-  float* head_copies;  // per thread: [L, d_k], [L, d_v], [L, d_k] where the q, dO or dq rows are not adjacent
-  std::int64_t head_copy_size;
 
   static constexpr std::int64_t kListsPerThread = 2 * kBlockK + 2 * kBlockQ;
+  static constexpr bool kRounds = std::is_same_v<T, bfloat16>;  // products in bfloat16
 
-  BackwardTiles tiles() const {
+  std::int64_t floats_per_thread() const { return 3 * tile + 2 * kv_size + dq_head_size; }
+  std::int64_t elements_per_thread() const { return 2 * kv_size + 2 * q_size + head_copy_size; }
+  std::int64_t rounded_per_thread() const { return kRounds ? 2 * tile : 0; }
+
+  BackwardTiles<T> tiles() const {
     const int thread = omp_get_thread_num();
-    float* base = workspace + thread * per_thread;
-    float* copies = base + 3 * tile;
+    float* f = floats + thread * floats_per_thread();
+    T* e = elements + thread * elements_per_thread();
+    bfloat16* r = rounded + thread * rounded_per_thread();
     std::int64_t* lists = nonfinite_lists + thread * kListsPerThread;
-    return {base,
-            base + tile,
-            base + 2 * tile,
-            copies,
-            copies + kv_size,
-            copies + 2 * kv_size,
-            copies + 2 * kv_size + q_size,
-            copies + 2 * kv_size + 2 * q_size,
-            copies + 3 * kv_size + 2 * q_size,
-            lists,
-            lists + kBlockK,
-            lists + 2 * kBlockK,
-            lists + 2 * kBlockK + kBlockQ};
+    BackwardTiles<T> t;
+    t.s = f, t.dp = f + tile, t.pd = f + 2 * tile, t.dk_block = f + 3 * tile, t.dv_block = t.dk_block + kv_size;
+    t.dq_head = t.dv_block + kv_size;
+    t.k_copy = e, t.v_copy = e + kv_size, t.q_copy = e + 2 * kv_size, t.do_copy = t.q_copy + q_size;
+    t.pd_rounded = r, t.ds_rounded = r + (kRounds ? tile : 0);
+    t.nonfinite_k = lists, t.nonfinite_v = lists + kBlockK;
+    t.nonfinite_q = lists + 2 * kBlockK, t.nonfinite_do = t.nonfinite_q + kBlockQ;
+    return t;
   }
   // Points t.q_head and t.do_head at the Q and dO rows of (b, head), copied adjacent where they are not
   // (the layer's [B, L, h, d] layout): once per work item, for all its tiles.
-  void use_query_head(BackwardTiles& t, std::int64_t b, std::int64_t head) const {
-    float* q_copy = head_copies + omp_get_thread_num() * head_copy_size;
-    float* do_copy = q_copy + (p.q.stride[2] != p.d_k ? p.L * p.d_k : 0);
+  void use_query_head(BackwardTiles<T>& t, std::int64_t b, std::int64_t head) const {
+    T* q_copy = elements + omp_get_thread_num() * elements_per_thread() + 2 * kv_size + 2 * q_size;
+    T* do_copy = q_copy + (p.q.stride[2] != p.d_k ? p.L * p.d_k : 0);
     t.q_head = adjacent_rows(p.q.pointer(b, head, 0, 0), p.q.stride[2], p.L, p.d_k, q_copy);
     t.do_head = adjacent_rows(p.dout.pointer(b, head, 0, 0), p.dout.stride[2], p.L, p.d_v, do_copy);
-    t.dq_head = do_copy + (p.dout.stride[2] != p.d_v ? p.L * p.d_v : 0);
   }
-  KeyBlocks key_blocks(const BackwardTiles& t, std::int64_t b, std::int64_t head, std::int64_t j0,
-                       std::int64_t cols) const {
+  KeyBlocks<T> key_blocks(const BackwardTiles<T>& t, std::int64_t b, std::int64_t head, std::int64_t j0,
+                          std::int64_t cols) const {
     const std::uint8_t* flags = key_flags + (b * p.h + head) * p.S;
     return {safe_block(p, p.k.pointer(b, head, 0, 0), p.k.stride[2], b, head, j0, cols, p.d_k, flags, kKeyRow, t.k_copy,
                        t.nonfinite_k),
@@ -136,9 +163,10 @@ struct BackwardContext {
 // NaN or Inf and were zeroed in the block copy: recomputed one by one from the real k row, so that a
 // logit of -inf (an infinite component against q's sign) gives exactly 0, as the forward had it, and
 // +inf or NaN gives NaN. Forbidden entries stay 0.
-void ExactProbabilitiesOfNonfiniteKeys(const AttentionInputs<float>& p, std::int64_t b, std::int64_t head,
-                                       std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols,
-                                       const std::int64_t* list, std::int64_t count, const float* lse, float* s) {
+template <class T>
+void ExactProbabilitiesOfNonfiniteKeys(const AttentionInputs<T>& p, std::int64_t b, std::int64_t head, std::int64_t i0,
+                                       std::int64_t rows, std::int64_t j0, std::int64_t cols, const std::int64_t* list,
+                                       std::int64_t count, const float* lse, float* s) {
   for (std::int64_t n = 0; n < count; ++n) {
     if (list[n] >= cols) continue;  // past the tile's columns (a causal diagonal tile's hidden keys)
     const std::int64_t j = j0 + list[n];
@@ -150,7 +178,7 @@ void ExactProbabilitiesOfNonfiniteKeys(const AttentionInputs<float>& p, std::int
         continue;
       }
       float dot = 0.0f;
-      for (std::int64_t e = 0; e < p.d_k; ++e) dot += p.q(b, head, i0 + r, e) * p.k(b, head, j, e);
+      for (std::int64_t e = 0; e < p.d_k; ++e) dot += float(p.q(b, head, i0 + r, e)) * float(p.k(b, head, j, e));
       prob = std::exp(p.scale * dot + added - lse[r]);
     }
   }
@@ -160,9 +188,10 @@ void ExactProbabilitiesOfNonfiniteKeys(const AttentionInputs<float>& p, std::int
 // keys j0... A key whose k holds NaN or Inf gets its exact P (0 for a -inf logit, else NaN); one whose
 // v does gets dS = NaN in the rows that attend to it (P != 0). Rows that do not attend to it are
 // untouched.
-void TileGradients(const BackwardContext& ctx, const BackwardTiles& t, std::int64_t b, std::int64_t head,
-                   std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols, const KeyBlocks& kv) {
-  const AttentionBackwardParams<float>& p = ctx.p;
+template <class T>
+void TileGradients(const BackwardContext<T>& ctx, const BackwardTiles<T>& t, std::int64_t b, std::int64_t head,
+                   std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols, const KeyBlocks<T>& kv) {
+  const AttentionBackwardParams<T>& p = ctx.p;
   const std::int64_t row0 = (b * p.h + head) * p.L + i0;
   ScaledLogits(p, t.q_head + i0 * p.d_k, p.d_k, rows, kv.k.data, kv.k.ld, cols, t.s);
   ProbabilitiesFromLse(p, b, head, i0, rows, j0, cols, ctx.lse + row0, t.s);
@@ -179,7 +208,8 @@ void TileGradients(const BackwardContext& ctx, const BackwardTiles& t, std::int6
 
 // dX_j += alpha coef[r, j] x_r for the listed rows r of query block i0 (their non-finite x rows were
 // zeroed in the block product), keys j0 + [0, cols), where coef (row stride kBlockK) is not 0.
-void AddNonfiniteRows(const Strided4<const float>& x, std::int64_t b, std::int64_t head, std::int64_t i0,
+template <class T>
+void AddNonfiniteRows(const Strided4<const T>& x, std::int64_t b, std::int64_t head, std::int64_t i0,
                       const std::int64_t* list, std::int64_t count, const float* coef, float alpha, std::int64_t cols,
                       std::int64_t width, float* dx_block) {
   for (std::int64_t n = 0; n < count; ++n) {
@@ -187,7 +217,7 @@ void AddNonfiniteRows(const Strided4<const float>& x, std::int64_t b, std::int64
     for (std::int64_t c = 0; c < cols; ++c) {
       const float weight = coef[r * kBlockK + c];
       if (weight == 0.0f) continue;
-      for (std::int64_t e = 0; e < width; ++e) dx_block[c * width + e] += alpha * weight * x(b, head, i0 + r, e);
+      for (std::int64_t e = 0; e < width; ++e) dx_block[c * width + e] += alpha * weight * float(x(b, head, i0 + r, e));
     }
   }
 }
@@ -195,11 +225,12 @@ void AddNonfiniteRows(const Strided4<const float>& x, std::int64_t b, std::int64
 // dQ_i += scale dS K_j for the query rows i0.. of one tile, into the work item's dQ. The k rows holding
 // NaN or Inf were zeroed in the product: their exact terms scale dS k_j are added for every allowed
 // (i, j), as the reference adds them (0 * Inf is NaN there too).
-void AddQueryGradients(const BackwardContext& ctx, const BackwardTiles& t, std::int64_t b, std::int64_t head,
-                       std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols, const KeyBlocks& kv,
+template <class T>
+void AddQueryGradients(const BackwardContext<T>& ctx, const BackwardTiles<T>& t, std::int64_t b, std::int64_t head,
+                       std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols, const KeyBlocks<T>& kv,
                        const DqTarget& dq) {
-  const AttentionBackwardParams<float>& p = ctx.p;
-  gemm_tile(rows, p.d_k, cols, plain(t.dp, kBlockK), plain(kv.k.data, kv.k.ld),
+  const AttentionBackwardParams<T>& p = ctx.p;
+  gemm_tile(rows, p.d_k, cols, tile_operand(ctx.elements, t.dp, t.ds_rounded), plain(kv.k.data, kv.k.ld),
             accumulate_into(dq.data + i0 * dq.ld, dq.ld), p.scale);
   for (std::int64_t n = 0; n < kv.k.nonfinite_count; ++n) {
     if (t.nonfinite_k[n] >= cols) continue;  // past the tile's columns: no row of it sees the key
@@ -208,23 +239,25 @@ void AddQueryGradients(const BackwardContext& ctx, const BackwardTiles& t, std::
       const bool forbidden = p.forbidden(b, head, i0 + r, j);
       if (forbidden || ctx.lse[(b * p.h + head) * p.L + i0 + r] == kMinusInf) continue;
       const float ds = p.scale * t.dp[r * kBlockK + t.nonfinite_k[n]];
-      for (std::int64_t e = 0; e < p.d_k; ++e) dq.data[(i0 + r) * dq.ld + e] += ds * p.k(b, head, j, e);
+      for (std::int64_t e = 0; e < p.d_k; ++e) dq.data[(i0 + r) * dq.ld + e] += ds * float(p.k(b, head, j, e));
     }
   }
 }
 
 // Zeroes rows [r0, r1) of x(b, head) [.., width].
-void ZeroRows(const Strided4<float>& x, std::int64_t b, std::int64_t head, std::int64_t r0, std::int64_t r1,
+template <class T>
+void ZeroRows(const Strided4<T>& x, std::int64_t b, std::int64_t head, std::int64_t r0, std::int64_t r1,
               std::int64_t width) {
   for (std::int64_t r = r0; r < r1; ++r)
-    for (std::int64_t e = 0; e < width; ++e) x(b, head, r, e) = 0.0f;
+    for (std::int64_t e = 0; e < width; ++e) x(b, head, r, e) = T(0.0f);
 }
 
 // dK and dV of keys [j0, j0 + kBlockK) of (b, head), and their share of dQ, from every query block
 // that sees them.
-void KeyBlockGradients(const BackwardContext& ctx, const BackwardTiles& t, std::int64_t b, std::int64_t head,
+template <class T>
+void KeyBlockGradients(const BackwardContext<T>& ctx, const BackwardTiles<T>& t, std::int64_t b, std::int64_t head,
                        std::int64_t j0, const DqTarget& dq) {
-  const AttentionBackwardParams<float>& p = ctx.p;
+  const AttentionBackwardParams<T>& p = ctx.p;
   const std::int64_t key_end = p.key_lengths ? std::min(p.S, p.key_lengths[b]) : p.S;
   const std::int64_t cols = std::clamp<std::int64_t>(key_end - j0, 0, kBlockK);
   // Causal: query i sees key j only when i >= j - (S - L); earlier query blocks see nothing here.
@@ -240,7 +273,7 @@ void KeyBlockGradients(const BackwardContext& ctx, const BackwardTiles& t, std::
     const std::int64_t end = std::min(p.S, j0 + kBlockK);
     ZeroRows(p.dk, b, head, j0 + cols, end, p.d_k), ZeroRows(p.dv, b, head, j0 + cols, end, p.d_v);
   }
-  const KeyBlocks kv = ctx.key_blocks(t, b, head, j0, cols);
+  const KeyBlocks<T> kv = ctx.key_blocks(t, b, head, j0, cols);
   const std::uint8_t* query_flags = ctx.query_flags + (b * p.h + head) * p.L;
   for (std::int64_t i0 = first_block; i0 < p.L; i0 += kBlockQ) {
     const std::int64_t rows = std::min(kBlockQ, p.L - i0);
@@ -262,21 +295,25 @@ void KeyBlockGradients(const BackwardContext& ctx, const BackwardTiles& t, std::
     // dV_j += dropout(P)^T dO_i;  dK_j += scale dS^T Q_i (the first query block overwrites), through
     // copies of dO_i and Q_i whose non-finite rows are zeroed and added apart where their coefficient
     // is not 0 (nonfinite.hpp).
-    const SafeBlock<float> dout_rows =
+    const SafeBlock<T> dout_rows =
         safe_query_rows(t.do_head, p.d_v, i0, rows, p.d_v, query_flags, kDoutRow, t.do_copy, t.nonfinite_do);
-    const SafeBlock<float> q_rows =
+    const SafeBlock<T> q_rows =
         safe_query_rows(t.q_head, p.d_k, i0, rows, p.d_k, query_flags, kQueryRow, t.q_copy, t.nonfinite_q);
-    gemm_tile(seen, p.d_v, rows, transposed(pd, kBlockK), plain(dout_rows.data, dout_rows.ld),
+    if constexpr (BackwardContext<T>::kRounds) {  // the tiles' bfloat16 copies for the three products
+      RoundRowsToBfloat16(pd, kBlockK, rows, round_up(seen, kRowAlign), t.pd_rounded, kBlockK);
+      RoundRowsToBfloat16(t.dp, kBlockK, rows, round_up(seen, kRowAlign), t.ds_rounded, kBlockK);
+    }
+    gemm_tile(seen, p.d_v, rows, transposed_tile(ctx.elements, pd, t.pd_rounded), plain(dout_rows.data, dout_rows.ld),
               first ? overwrite(t.dv_block, p.d_v) : accumulate_into(t.dv_block, p.d_v));
-    gemm_tile(seen, p.d_k, rows, transposed(t.dp, kBlockK), plain(q_rows.data, q_rows.ld),
+    gemm_tile(seen, p.d_k, rows, transposed_tile(ctx.elements, t.dp, t.ds_rounded), plain(q_rows.data, q_rows.ld),
               first ? overwrite(t.dk_block, p.d_k) : accumulate_into(t.dk_block, p.d_k), p.scale);
     AddNonfiniteRows(p.dout, b, head, i0, t.nonfinite_do, dout_rows.nonfinite_count, pd, 1.0f, seen, p.d_v, t.dv_block);
     AddNonfiniteRows(p.q, b, head, i0, t.nonfinite_q, q_rows.nonfinite_count, t.dp, p.scale, seen, p.d_k, t.dk_block);
     AddQueryGradients(ctx, t, b, head, i0, rows, j0, seen, kv, dq);
   }
   for (std::int64_t c = 0; c < cols; ++c) {  // the block's dK and dV, accumulated adjacent, to the outputs
-    for (std::int64_t e = 0; e < p.d_k; ++e) p.dk(b, head, j0 + c, e) = t.dk_block[c * p.d_k + e];
-    for (std::int64_t e = 0; e < p.d_v; ++e) p.dv(b, head, j0 + c, e) = t.dv_block[c * p.d_v + e];
+    for (std::int64_t e = 0; e < p.d_k; ++e) p.dk(b, head, j0 + c, e) = T(t.dk_block[c * p.d_k + e]);
+    for (std::int64_t e = 0; e < p.d_v; ++e) p.dv(b, head, j0 + c, e) = T(t.dv_block[c * p.d_v + e]);
   }
 }
 
@@ -284,20 +321,22 @@ void KeyBlockGradients(const BackwardContext& ctx, const BackwardTiles& t, std::
 // own: enough items for the threads of a typical machine when B * h is small, few enough that the
 // extra dQ copies stay small. A function of the shape only, never of the thread count, so that the
 // order in which dQ is summed, and so the result, is the same for every thread count.
-std::int64_t dq_groups(const AttentionBackwardParams<float>& p, std::int64_t k_blocks) {
+template <class T>
+std::int64_t dq_groups(const AttentionBackwardParams<T>& p, std::int64_t k_blocks) {
   constexpr std::int64_t kTargetItems = 8, kMaxGroups = 8;
   const std::int64_t wanted = (kTargetItems + p.B * p.h - 1) / (p.B * p.h);
   return std::clamp<std::int64_t>(wanted, 1, std::min(kMaxGroups, std::max<std::int64_t>(1, k_blocks)));
 }
 
 // D = rowsum(dO * O) and the lse, gathered contiguous [B*h*L]; the non-finite flags of q, dO, k, v.
-void GatherRowData(const AttentionBackwardParams<float>& p, float* D_all, float* lse_all, std::uint8_t* query_flags,
+template <class T>
+void GatherRowData(const AttentionBackwardParams<T>& p, float* D_all, float* lse_all, std::uint8_t* query_flags,
                    std::uint8_t* key_flags) {
 #pragma omp parallel for schedule(static)
   for (std::int64_t r = 0; r < p.B * p.h * p.L; ++r) {
     const std::int64_t b = r / (p.h * p.L), head = (r / p.L) % p.h, i = r % p.L;
     float D = 0.0f;
-    for (std::int64_t c = 0; c < p.d_v; ++c) D += p.dout(b, head, i, c) * p.o(b, head, i, c);
+    for (std::int64_t c = 0; c < p.d_v; ++c) D += float(p.dout(b, head, i, c)) * float(p.o(b, head, i, c));
     D_all[r] = D;
     lse_all[r] = p.lse_in(b, head, i, 0);
   }
@@ -307,62 +346,84 @@ void GatherRowData(const AttentionBackwardParams<float>& p, float* D_all, float*
   FlagNonfiniteRows(p.v, p.B, p.h, p.S, p.d_v, kValueRow, key_flags);
 }
 
-void FlashBackward(const AttentionBackwardParams<float>& p) {
+// The rows of one thread's dQ and where group 0 writes: for float32 inputs the output itself when its
+// rows are adjacent (else t.dq_head, copied out at the end); for bfloat16 inputs always float32 rows
+// (dq_float's part of the group), rounded once when the groups are summed.
+template <class T>
+DqTarget dq_target(const AttentionBackwardParams<T>& p, const BackwardTiles<T>& t, float* dq_float, std::int64_t bh,
+                   std::int64_t group, bool in_place) {
+  const std::int64_t b = bh / p.h, head = bh % p.h;
+  if constexpr (std::is_same_v<T, float>) {
+    if (in_place) return {p.dq.pointer(b, head, 0, 0), p.d_k};
+    if (group == 0) return {t.dq_head, p.d_k};
+    return {dq_float + ((group - 1) * p.B * p.h + bh) * p.L * p.d_k, p.d_k};
+  } else {
+    return {dq_float + (group * p.B * p.h + bh) * p.L * p.d_k, p.d_k};
+  }
+}
+
+template <class T>
+void FlashBackward(const AttentionBackwardParams<T>& p) {
+  constexpr bool kFloat = std::is_same_v<T, float>;
   const SerialIfSmall serial_if_small(5.0 * p.B * p.h * p.L * p.S * (p.d_k + p.d_v));
   const std::int64_t k_blocks = (p.S + kBlockK - 1) / kBlockK, groups = dq_groups(p, k_blocks);
+  const int threads = omp_get_max_threads();
   // Sized to need: tiles of at most min(kBlockQ, L) rows (row stride kBlockK), K/V blocks of at most
   // min(kBlockK, S) keys.
   const std::int64_t max_rows = std::min(kBlockQ, p.L), max_cols = std::min(kBlockK, p.S);
   const std::int64_t tile = max_rows * kBlockK, kv_size = round_up(max_cols * std::max(p.d_k, p.d_v), kRowAlign);
   const std::int64_t q_size = round_up(max_rows * std::max(p.d_k, p.d_v), kRowAlign);
-  const std::int64_t per_thread = 3 * tile + 4 * kv_size + 2 * q_size;
-  const auto workspace = AllocateFloats(omp_get_max_threads() * per_thread);
+  const std::int64_t head_copy_size =
+      (p.q.stride[2] != p.d_k ? p.L * p.d_k : 0) + (p.dout.stride[2] != p.d_v ? p.L * p.d_v : 0);
+  const std::int64_t dq_head_size = kFloat && p.dq.stride[2] != p.d_k ? round_up(p.L * p.d_k, kRowAlign) : 0;
   const std::int64_t rows_all = std::max<std::int64_t>(1, p.B * p.h * p.L);
   const auto D_all = AllocateFloats(rows_all), lse_all = AllocateFloats(rows_all);
-  // dQ of groups 1.. [groups - 1, B, h, L, d_k]; group 0 adds into p.dq itself
-  const auto dq_extra = AllocateFloats(std::max<std::int64_t>(1, (groups - 1) * p.B * p.h * p.L * p.d_k));
+  // dQ in float32 [groups', B, h, L, d_k]: groups 1.. for float32 inputs (group 0 adds into the output
+  // or t.dq_head), every group for bfloat16 inputs.
+  const std::int64_t float_groups = kFloat ? groups - 1 : groups;
+  const auto dq_float = AllocateFloats(std::max<std::int64_t>(1, float_groups * p.B * p.h * p.L * p.d_k));
   std::vector<std::uint8_t> query_flags(static_cast<std::size_t>(p.B * p.h * p.L));
   std::vector<std::uint8_t> key_flags(static_cast<std::size_t>(p.B * p.h * p.S));
-  std::vector<std::int64_t> nonfinite_lists(
-      static_cast<std::size_t>(omp_get_max_threads() * BackwardContext::kListsPerThread));
+  std::vector<std::int64_t> nonfinite_lists(static_cast<std::size_t>(threads * BackwardContext<T>::kListsPerThread));
   GatherRowData(p, D_all.get(), lse_all.get(), query_flags.data(), key_flags.data());
-  const std::int64_t head_copy_size = (p.q.stride[2] != p.d_k ? p.L * p.d_k : 0) +
-                                      (p.dout.stride[2] != p.d_v ? p.L * p.d_v : 0) +
-                                      (p.dq.stride[2] != p.d_k ? p.L * p.d_k : 0);
-  const auto head_copies = AllocateFloats(std::max<std::int64_t>(1, omp_get_max_threads() * head_copy_size));
-  const BackwardContext ctx{
-      p,    D_all.get(), lse_all.get(), query_flags.data(),     key_flags.data(),  workspace.get(), per_thread,
-      tile, kv_size,     q_size,        nonfinite_lists.data(), head_copies.get(), head_copy_size};
+  BackwardContext<T> ctx{
+      p,       D_all.get(), lse_all.get(),  query_flags.data(), key_flags.data(),      nullptr, nullptr, nullptr, tile,
+      kv_size, q_size,      head_copy_size, dq_head_size,       nonfinite_lists.data()};
+  const auto floats = AllocateFloats(threads * ctx.floats_per_thread());
+  const auto elements = Allocate<T>(threads * ctx.elements_per_thread());
+  const auto rounded = Allocate<bfloat16>(std::max<std::int64_t>(1, threads * ctx.rounded_per_thread()));
+  ctx.floats = floats.get(), ctx.elements = elements.get(), ctx.rounded = rounded.get();
 
 #pragma omp parallel for schedule(dynamic, 1)
   for (std::int64_t item = 0; item < p.B * p.h * groups; ++item) {
     const std::int64_t bh = item / groups, b = bh / p.h, head = bh % p.h, group = item % groups;
-    BackwardTiles t = ctx.tiles();
+    BackwardTiles<T> t = ctx.tiles();
     ctx.use_query_head(t, b, head);
-    // dQ: group 0 adds into the output itself when its rows are adjacent, else into an adjacent
-    // copy written out at the end; the other groups into their part of dq_extra.
     const bool dq_in_place = group == 0 && p.dq.stride[2] == p.d_k;
-    const DqTarget dq{dq_in_place  ? p.dq.pointer(b, head, 0, 0)
-                      : group == 0 ? t.dq_head
-                                   : dq_extra.get() + ((group - 1) * p.B * p.h + bh) * p.L * p.d_k,
-                      p.d_k};
+    const DqTarget dq = dq_target(p, t, dq_float.get(), bh, group, dq_in_place);
     std::fill_n(dq.data, p.L * p.d_k, 0.0f);
     for (std::int64_t block = group; block < k_blocks; block += groups)  // dealt round-robin: balances causal
       KeyBlockGradients(ctx, t, b, head, block * kBlockK, dq);
-    if (group == 0 && !dq_in_place)
-      for (std::int64_t i = 0; i < p.L; ++i)
-        for (std::int64_t e = 0; e < p.d_k; ++e) p.dq(b, head, i, e) = dq.data[i * p.d_k + e];
+    if constexpr (kFloat) {
+      if (group == 0 && !dq_in_place)
+        for (std::int64_t i = 0; i < p.L; ++i)
+          for (std::int64_t e = 0; e < p.d_k; ++e) p.dq(b, head, i, e) = dq.data[i * p.d_k + e];
+    }
   }
-  if (groups == 1) return;
+  if (kFloat && groups == 1) return;
 #pragma omp parallel for schedule(static)
   for (std::int64_t r = 0; r < p.B * p.h * p.L; ++r) {  // dQ = the groups' shares, summed in order
     const std::int64_t b = r / (p.h * p.L), head = (r / p.L) % p.h, i = r % p.L;
-    for (std::int64_t group = 1; group < groups; ++group) {
-      const float* share = dq_extra.get() + ((group - 1) * p.B * p.h * p.L + r) * p.d_k;
-      for (std::int64_t e = 0; e < p.d_k; ++e) p.dq(b, head, i, e) += share[e];
+    for (std::int64_t e = 0; e < p.d_k; ++e) {
+      float sum = kFloat ? float(p.dq(b, head, i, e)) : 0.0f;
+      for (std::int64_t g = 0; g < float_groups; ++g) sum += dq_float[(g * p.B * p.h * p.L + r) * p.d_k + e];
+      p.dq(b, head, i, e) = T(sum);
     }
   }
 }
+
+void FlashBackwardFloat(const AttentionBackwardParams<float>& p) { FlashBackward(p); }
+void FlashBackwardBfloat16(const AttentionBackwardParams<bfloat16>& p) { FlashBackward(p); }
 
 }  // namespace mha::detail::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
@@ -370,9 +431,13 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace mha::detail {
 
-HWY_EXPORT(FlashBackward);
+HWY_EXPORT(FlashBackwardFloat);
+HWY_EXPORT(FlashBackwardBfloat16);
 
-void flash_attention_backward(const AttentionBackwardParams<float>& p) { HWY_DYNAMIC_DISPATCH(FlashBackward)(p); }
+void flash_attention_backward(const AttentionBackwardParams<float>& p) { HWY_DYNAMIC_DISPATCH(FlashBackwardFloat)(p); }
+void flash_attention_backward(const AttentionBackwardParams<bfloat16>& p) {
+  HWY_DYNAMIC_DISPATCH(FlashBackwardBfloat16)(p);
+}
 
 }  // namespace mha::detail
 #endif  // HWY_ONCE

@@ -81,9 +81,10 @@ SafeBlock<T> safe_block(const AttentionInputs<T>& p, const T* head_rows, std::in
 // The rows [i0, i0 + rows) of a query-side head (Q or dO of one (b, head): head_rows [L, width], row
 // stride ld) made safe: nothing skipped, non-finite rows listed (row indices within the block).
 // query_flags: (b, head)'s [L].
-inline SafeBlock<float> safe_query_rows(const float* head_rows, std::int64_t ld, std::int64_t i0, std::int64_t rows,
-                                        std::int64_t width, const std::uint8_t* query_flags, std::uint8_t bit,
-                                        float* scratch, std::int64_t* nonfinite) {
+template <class E>
+SafeBlock<E> safe_query_rows(const E* head_rows, std::int64_t ld, std::int64_t i0, std::int64_t rows,
+                             std::int64_t width, const std::uint8_t* query_flags, std::uint8_t bit, E* scratch,
+                             std::int64_t* nonfinite) {
   return safe_rows(
       head_rows + i0 * ld, ld, rows, width, [](std::int64_t) { return false; }, query_flags + i0, bit, scratch,
       nonfinite);

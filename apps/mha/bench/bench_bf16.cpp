@@ -101,13 +101,15 @@ CoreTimes time_layer(DType dtype, std::int64_t N, const RepeatPolicy& policy) {
   c.d_model = kDModel, c.num_heads = kHeads, c.batch_first = true, c.dtype = dtype;
   mha::MultiHeadAttention layer(c);
   const Tensor x = random_tensor(dtype, {1, N, kDModel}, 5), dout = random_tensor(dtype, {1, N, kDModel}, 6);
+  mha::MultiHeadAttentionInputs in;
+  in.need_weights = false;  // as torch_mha.py calls PyTorch's
   CoreTimes t;
   layer.eval();
-  t.forward = measure([&] { (void)layer.forward(x, x, x); }, policy);
+  t.forward = measure([&] { (void)layer.forward(x, x, x, in); }, policy);
   layer.train();
   t.backward = measure(
       [&] {
-        (void)layer.forward(x, x, x);
+        (void)layer.forward(x, x, x, in);
         (void)layer.backward(dout);
       },
       policy);

@@ -4,7 +4,8 @@
 // bfloat16 attention must lose anyway, plus a small absolute term. The emulation (written here, in
 // float64): forward, P = exp(s - m) rounded to bfloat16 before P V and the output rounded to bfloat16
 // (FlashAttention's rounding points); gradients, the float64 backward given the bfloat16-rounded output
-// (as the caller has only that), its results rounded to bfloat16. The log-sum-exp stays float32: the
+// (as the caller has only that) with P and dS rounded to bfloat16 for their products, its results
+// rounded to bfloat16. The log-sum-exp stays float32: the
 // float32 rule (2x the float32 reference's error). 320 seeded configurations (40 under sanitizers) with
 // every mask kind, causal, L != S, head dims {1, 5, 16, 32, 59, 64, 80, 96, 111, 128, 256}, sizes on and
 // across the tile boundaries, and each head layout. Dropout has its own test: the emulation cannot
@@ -91,17 +92,47 @@ struct Gradients {
   std::vector<double> dq, dk, dv;
 };
 
-// The float64 backward given the bfloat16-rounded output (its D = rowsum(dO * O) sees only that),
-// gradients rounded to bfloat16.
+// The float64 backward with FlashAttention's bfloat16 rounding points: D = rowsum(dO * O) from the
+// bfloat16-rounded output (all the caller has), P = exp(s - lse), dS = P (dP - D); P rounded to
+// bfloat16 in dV = P^T dO, dS rounded in dK = scale dS^T Q and dQ = scale dS K; the gradients rounded.
 Gradients emulated_bf16_gradients(const KernelCase& c, const CaseData& d) {
   CaseTensors t = make_case_tensors(c, d, DType::Float64);
   t.options.kernel = mha::Kernel::Reference;
   t.options.need_lse = true;
   const mha::AttentionResult r = mha::scaled_dot_product_attention(t.q.view, t.k.view, t.v.view, t.options);
-  const Tensor out_rounded = Tensor::copy_of(Tensor::copy_of(r.out, DType::BFloat16), DType::Float64);
-  const mha::AttentionGradients g = mha::scaled_dot_product_attention_backward(t.dout.view, t.q.view, t.k.view,
-                                                                               t.v.view, out_rounded, r.lse, t.options);
-  return {bf16(to_doubles(g.dq)), bf16(to_doubles(g.dk)), bf16(to_doubles(g.dv))};
+  const std::vector<double> out = bf16(to_doubles(r.out)), lse = to_doubles(r.lse);
+  const double scale = c.scale > 0 ? c.scale : 1.0 / std::sqrt(static_cast<double>(c.d_k));
+  Gradients g{std::vector<double>(d.q.size()), std::vector<double>(d.k.size()), std::vector<double>(d.v.size())};
+  auto at = [](const std::vector<double>& x, std::int64_t row, std::int64_t width, std::int64_t e) {
+    return x[static_cast<std::size_t>(row * width + e)];
+  };
+  for (std::int64_t bh = 0; bh < c.B * c.h; ++bh) {
+    const std::int64_t b = bh / c.h, hh = bh % c.h;
+    for (std::int64_t i = 0; i < c.L; ++i) {
+      const std::int64_t qi = bh * c.L + i;
+      const double row_lse = lse[static_cast<std::size_t>(qi)];
+      if (row_lse == -kInf) continue;
+      double D = 0;
+      for (std::int64_t e = 0; e < c.d_v; ++e) D += at(d.dout, qi, c.d_v, e) * at(out, qi, c.d_v, e);
+      for (std::int64_t j = 0; j < c.S; ++j) {
+        const std::int64_t kj = bh * c.S + j;
+        if (!d.masks.allowed(b, hh, i, j) || d.masks.additive(b, hh, i, j) == -kInf) continue;
+        double dot = 0, dp = 0;
+        for (std::int64_t e = 0; e < c.d_k; ++e) dot += at(d.q, qi, c.d_k, e) * at(d.k, kj, c.d_k, e);
+        for (std::int64_t e = 0; e < c.d_v; ++e) dp += at(d.dout, qi, c.d_v, e) * at(d.v, kj, c.d_v, e);
+        const double P = std::exp(dot * scale + d.masks.additive(b, hh, i, j) - row_lse);
+        const double p16 = bf16(P), ds16 = bf16(P * (dp - D));
+        for (std::int64_t e = 0; e < c.d_v; ++e)
+          g.dv[static_cast<std::size_t>(kj * c.d_v + e)] += p16 * at(d.dout, qi, c.d_v, e);
+        for (std::int64_t e = 0; e < c.d_k; ++e) {
+          g.dk[static_cast<std::size_t>(kj * c.d_k + e)] += scale * ds16 * at(d.q, qi, c.d_k, e);
+          g.dq[static_cast<std::size_t>(qi * c.d_k + e)] += scale * ds16 * at(d.k, kj, c.d_k, e);
+        }
+      }
+    }
+  }
+  for (auto* x : {&g.dq, &g.dk, &g.dv}) *x = bf16(*x);
+  return g;
 }
 
 double max_abs(const std::vector<double>& x) {

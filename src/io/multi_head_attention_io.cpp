@@ -79,7 +79,8 @@ class MetadataReader {
     const std::string& s = text(key);
     if (s == "float32") return DType::Float32;
     if (s == "float64") return DType::Float64;
-    fail(file_, "__metadata__: " + key + " must be float32 or float64, got " + printable(s));
+    if (s == "bfloat16") return DType::BFloat16;  // what config_metadata writes for a bfloat16 layer
+    fail(file_, "__metadata__: " + key + " must be float32, float64 or bfloat16, got " + printable(s));
   }
 
  private:

@@ -209,7 +209,7 @@ def test_load_booleans_are_exactly_true_or_false(tmp_path, key, value):
     ("num_heads", "2.5", "num_heads must be an integer, got '2.5'"),
     ("d_k", "99999999999999999999", "d_k must be an integer that fits 64 bits, got '99999999999999999999'"),
     ("dropout", "abc", "dropout must be a number, got 'abc'"),
-    ("dtype", "int8", "dtype must be float32 or float64, got 'int8'"),
+    ("dtype", "int8", "dtype must be float32, float64 or bfloat16, got 'int8'"),
     ("vdim", None, "missing 'vdim'"),
 ])
 def test_load_refuses_bad_metadata_naming_the_key_and_value(tmp_path, key, value, message):

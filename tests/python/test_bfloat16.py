@@ -243,3 +243,243 @@ def one_mha_thread():
     mha.set_num_threads(1)
     yield
     mha.set_num_threads(threads)
+
+
+# ---- the NumPy API in bfloat16 --------------------------------------------------------------------------
+
+def bf16_pair(seed=0, **kwargs):
+    """(torch's bf16 module, mha.torch bf16, mha.MultiheadAttention bf16), all holding the same parameters."""
+    torch.manual_seed(seed)
+    theirs = torch.nn.MultiheadAttention(**kwargs)
+    with torch.no_grad():
+        for name, p in theirs.named_parameters():
+            if "bias" in name:
+                p.normal_(0.0, 0.5)
+    theirs = theirs.bfloat16()
+    ours_torch = mha.torch.MultiheadAttention(**kwargs).bfloat16()
+    ours_torch.load_state_dict(theirs.state_dict())
+    ours_numpy = mha.MultiheadAttention(**kwargs, dtype="bfloat16")
+    ours_numpy.load_state_dict(theirs.state_dict())  # torch bf16 tensors
+    return theirs, ours_torch, ours_numpy
+
+
+@pytest.mark.parametrize("kwargs", [dict(embed_dim=16, num_heads=4),
+                                    dict(embed_dim=12, num_heads=3, kdim=5, vdim=7, batch_first=True,
+                                         add_bias_kv=True)],
+                         ids=["packed", "kdim-vdim-biaskv"])
+def test_numpy_api_gives_mha_torch_bits_in_float32(kwargs):
+    _, ours_torch, ours_numpy = bf16_pair(**kwargs)
+    B, L, S = 2, 5, 7
+    E, kdim, vdim = ours_torch.embed_dim, ours_torch.kdim, ours_torch.vdim
+    seq = (lambda n, w: torch.randn(B, n, w)) if ours_torch.batch_first else (lambda n, w: torch.randn(n, B, w))
+    q, k, v = (x.bfloat16() for x in (seq(L, E), seq(S, kdim), seq(S, vdim)))
+    mask = torch.from_numpy(causal_forbidden(L, S))
+    qt, kt, vt = (x.clone().requires_grad_() for x in (q, k, v))
+    out_t, w_t = ours_torch(qt, kt, vt, attn_mask=mask)
+    dout = torch.randn(out_t.shape).bfloat16()
+    out_t.backward(dout)
+
+    # float32 arrays holding the same bf16 values: the same computation, the same bits
+    out_n, w_n = ours_numpy(*(x.float().numpy() for x in (q, k, v)), attn_mask=mask.numpy())
+    assert out_n.dtype == np.float32 and w_n.dtype == np.float32
+    np.testing.assert_array_equal(out_n, out_t.float().detach().numpy())
+    np.testing.assert_array_equal(w_n, w_t.float().numpy())
+    grads = ours_numpy.backward(dout.float().numpy())
+    for name, x in (("query", qt), ("key", kt), ("value", vt)):
+        assert grads[name].dtype == np.float32
+        np.testing.assert_array_equal(grads[name], x.grad.float().numpy(), err_msg=name)
+    for name, p in ours_torch.named_parameters():
+        np.testing.assert_array_equal(grads[name], p.grad.float().numpy(), err_msg=name)
+
+
+def test_numpy_api_rounds_float32_and_float64_inputs_to_nearest_even():
+    _, _, layer = bf16_pair(embed_dim=8, num_heads=2)
+    layer.eval()
+    x = np.random.default_rng(3).standard_normal((4, 2, 8)).astype(np.float32)
+    assert not np.array_equal(round_to_bfloat16(x), x)  # the rounding matters here
+    expected, _ = layer(round_to_bfloat16(x), round_to_bfloat16(x), round_to_bfloat16(x))
+    np.testing.assert_array_equal(layer(x, x, x)[0], expected)
+    x64 = x.astype(np.float64)  # float32 values: rounding them from float64 is the same rounding
+    np.testing.assert_array_equal(layer(x64, x64, x64)[0], expected)
+    # a tie: 1 + 2^-8 is halfway between 1 and 1 + 2^-7, and goes to the even 1
+    tie = np.full((1, 1, 8), 1 + 2**-8, np.float32)
+    np.testing.assert_array_equal(layer(tie, tie, tie)[0], layer(np.ones_like(tie), np.ones_like(tie),
+                                                                 np.ones_like(tie))[0])
+
+
+def test_numpy_api_parameters_are_float32_copies_and_round_trip():
+    theirs, _, layer = bf16_pair(embed_dim=8, num_heads=2, add_bias_kv=True)
+    assert layer.dtype == "bfloat16" and "dtype=bfloat16" in repr(layer)
+    state = layer.state_dict()
+    assert list(state) == list(theirs.state_dict())
+    for name, value in theirs.state_dict().items():
+        assert state[name].dtype == np.float32
+        np.testing.assert_array_equal(state[name], value.float().numpy(), err_msg=name)
+    for name in ("in_proj_weight", "bias_k"):
+        assert getattr(layer, name).dtype == np.float32
+    assert layer.out_proj.weight.dtype == np.float32
+    # float32 values that are not bfloat16 are rounded on loading; float64 too
+    noisy = {n: v + np.float32(1e-3) for n, v in state.items()}
+    layer.load_state_dict(noisy)
+    for name, value in layer.state_dict().items():
+        np.testing.assert_array_equal(value, round_to_bfloat16(noisy[name]), err_msg=name)
+    layer.load_state_dict({n: v.astype(np.float64) for n, v in state.items()})
+    again = mha.MultiheadAttention(8, 2, add_bias_kv=True, dtype="bfloat16")
+    again.load_state_dict(layer.state_dict())
+    for (n1, a), (n2, b) in zip(again.state_dict().items(), state.items()):
+        assert n1 == n2
+        np.testing.assert_array_equal(a, b, err_msg=n1)
+    for copied in (copy.deepcopy(layer), pickle.loads(pickle.dumps(layer))):
+        assert copied.dtype == "bfloat16"
+        for name, value in copied.state_dict().items():
+            np.testing.assert_array_equal(value, state[name], err_msg=name)
+
+
+def test_numpy_api_save_and_load_keep_bfloat16(tmp_path):
+    _, _, layer = bf16_pair(embed_dim=8, num_heads=2)
+    layer.save(tmp_path / "layer.safetensors")
+    loaded = mha.load(tmp_path / "layer.safetensors")
+    assert loaded.dtype == "bfloat16"
+    for (n1, a), (n2, b) in zip(loaded.state_dict().items(), layer.state_dict().items()):
+        assert n1 == n2
+        np.testing.assert_array_equal(a, b, err_msg=n1)
+
+
+def test_bad_dtype_strings_list_the_valid_ones():
+    for bad in ("bf16", "float16", "int8"):
+        with pytest.raises(mha.Error, match=r'dtype: expected numpy.float32, numpy.float64 or "bfloat16", got'):
+            mha.MultiheadAttention(8, 2, dtype=bad)
+    with pytest.raises(mha.Error, match=r"dtype: expected torch.float32, torch.float64 or torch.bfloat16, "
+                                        r"got torch.float16"):
+        mha.torch.MultiheadAttention(8, 2, dtype=torch.float16)
+
+
+# ---- the boundary: bf16 torch memory crosses without copies ----------------------------------------------
+
+def test_bf16_tensors_cross_without_copies(monkeypatch):
+    seen = {}
+    real_forward, real_backward = mha.MultiheadAttention.forward, mha.MultiheadAttention.backward
+
+    def spy_forward(self, query, key, value, **kwargs):
+        seen["inputs"] = [x.bits.__array_interface__["data"][0] for x in (query, key, value)]
+        result = real_forward(self, query, key, value, **kwargs)
+        seen["outputs"] = [r.bits.__array_interface__["data"][0] for r in result]
+        return result
+
+    def spy_backward(self, grad_out):
+        seen["grad_out"] = grad_out.bits.__array_interface__["data"][0]
+        grads = real_backward(self, grad_out)
+        seen["grads"] = {n: g.bits.__array_interface__["data"][0] for n, g in grads.items()}
+        return grads
+
+    monkeypatch.setattr(mha.MultiheadAttention, "forward", spy_forward)
+    monkeypatch.setattr(mha.MultiheadAttention, "backward", spy_backward)
+    m = mha.torch.MultiheadAttention(8, 2, kdim=4).bfloat16()
+    q_leaf = torch.randn(2, 3, 8).bfloat16().requires_grad_()
+    q = q_leaf.transpose(0, 1)  # [L, B, E], strided: still a view
+    k, v = torch.randn(5, 2, 4).bfloat16(), torch.randn(5, 2, 8).bfloat16()
+    out, weights = m(q, k, v)
+    assert seen["inputs"] == [q.data_ptr(), k.data_ptr(), v.data_ptr()]
+    assert seen["outputs"] == [out.data_ptr(), weights.data_ptr()]
+    grad_out = torch.randn(out.shape).bfloat16()
+    out.backward(grad_out)
+    assert seen["grad_out"] == grad_out.data_ptr()
+    assert q_leaf.grad.dtype == torch.bfloat16 and m.q_proj_weight.grad.dtype == torch.bfloat16
+    assert seen["grads"]["out_proj.weight"] == m.out_proj.weight.grad.data_ptr()  # autograd kept it
+
+
+def test_describe_view_of_bfloat16_bits():
+    bits = np.arange(24, dtype=np.uint16).reshape(2, 3, 4).transpose(2, 0, 1)
+    seen = mha._core._describe_view(mha.BFloat16Bits(bits))
+    assert seen["dtype"] == "bfloat16" and seen["data"] == bits.__array_interface__["data"][0]
+    assert seen["shape"] == (4, 2, 3) and seen["strides"] == (1, 12, 4)
+    with pytest.raises(mha.Error, match="BFloat16Bits: bits: expected an int16 or uint16 array .* got float32"):
+        mha.BFloat16Bits(np.zeros(3, np.float32))
+
+
+# ---- training inside torch.nn.TransformerEncoderLayer -----------------------------------------------------
+
+def train_encoder_layer(layer, steps=40, dtype=torch.float32):
+    """Adam on a tiny task (predict each position's running sum's sign); returns the losses."""
+    torch.manual_seed(5)
+    head = torch.nn.Linear(16, 2).to(dtype)
+    opt = torch.optim.Adam(list(layer.parameters()) + list(head.parameters()), lr=1e-2)
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(steps, 4, 9, 16, generator=g)  # [steps, B, T, E]
+    target = (x[..., 0].cumsum(-1) > 0).long()  # [steps, B, T]: needs attention to the past
+    mask = torch.from_numpy(causal_forbidden(9, 9))
+    losses = []
+    for step in range(steps):
+        logits = head(layer(x[step].to(dtype), src_mask=mask))
+        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, 2), target[step].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return np.array(losses)
+
+
+def test_bf16_transformer_encoder_layer_trains_like_float32():
+    torch.manual_seed(4)
+    reference = torch.nn.TransformerEncoderLayer(16, 4, dim_feedforward=32, dropout=0.0, batch_first=True)
+    ours = copy.deepcopy(reference).bfloat16()
+    ours.self_attn = mha.torch.MultiheadAttention(16, 4, batch_first=True, dtype=torch.bfloat16)
+    ours.self_attn.load_state_dict(reference.self_attn.state_dict())  # float32 state rounded to bf16
+    theirs_bf16 = copy.deepcopy(reference).bfloat16()
+    curves = {"float32": train_encoder_layer(reference),
+              "torch bf16": train_encoder_layer(theirs_bf16, dtype=torch.bfloat16),
+              "ours bf16": train_encoder_layer(ours, dtype=torch.bfloat16)}
+    assert all(p.dtype == torch.bfloat16 for p in ours.parameters())
+    f32, ours_curve = curves["float32"], curves["ours bf16"]
+    assert ours_curve[-5:].mean() < 0.6 * ours_curve[:5].mean(), curves  # it learns
+    # as much as float32 and torch's bf16 layer do: the last losses within 5% of the first loss
+    assert abs(ours_curve[-5:].mean() - f32[-5:].mean()) < 0.05 * f32[0], curves
+    assert abs(ours_curve[-5:].mean() - curves["torch bf16"][-5:].mean()) < 0.05 * f32[0], curves
+
+
+# ---- determinism --------------------------------------------------------------------------------------------
+
+def test_bf16_results_are_bitwise_identical_across_runs_and_thread_counts():
+    torch.manual_seed(7)
+    m = mha.torch.MultiheadAttention(64, 4, batch_first=True, dtype=torch.bfloat16)
+    x = torch.randn(2, 256, 64).bfloat16()  # [B, L, E]: several row blocks per thread
+    dout = torch.randn(2, 256, 64).bfloat16()
+    threads = mha.num_threads()
+
+    def run(n):
+        mha.set_num_threads(n)
+        xr = x.clone().requires_grad_()
+        m.zero_grad()
+        out, _ = m(xr, xr, xr, is_causal=True, need_weights=False)
+        out.backward(dout)
+        return [out.detach().view(torch.int16)] + [t.grad.view(torch.int16) for t in [xr, *m.parameters()]]
+
+    try:
+        runs = [run(2), run(2), run(1)]
+    finally:
+        mha.set_num_threads(threads)
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other):
+            assert torch.equal(a, b)
+
+
+# ---- mixed dtypes are refused, naming both ----------------------------------------------------------------
+
+def test_mixed_dtypes_are_refused_naming_both():
+    m = mha.torch.MultiheadAttention(8, 2).bfloat16()
+    x32, x16 = torch.randn(3, 2, 8), torch.randn(3, 2, 8).bfloat16()
+    with pytest.raises(mha.Error, match=r"query: expected torch.bfloat16 \(the layer's dtype\), got torch.float32"):
+        m(x32, x32, x32)
+    with pytest.raises(mha.Error, match=r"key: expected torch.bfloat16 \(the layer's dtype\), got torch.float32"):
+        m(x16, x32, x32)
+    f32 = mha.torch.MultiheadAttention(8, 2)
+    with pytest.raises(mha.Error, match=r"query: expected torch.float32 \(the layer's dtype\), got torch.bfloat16"):
+        f32(x16, x16, x16)
+    m.out_proj.weight = torch.nn.Parameter(m.out_proj.weight.float())
+    with pytest.raises(mha.Error, match=r"out_proj.weight: expected every parameter in one of torch.float32, "
+                                        r"torch.float64 or torch.bfloat16, got torch.float32 \(and torch.bfloat16"):
+        m(x16, x16, x16)
+    # the NumPy API: a float32 layer refuses bfloat16 bits, naming both dtypes
+    bits = mha.BFloat16Bits(x16.view(torch.int16).numpy())
+    with pytest.raises(mha.Error, match=r"query: expected float32 \(the layer's dtype\), got bfloat16"):
+        mha.MultiheadAttention(8, 2)(bits, bits, bits)

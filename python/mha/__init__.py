@@ -640,7 +640,8 @@ def load(path, **overrides):
 
 
 def read_safetensors(path):
-    """Reads a safetensors file: ({name: array}, {metadata key: value}).
+    """Reads a safetensors file: ({name: array}, {metadata key: value}). BF16 tensors come back as
+    float32 arrays (exact).
 
     `path` is a str, bytes or os.PathLike; one containing a NUL byte raises mha.Error."""
     return _core.read_safetensors(path)
@@ -648,7 +649,8 @@ def read_safetensors(path):
 
 def write_safetensors(path, tensors, metadata=None):
     """Writes {name: array} and {str: str} metadata as a safetensors file. Arrays must be float32,
-    float64 or bool: any other dtype (an integer array too) raises mha.Error naming it.
+    float64 or bool, or a BFloat16Bits (stored as BF16; read back as float32): any other dtype (an
+    integer array too) raises mha.Error naming it.
 
     `path` is a str, bytes or os.PathLike. The file is written beside its target and renamed over it
     when complete, so a failed write leaves the old file as it was. A symbolic link is followed (its

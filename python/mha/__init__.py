@@ -285,6 +285,8 @@ class MultiheadAttention:
             gradients, state_dict() and parameter attributes. load_state_dict takes float32 /
             float64 arrays or torch tensors (torch.bfloat16 included). A BFloat16Bits input (bfloat16
             bit patterns, what mha.torch passes) is read in place and gets BFloat16Bits results.
+            A training-mode forward keeps its rounded copies of float32 / float64 inputs, so
+            backward() is that forward's even if the caller's arrays change in between.
         seed: seeds the parameter initialisation and the dropout masks. None draws a seed from
             os.urandom; the seed used is kept in ``self.seed``.
 

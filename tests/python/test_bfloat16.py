@@ -335,6 +335,20 @@ def test_numpy_api_parameters_are_float32_copies_and_round_trip():
             np.testing.assert_array_equal(value, state[name], err_msg=name)
 
 
+def test_numpy_api_kv_cache_in_bfloat16_matches_the_causal_forward():
+    _, _, layer = bf16_pair(embed_dim=16, num_heads=4, batch_first=True)
+    layer.eval()
+    x = np.random.default_rng(8).standard_normal((2, 6, 16)).astype(np.float32)  # [B, T, E]
+    full, _ = layer(x, x, x, is_causal=True, need_weights=False)
+    cache, steps = mha.KeyValueCache(), []
+    for t in range(x.shape[1]):
+        step = x[:, t:t + 1]
+        layer.append_to_cache(cache, step, step)
+        steps.append(layer.forward_cached(step, cache, is_causal=True, need_weights=False)[0])
+    assert steps[0].dtype == np.float32
+    np.testing.assert_array_equal(np.concatenate(steps, axis=1), full)
+
+
 def test_numpy_api_save_and_load_keep_bfloat16(tmp_path):
     _, _, layer = bf16_pair(embed_dim=8, num_heads=2)
     layer.save(tmp_path / "layer.safetensors")

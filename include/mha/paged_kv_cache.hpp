@@ -36,7 +36,7 @@ struct PagedKVCacheConfig {
   std::int64_t value_dim = 0;        ///< d_v; 0: head_dim
   std::int64_t page_size = 16;       ///< P >= 1 tokens per page
   std::int64_t capacity_tokens = 0;  ///< the pool holds ceil(capacity_tokens / P) pages
-  DType dtype = DType::Float32;      ///< Float32 or Float64
+  DType dtype = DType::Float32;      ///< Float32, Float64 or BFloat16 (pages hold the bytes as given)
 };
 
 class PagedKVCache {

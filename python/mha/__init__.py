@@ -38,9 +38,11 @@ import collections
 import numpy as np
 
 from . import _core
-from ._core import Error, Kernel, KeyValueCache, PagedKVCache, max_num_threads, num_threads, set_num_threads
+from ._core import (BFloat16Bits, Error, Kernel, KeyValueCache, PagedKVCache, max_num_threads, num_threads,
+                    set_num_threads)
 
 __all__ = [
+    "BFloat16Bits",
     "Error",
     "Kernel",
     "KeyValueCache",
@@ -62,16 +64,34 @@ __version__ = "0.1.0"
 
 _DTYPES = {np.dtype(np.float32): _core.DType.float32, np.dtype(np.float64): _core.DType.float64}
 
+# NumPy has no bfloat16 dtype: a bfloat16 layer is asked for, and reports its dtype, by this name.
+_BFLOAT16 = "bfloat16"
+
 
 def _as_dtype(dtype):
-    """numpy.float32 / numpy.float64 (or their names) -> (numpy dtype, _core.DType)."""
+    """numpy.float32 / numpy.float64 (or their names), or "bfloat16" -> (numpy dtype or "bfloat16", _core.DType)."""
+    if isinstance(dtype, str) and dtype == _BFLOAT16:
+        return _BFLOAT16, _core.DType.bfloat16
     try:
         resolved = np.dtype(dtype)
     except TypeError:
         resolved = None
     if resolved not in _DTYPES:
-        raise Error(f"dtype: expected numpy.float32 or numpy.float64, got {dtype!r}")
+        raise Error(f'dtype: expected numpy.float32, numpy.float64 or "bfloat16", got {dtype!r}')
     return resolved, _DTYPES[resolved]
+
+
+def _dtype_name(dtype):
+    """A layer's dtype (numpy dtype or "bfloat16") as its name: "float32", "float64", "bfloat16"."""
+    return dtype if isinstance(dtype, str) else dtype.name
+
+
+def _as_array(x):
+    """An input as _core takes it: a BFloat16Bits as it is (bfloat16 memory, viewed in place), a torch
+    tensor through _numpy_of, anything else through numpy.asarray."""
+    if isinstance(x, BFloat16Bits):
+        return x
+    return np.asarray(_numpy_of(x))
 
 
 def _int64_arg(value, name):
@@ -86,10 +106,11 @@ def _int64_arg(value, name):
 
 
 def _mask_to_dtype(attn_mask, dtype):
-    """A float attn_mask in the dtype of the computation (as torch requires); others unchanged."""
-    if attn_mask is None:
-        return None
-    attn_mask = np.asarray(attn_mask)
+    """A float attn_mask in the dtype of the computation (as torch requires); others unchanged.
+    A BFloat16Bits mask is passed as it is (the library converts float masks where it must)."""
+    if attn_mask is None or isinstance(attn_mask, BFloat16Bits):
+        return attn_mask
+    attn_mask = np.asarray(_numpy_of(attn_mask))
     if attn_mask.dtype.kind == "f" and dtype.kind == "f" and attn_mask.dtype != dtype:
         attn_mask = attn_mask.astype(dtype)
     return attn_mask
@@ -256,7 +277,16 @@ class MultiheadAttention:
         batch_first: inputs are [B, L, E] (True) or [L, B, E] (False, PyTorch's default).
         d_k, d_v: per-head query/key and value widths (None: embed_dim // num_heads). Unlike
             PyTorch, h * d_k need not equal embed_dim and d_k need not equal d_v.
-        dtype: numpy.float32 or numpy.float64, for the parameters and the inputs.
+        dtype: numpy.float32 or numpy.float64, for the parameters and the inputs; or "bfloat16":
+            parameters, activations and gradients held in bfloat16 (products accumulate in float32,
+            softmax in float32). NumPy has no bfloat16, so such a layer takes float32 or float64
+            arrays and rounds them to bfloat16 (to nearest even) as they enter, and returns float32
+            arrays (exact copies of its bfloat16 results): forward's out and weights, backward's
+            gradients, state_dict() and parameter attributes. load_state_dict takes float32 /
+            float64 arrays or torch tensors (torch.bfloat16 included). A BFloat16Bits input (bfloat16
+            bit patterns, what mha.torch passes) is read in place and gets BFloat16Bits results.
+            A training-mode forward keeps its rounded copies of float32 / float64 inputs, so
+            backward() is that forward's even if the caller's arrays change in between.
         seed: seeds the parameter initialisation and the dropout masks. None draws a seed from
             os.urandom; the seed used is kept in ``self.seed``.
 
@@ -325,7 +355,10 @@ class MultiheadAttention:
     batch_first = property(lambda self: self._config.batch_first)
     dropout = property(lambda self: self._config.dropout)
     add_zero_attn = property(lambda self: self._config.add_zero_attn)
-    dtype = property(lambda self: self._dtype, doc="numpy.dtype of the parameters and inputs")
+    dtype = property(lambda self: self._dtype,
+                     doc='numpy.dtype of the parameters and inputs, or "bfloat16" (parameters held in bfloat16)')
+    # Float masks are added to the logits, which a bfloat16 layer computes in float32.
+    _mask_dtype = property(lambda self: np.dtype(np.float32) if isinstance(self._dtype, str) else self._dtype)
     _qkv_same_embed_dim = property(lambda self: self._module.packed_in_proj,
                                    doc="True when the q, k, v weights live in one in_proj_weight")
 
@@ -356,11 +389,14 @@ class MultiheadAttention:
 
     # ---- parameters ------------------------------------------------------------------------------
     def state_dict(self):
-        """{name: copy of the parameter as a NumPy array}, in PyTorch's state_dict order."""
+        """{name: copy of the parameter as a NumPy array}, in PyTorch's state_dict order (float32
+        copies of a bfloat16 layer's parameters, exact)."""
         return self._module.state_dict()
 
     def load_state_dict(self, state_dict, strict=True):
-        """Sets the parameters from {name: array} with PyTorch's names (float32 or float64).
+        """Sets the parameters from {name: array} with PyTorch's names (float32 or float64 arrays,
+        torch tensors of any floating dtype, BFloat16Bits), converted to the layer's dtype (rounded to
+        nearest even for a bfloat16 layer).
 
         ``{k: v.numpy() for k, v in torch_module.state_dict().items()}`` (or the torch state_dict
         itself) loads directly. With strict=True (as in PyTorch) every parameter must be given and no
@@ -423,7 +459,7 @@ class MultiheadAttention:
         c = self._config
         config = dict(embed_dim=c.d_model, num_heads=c.num_heads, dropout=c.dropout, bias=c.bias,
                       add_bias_kv=c.add_bias_kv, add_zero_attn=c.add_zero_attn, kdim=c.kdim, vdim=c.vdim,
-                      batch_first=c.batch_first, d_k=c.d_k, d_v=c.d_v, dtype=self._dtype.name, seed=self.seed)
+                      batch_first=c.batch_first, d_k=c.d_k, d_v=c.d_v, dtype=_dtype_name(self._dtype), seed=self.seed)
         own = {k: v for k, v in self.__dict__.items() if k not in ("_module", "_config", "_dtype", "seed")}
         return {"config": config, "state_dict": self.state_dict(), "training": self.training,
                 "kernel": self.kernel.name, "attributes": own}
@@ -459,13 +495,15 @@ class MultiheadAttention:
 
         Returns:
             (out like query, weights or None); unbatched input gives weights [L, S'] or [h, L, S'].
+            A bfloat16 layer takes float32 / float64 inputs (rounded to bfloat16) and returns float32
+            arrays; given BFloat16Bits it returns BFloat16Bits.
         """
         _refuse_autograd_tensors(query=query, key=key, value=value)
-        query = np.asarray(query)
-        key = query if key is query else np.asarray(key)
-        value = key if value is key else np.asarray(value)
-        attn_mask = _mask_to_dtype(attn_mask, self._dtype)
-        key_padding_mask = _mask_to_dtype(key_padding_mask, self._dtype)
+        query = _as_array(query)
+        key = query if key is query else _as_array(key)
+        value = key if value is key else _as_array(value)
+        attn_mask = _mask_to_dtype(attn_mask, self._mask_dtype)
+        key_padding_mask = _mask_to_dtype(key_padding_mask, self._mask_dtype)
         return self._module.forward(
             query, key, value, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
             key_lengths=_key_lengths(key_lengths), is_causal=bool(is_causal),
@@ -476,7 +514,8 @@ class MultiheadAttention:
         """Projects key and value (laid out as forward's key and value) and appends them to
         `cache`, an mha.KeyValueCache; the first append fixes its batch size. O(new positions)."""
         _refuse_autograd_tensors(key=key, value=value)
-        self._module.append_to_cache(cache, np.asarray(key), np.asarray(value))
+        key = _as_array(key)
+        self._module.append_to_cache(cache, key, key if value is key else _as_array(value))
 
     def forward_cached(self, query, cache, key_padding_mask=None, need_weights=True, attn_mask=None,
                        average_attn_weights=True, is_causal=False, *, key_lengths=None):
@@ -487,9 +526,9 @@ class MultiheadAttention:
         forward over the whole sequence gives for those queries. Returns (out like query, weights or
         None)."""
         _refuse_autograd_tensors(query=query)
-        query = np.asarray(query)
-        attn_mask = _mask_to_dtype(attn_mask, self._dtype)
-        key_padding_mask = _mask_to_dtype(key_padding_mask, self._dtype)
+        query = _as_array(query)
+        attn_mask = _mask_to_dtype(attn_mask, self._mask_dtype)
+        key_padding_mask = _mask_to_dtype(key_padding_mask, self._mask_dtype)
         return self._module.forward_cached(
             query, cache, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
             key_lengths=_key_lengths(key_lengths),
@@ -511,7 +550,8 @@ class MultiheadAttention:
 
         Returns a dict: "query", "key", "value" (new arrays shaped like that forward's inputs),
         then every parameter under its state_dict name, in state_dict order. Nothing is
-        accumulated: when query, key and value were one array, add the three gradients. No gradient
+        accumulated: when query, key and value were one array, add the three gradients. A bfloat16
+        layer's gradients are bfloat16, returned as float32 arrays (BFloat16Bits when grad_out is one). No gradient
         flows through the returned attention weights. A training-mode forward keeps what this
         needs; evaluation mode keeps nothing. Raises ValueError when there is no training-mode
         forward, when an input array of that forward was modified since (the forward keeps the
@@ -535,16 +575,23 @@ class MultiheadAttention:
         return (f"MultiheadAttention(embed_dim={c.d_model}, num_heads={c.num_heads}, d_k={c.d_k}, "
                 f"d_v={c.d_v}, kdim={c.kdim}, vdim={c.vdim}, bias={c.bias}, "
                 f"add_bias_kv={c.add_bias_kv}, add_zero_attn={c.add_zero_attn}, "
-                f"dropout={c.dropout}, batch_first={c.batch_first}, dtype={self._dtype.name})")
+                f"dropout={c.dropout}, batch_first={c.batch_first}, dtype={_dtype_name(self._dtype)})")
 
 
 _IncompatibleKeys = collections.namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
 
 
 def _numpy_of(value):
-    """A NumPy view of a torch tensor or parameter (detached, on the CPU); anything else as it is."""
+    """A NumPy view of a torch tensor or parameter (detached, on the CPU); anything else as it is.
+
+    A torch.bfloat16 tensor becomes a float32 copy (NumPy has no bfloat16; the conversion is exact,
+    so a bfloat16 layer gets the same bits back). mha.torch passes bfloat16 memory without a copy,
+    as BFloat16Bits, instead."""
     if hasattr(value, "detach") and hasattr(value, "cpu"):
-        return value.detach().cpu().numpy()
+        value = value.detach().cpu()
+        if str(value.dtype) == "torch.bfloat16":
+            value = value.float()
+        return value.numpy()
     return value
 
 
@@ -584,7 +631,7 @@ def load(path, **overrides):
     config = dict(embed_dim=c.d_model, num_heads=c.num_heads, d_k=c.d_k, d_v=c.d_v, kdim=c.kdim,
                   vdim=c.vdim, bias=c.bias, add_bias_kv=c.add_bias_kv, add_zero_attn=c.add_zero_attn,
                   batch_first=c.batch_first, dropout=c.dropout,
-                  dtype=np.float64 if c.dtype == _core.DType.float64 else np.float32)
+                  dtype={_core.DType.float64: np.float64, _core.DType.bfloat16: _BFLOAT16}.get(c.dtype, np.float32))
     config.update(overrides)
     try:
         layer = MultiheadAttention(**config)
@@ -595,7 +642,8 @@ def load(path, **overrides):
 
 
 def read_safetensors(path):
-    """Reads a safetensors file: ({name: array}, {metadata key: value}).
+    """Reads a safetensors file: ({name: array}, {metadata key: value}). BF16 tensors come back as
+    float32 arrays (exact).
 
     `path` is a str, bytes or os.PathLike; one containing a NUL byte raises mha.Error."""
     return _core.read_safetensors(path)
@@ -603,7 +651,8 @@ def read_safetensors(path):
 
 def write_safetensors(path, tensors, metadata=None):
     """Writes {name: array} and {str: str} metadata as a safetensors file. Arrays must be float32,
-    float64 or bool: any other dtype (an integer array too) raises mha.Error naming it.
+    float64 or bool, or a BFloat16Bits (stored as BF16; read back as float32): any other dtype (an
+    integer array too) raises mha.Error naming it.
 
     `path` is a str, bytes or os.PathLike. The file is written beside its target and renamed over it
     when complete, so a failed write leaves the old file as it was. A symbolic link is followed (its

@@ -25,7 +25,9 @@ import mha as _mha
 
 __all__ = ["MultiheadAttention"]
 
-_NUMPY_DTYPE = {_torch.float32: np.float32, _torch.float64: np.float64}
+# The internal mha layer's dtype for each torch dtype the module takes.
+_LAYER_DTYPE = {_torch.float32: np.float32, _torch.float64: np.float64, _torch.bfloat16: "bfloat16"}
+_DTYPE_NAMES = "torch.float32, torch.float64 or torch.bfloat16"
 
 _NOT_SCRIPTABLE = (
     "mha.torch.MultiheadAttention cannot be compiled by torch.jit.script or recorded by torch.jit.trace: its "
@@ -54,7 +56,8 @@ class MultiheadAttention(_torch.nn.Module):
         kdim, vdim: widths of the key and value inputs (None: embed_dim).
         batch_first: inputs are [B, L, E] (True) or [L, B, E] (False, torch's default).
         device: None or "cpu" (mha runs on the CPU only).
-        dtype: torch.float32 or torch.float64 (None: torch's default dtype).
+        dtype: torch.float32, torch.float64 or torch.bfloat16 (None: torch's default dtype); or
+            convert later with ``.to(torch.bfloat16)`` / ``.bfloat16()``, as any module.
     Extra args:
         d_k, d_v: per-head query/key and value widths (None: embed_dim // num_heads, which then
             must divide exactly, as torch requires). With them, h * d_k need not equal E and d_k
@@ -81,15 +84,20 @@ class MultiheadAttention(_torch.nn.Module):
         * ``is_causal=True`` applies a causal mask (query i may see key j when j <= i + S - L,
           the usual lower triangle when L == S), combined with any attn_mask. (torch 1.13 has no
           such argument; torch 2.x reads it as a hint that attn_mask is causal.)
-        * float32 and float64 only, CPU only; other dtypes or devices raise mha.Error (a
-          ValueError) naming the argument. No double backward (create_graph=True).
+        * float32, float64 and bfloat16 only, CPU only; other dtypes or devices raise mha.Error (a
+          ValueError) naming the argument, as do inputs whose dtype differs from the parameters'
+          (torch's module raises a RuntimeError there). No double backward (create_graph=True).
+        * bfloat16 runs mha's bfloat16 layer: bfloat16 products accumulated in float32, softmax in
+          float32; torch 1.13's bfloat16 module rounds more often, so the two differ by bfloat16
+          rounding (mha's error against float64 is no larger than torch's; tests/python/test_bfloat16.py).
         * In eval mode under ``torch.no_grad()``, torch.nn.TransformerEncoderLayer's fast path
           reads the parameters of its ``self_attn`` and calls torch's fused kernel without calling
           ``self_attn.forward``; the result is the same (same parameters), but mha does not run.
 
     How it runs: each forward copies the current parameter values into an internal
     ``mha.MultiheadAttention`` (so an optimiser's in-place updates are always seen) and hands it the
-    inputs as NumPy views of the tensors' memory (no copy). When autograd needs gradients the layer
+    inputs as NumPy views of the tensors' memory (no copy; bfloat16 tensors as BFloat16Bits, their
+    memory viewed as int16, and the bfloat16 results come back the same way). When autograd needs gradients the layer
     that ran the forward stays with that forward's graph until the graph is freed, so several
     forwards may precede their backward (and ``retain_graph=True`` backwards may repeat); a layer
     holds its forward's activations (the projections, and references to the input tensors' memory
@@ -106,8 +114,8 @@ class MultiheadAttention(_torch.nn.Module):
         if device is not None and _torch.device(device).type != "cpu":
             raise _mha.Error(f"device: mha runs on the CPU only, got {device!r}")
         dtype = _torch.get_default_dtype() if dtype is None else dtype
-        if dtype not in _NUMPY_DTYPE:
-            raise _mha.Error(f"dtype: expected torch.float32 or torch.float64, got {dtype}")
+        if dtype not in _LAYER_DTYPE:
+            raise _mha.Error(f"dtype: expected {_DTYPE_NAMES}, got {dtype}")
         if embed_dim <= 0 or num_heads <= 0:
             raise _mha.Error(f"embed_dim, num_heads: expected positive sizes, got {embed_dim}, {num_heads}")
         if (d_k is None or d_v is None) and embed_dim % num_heads != 0:
@@ -221,7 +229,7 @@ class MultiheadAttention(_torch.nn.Module):
                    ((query, "query"), (key, "key"), (value, "value"))]
         # One NumPy view per distinct tensor, so that mha sees self-attention as one array.
         views = {}
-        arrays = [views.setdefault(id(t), t.detach().numpy()) for t in tensors]
+        arrays = [views.setdefault(id(t), _array_of(t)) for t in tensors]
         masks = {name: _mask_array(m, name) for name, m in
                  (("key_padding_mask", key_padding_mask), ("attn_mask", attn_mask))}
 
@@ -238,8 +246,8 @@ class MultiheadAttention(_torch.nn.Module):
             out, weights = (results if need_weights else (results, None))
         else:
             out, weights = call.forward()
-            out = _torch.from_numpy(out)
-            weights = None if weights is None else _torch.from_numpy(weights)
+            out = _tensor_of(out)
+            weights = None if weights is None else _tensor_of(weights)
             del call  # its mha layer goes back to the pool now
         return out, weights
 
@@ -268,7 +276,7 @@ class MultiheadAttention(_torch.nn.Module):
                 ("dropout", dropout), ("bias", self.in_proj_bias is not None),
                 ("add_bias_kv", self.bias_k is not None), ("add_zero_attn", bool(self.add_zero_attn)),
                 ("kdim", self.kdim), ("vdim", self.vdim), ("batch_first", bool(self.batch_first)),
-                ("d_k", self.d_k), ("d_v", self.d_v), ("dtype", _NUMPY_DTYPE[dtype]))
+                ("d_k", self.d_k), ("d_v", self.d_v), ("dtype", _LAYER_DTYPE[dtype]))
 
 
 class _WorkerPool:
@@ -318,7 +326,7 @@ class _Call:
         self.worker = worker            # _Worker: the internal mha layer
         self.names = names              # state_dict names of params
         self.params = params            # parameter tensors (read at forward)
-        self.arrays = arrays            # NumPy views of query, key, value
+        self.arrays = arrays            # NumPy views (or BFloat16Bits) of query, key, value
         self.masks = masks              # {"key_padding_mask": ..., "attn_mask": ...}, NumPy or None
         self.training = training        # mha's training mode: dropout, and keep what backward needs
         self.need_weights = need_weights
@@ -327,10 +335,10 @@ class _Call:
 
     def forward(self):
         """Runs the internal layer with the current parameter values; returns (out, weights or None)
-        as NumPy arrays, and drops the references to the inputs (the layer keeps the arrays it needs
+        as NumPy arrays (BFloat16Bits for bfloat16), and drops the references to the inputs (the layer keeps the arrays it needs
         for backward until its next forward)."""
         layer = self.worker.layer
-        layer.load_state_dict({n: p.detach().numpy() for n, p in zip(self.names, self.params)})
+        layer.load_state_dict({n: _array_of(p) for n, p in zip(self.names, self.params)})
         layer.train(self.training)
         query, key, value = self.arrays
         result = layer.forward(query, key, value, need_weights=self.need_weights,
@@ -349,10 +357,10 @@ class _MultiheadAttentionFunction(_torch.autograd.Function):
         # query, key, value, params are here for autograd's bookkeeping; call holds their views.
         out, weights = call.forward()
         ctx.worker, ctx.names = call.worker, call.names  # the layer stays with this graph
-        out = _torch.from_numpy(out)  # shares mha's memory
+        out = _tensor_of(out)  # shares mha's memory
         if weights is None:
             return out
-        weights = _torch.from_numpy(weights)
+        weights = _tensor_of(weights)
         ctx.mark_non_differentiable(weights)
         return out, weights
 
@@ -362,24 +370,41 @@ class _MultiheadAttentionFunction(_torch.autograd.Function):
         # Grad mode is on here only under create_graph=True, i.e. for a gradient to be differentiated.
         if _torch.is_grad_enabled():
             raise RuntimeError(_NO_DOUBLE_BACKWARD)
-        grads = ctx.worker.layer.backward(grad_out.detach().numpy())
+        grads = ctx.worker.layer.backward(_array_of(grad_out.detach()))
         wanted = ctx.needs_input_grad  # (call, query, key, value, *params)
-        inputs = [_torch.from_numpy(grads[n]) if wanted[1 + i] else None
+        inputs = [_tensor_of(grads[n]) if wanted[1 + i] else None
                   for i, n in enumerate(("query", "key", "value"))]
-        params = [_torch.from_numpy(grads[n]) if wanted[4 + i] else None
+        params = [_tensor_of(grads[n]) if wanted[4 + i] else None
                   for i, n in enumerate(ctx.names)]
         # query is key is value (self-attention): autograd sums the three gradients.
         return (None, *inputs, *params)
 
 
+def _array_of(t):
+    """What mha's layer reads for a detached CPU tensor, on its memory (no copy): a NumPy view, or
+    for torch.bfloat16 (NumPy has none) a BFloat16Bits of the memory viewed as int16 (same strides)."""
+    t = t.detach()
+    if t.dtype == _torch.bfloat16:
+        return _mha.BFloat16Bits(t.view(_torch.int16).numpy())
+    return t.numpy()
+
+
+def _tensor_of(result):
+    """A torch tensor on the memory of a result of mha's layer (no copy): torch.bfloat16 for a
+    BFloat16Bits (its int16 bits reinterpreted), else the NumPy array's dtype."""
+    if isinstance(result, _mha.BFloat16Bits):
+        return _torch.from_numpy(result.bits).view(_torch.bfloat16)
+    return _torch.from_numpy(result)
+
+
 def _check_parameters(names, params):
-    """The parameters' common dtype (torch.float32 or torch.float64); raises mha.Error otherwise."""
+    """The parameters' common dtype (torch.float32, torch.float64 or torch.bfloat16); raises mha.Error otherwise."""
     dtype = params[0].dtype
     for name, p in zip(names, params):
         if p.device.type != "cpu":
             raise _mha.Error(f"{name}: mha runs on the CPU only, got a parameter on {p.device}")
-        if p.dtype not in _NUMPY_DTYPE or p.dtype != dtype:
-            raise _mha.Error(f"{name}: expected every parameter in torch.float32 or in torch.float64, "
+        if p.dtype not in _LAYER_DTYPE or p.dtype != dtype:
+            raise _mha.Error(f"{name}: expected every parameter in one of {_DTYPE_NAMES}, "
                              f"got {p.dtype} (and {dtype} for {names[0]})")
     return dtype
 
@@ -396,7 +421,7 @@ def _check_input(t, name, dtype):
 
 
 def _mask_array(mask, name):
-    """A mask as a NumPy array (a view of a CPU tensor), or None."""
+    """A mask as a NumPy array (a view of a CPU tensor; BFloat16Bits for torch.bfloat16), or None."""
     if mask is None:
         return None
     if not isinstance(mask, _torch.Tensor):
@@ -405,4 +430,4 @@ def _mask_array(mask, name):
         raise _mha.Error(f"{name}: mha runs on the CPU only, got a mask on {mask.device}")
     if mask.requires_grad and _torch.is_grad_enabled():
         raise _mha.Error(f"{name}: no gradient flows into masks; pass {name}.detach()")
-    return mask.detach().numpy()
+    return _array_of(mask)

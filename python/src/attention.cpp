@@ -42,7 +42,8 @@ HeldOptions attention_options(py::handle attn_mask, bool is_causal, std::optiona
 }
 
 // q: [B, h, L, d_k], k: [B, h, S, d_k], v: [B, h, S, d_v]. Returns (out [B, h, L, d_v],
-// weights [B, h, L, S] or None, lse [B, h, L] or None).
+// weights [B, h, L, S] or None, lse [B, h, L] or None); bfloat16 results are float32 arrays, or
+// BFloat16Bits when q is one.
 py::tuple sdpa(py::handle q, py::handle k, py::handle v, py::handle attn_mask, bool is_causal,
                std::optional<double> scale, py::handle key_padding_mask, std::vector<std::int64_t> key_lengths,
                double dropout_p, std::uint64_t dropout_seed, bool need_weights, bool need_lse, Kernel kernel) {
@@ -59,7 +60,9 @@ py::tuple sdpa(py::handle q, py::handle k, py::handle v, py::handle attn_mask, b
     py::gil_scoped_release release;
     result = scaled_dot_product_attention(q_view.view, k_view.view, v_view.view, held.options);
   }
-  return py::make_tuple(to_numpy(std::move(result.out)), to_numpy_or_none(std::move(result.weights)),
+  const BFloat16Out bfloat16_out = bfloat16_out_like(q);  // bfloat16 results as q came in
+  return py::make_tuple(to_python(std::move(result.out), bfloat16_out),
+                        to_python_or_none(std::move(result.weights), bfloat16_out),
                         to_numpy_or_none(std::move(result.lse)));
 }
 
@@ -84,7 +87,9 @@ py::tuple sdpa_backward(py::handle dout, py::handle q, py::handle k, py::handle 
     grads = scaled_dot_product_attention_backward(dout_view.view, q_view.view, k_view.view, v_view.view, out_view.view,
                                                   lse_view.view, held.options);
   }
-  return py::make_tuple(to_numpy(std::move(grads.dq)), to_numpy(std::move(grads.dk)), to_numpy(std::move(grads.dv)));
+  const BFloat16Out bfloat16_out = bfloat16_out_like(dout);  // bfloat16 gradients as dout came in
+  return py::make_tuple(to_python(std::move(grads.dq), bfloat16_out), to_python(std::move(grads.dk), bfloat16_out),
+                        to_python(std::move(grads.dv), bfloat16_out));
 }
 
 }  // namespace

@@ -63,15 +63,35 @@ HeldInputs inputs_of(py::handle key_padding_mask, py::handle attn_mask, std::vec
   return held;
 }
 
+// An input array of a layer whose dtype is `layer_dtype`, viewed in place; for a bfloat16 layer,
+// float32 / float64 NumPy data is rounded to bfloat16 first (NumPy has no bfloat16 to pass; a
+// BFloat16Bits is viewed in place). Other mixes reach the library, which refuses them naming both dtypes.
+ArrayView layer_input(py::handle obj, const std::string& name, DType layer_dtype) {
+  ArrayView view = view_of(obj, name, Accept::Float);
+  if (layer_dtype != DType::BFloat16) return view;
+  return converted_to(std::move(view), DType::BFloat16);
+}
+
+// query, key, value as layer inputs; one array passed twice (self-attention) stays one view, which is
+// how the layer recognises it (and converts it once).
+struct QueryKeyValue {
+  ArrayView query, key, value;
+};
+QueryKeyValue layer_inputs(py::handle query, py::handle key, py::handle value, DType layer_dtype) {
+  ArrayView q = layer_input(query, "query", layer_dtype);
+  ArrayView k = key.is(query) ? q : layer_input(key, "key", layer_dtype);
+  ArrayView v = value.is(key) ? k : value.is(query) ? q : layer_input(value, "value", layer_dtype);
+  return {std::move(q), std::move(k), std::move(v)};
+}
+
 // query [B, L, E] / [L, B, E] / [L, E], key [.., S, kdim], value [.., S, vdim].
-// Returns (out like query, weights or None). A training-mode forward keeps the arrays (not copies)
+// Returns (out like query, weights or None); bfloat16 results are float32 arrays, or BFloat16Bits
+// when query is one. A training-mode forward keeps the arrays (not copies)
 // for backward, which raises mha.Error if one was modified in between.
 py::tuple forward(LockedModule& self, py::handle query, py::handle key, py::handle value, py::handle key_padding_mask,
                   py::handle attn_mask, std::vector<std::int64_t> key_lengths, bool is_causal, bool need_weights,
                   bool average_attn_weights) {
-  const ArrayView query_view = view_of(query, "query", Accept::Float);
-  const ArrayView key_view = view_of(key, "key", Accept::Float);
-  const ArrayView value_view = view_of(value, "value", Accept::Float);
+  const auto [query_view, key_view, value_view] = layer_inputs(query, key, value, self.module.config().dtype);
   HeldInputs held =
       inputs_of(key_padding_mask, attn_mask, std::move(key_lengths), is_causal, need_weights, average_attn_weights);
   held.inputs.borrow_inputs = true;  // backward() reads the arrays themselves, kept alive by self.lent
@@ -91,13 +111,16 @@ py::tuple forward(LockedModule& self, py::handle query, py::handle key, py::hand
       self.lent.clear();  // moved-from (null) handles: no reference counts change
     }
   }
-  return py::make_tuple(to_numpy(std::move(output.out)), to_numpy_or_none(std::move(output.weights)));
+  const BFloat16Out bfloat16_out = bfloat16_out_like(query);
+  return py::make_tuple(to_python(std::move(output.out), bfloat16_out),
+                        to_python_or_none(std::move(output.weights), bfloat16_out));
 }
 
 // The gradients of the last training-mode forward, given dout = dLoss/dout (shaped like its out).
-// Returns (d query, d key, d value, {name: d parameter} in state_dict order).
+// Returns (d query, d key, d value, {name: d parameter} in state_dict order); bfloat16 gradients are
+// float32 arrays, or BFloat16Bits when dout is one.
 py::tuple backward(LockedModule& self, py::handle dout) {
-  const ArrayView dout_view = view_of(dout, "dout", Accept::Float);
+  const ArrayView dout_view = layer_input(dout, "dout", self.module.config().dtype);
   MultiHeadAttentionGradients grads;
   std::vector<std::string> names;
   {
@@ -106,19 +129,21 @@ py::tuple backward(LockedModule& self, py::handle dout) {
     grads = self.module.backward(dout_view.view);
     names = self.module.parameter_names();
   }
+  const BFloat16Out bfloat16_out = bfloat16_out_like(dout);
   py::dict parameters;
   for (const std::string& name : names) {
     auto it = grads.parameters.find(name);
-    if (it != grads.parameters.end()) parameters[py::str(name)] = to_numpy(std::move(it->second));
+    if (it != grads.parameters.end()) parameters[py::str(name)] = to_python(std::move(it->second), bfloat16_out);
   }
-  return py::make_tuple(to_numpy(std::move(grads.query)), to_numpy(std::move(grads.key)),
-                        to_numpy(std::move(grads.value)), parameters);
+  return py::make_tuple(to_python(std::move(grads.query), bfloat16_out), to_python(std::move(grads.key), bfloat16_out),
+                        to_python(std::move(grads.value), bfloat16_out), parameters);
 }
 
 // Projects key and value (the layout forward takes) and appends them to `cache`.
 void append_to_cache(LockedModule& self, KeyValueCache& cache, py::handle key, py::handle value) {
-  const ArrayView key_view = view_of(key, "key", Accept::Float);
-  const ArrayView value_view = view_of(value, "value", Accept::Float);
+  const DType layer_dtype = self.module.config().dtype;
+  const ArrayView key_view = layer_input(key, "key", layer_dtype);
+  const ArrayView value_view = value.is(key) ? key_view : layer_input(value, "value", layer_dtype);
   py::gil_scoped_release release;
   const Lock lock(self.mutex);
   self.module.append_to_cache(cache, key_view.view, value_view.view);
@@ -129,7 +154,7 @@ void append_to_cache(LockedModule& self, KeyValueCache& cache, py::handle key, p
 py::tuple forward_cached(LockedModule& self, py::handle query, const KeyValueCache& cache, py::handle key_padding_mask,
                          py::handle attn_mask, std::vector<std::int64_t> key_lengths, bool is_causal, bool need_weights,
                          bool average_attn_weights) {
-  const ArrayView query_view = view_of(query, "query", Accept::Float);
+  const ArrayView query_view = layer_input(query, "query", self.module.config().dtype);
   const HeldInputs held =
       inputs_of(key_padding_mask, attn_mask, std::move(key_lengths), is_causal, need_weights, average_attn_weights);
   MultiHeadAttentionOutput output;
@@ -138,10 +163,13 @@ py::tuple forward_cached(LockedModule& self, py::handle query, const KeyValueCac
     const Lock lock(self.mutex);
     output = self.module.forward_cached(query_view.view, cache, held.inputs);
   }
-  return py::make_tuple(to_numpy(std::move(output.out)), to_numpy_or_none(std::move(output.weights)));
+  const BFloat16Out bfloat16_out = bfloat16_out_like(query);
+  return py::make_tuple(to_python(std::move(output.out), bfloat16_out),
+                        to_python_or_none(std::move(output.weights), bfloat16_out));
 }
 
-// Loads a {name: array} dict; every value must be a float32 or float64 array-like.
+// Loads a {name: array} dict; every value must be a float32 or float64 array-like or a BFloat16Bits
+// (converted to the layer's dtype).
 void load_state_dict(LockedModule& self, const py::dict& state) {
   std::vector<ArrayView> held;  // keeps the arrays (or their copies) alive during the load
   held.reserve(state.size());

@@ -60,20 +60,13 @@ bool has_element_strides(const py::array& array) {
   return true;
 }
 
-}  // namespace
-
-ArrayView view_of(py::handle obj, const std::string& name, Accept accept) {
-  py::array array = py::array::ensure(obj);
-  if (!array) {
-    throw Error(name + ": expected an array, got " +
-                py::str(py::type::handle_of(obj).attr("__name__")).cast<std::string>());
-  }
-  const DType dtype = accepted_dtype(array, name, accept);
+// A view of `array`'s elements as `dtype` (whose size is the array's itemsize), copying the array
+// first when its strides cannot be counted in elements.
+ArrayView strided_view(py::array array, DType dtype) {
   if (array.size() > 0 && !has_element_strides(array)) {
     // A fresh C-order copy (numpy.ascontiguousarray would keep a contiguous but misaligned array).
     array = py::array::ensure(numpy().attr("array")(array, py::arg("copy") = true, py::arg("order") = "C"));
   }
-
   Shape shape(static_cast<std::size_t>(array.ndim()));
   Shape strides(shape.size());
   for (py::ssize_t d = 0; d < array.ndim(); ++d) shape[d] = array.shape(d);
@@ -84,6 +77,57 @@ ArrayView view_of(py::handle obj, const std::string& name, Accept accept) {
   }
   TensorView view(array.data(), dtype, std::move(shape), std::move(strides));
   return ArrayView{std::move(array), std::move(view)};
+}
+
+// The NumPy dtype that holds `dtype`'s elements: int16 bit patterns for bfloat16.
+py::dtype storage_dtype(DType dtype) {
+  return dtype == DType::BFloat16 ? py::dtype::of<std::int16_t>() : numpy_dtype(dtype);
+}
+
+// Moves `tensor` into a NumPy array of storage_dtype that uses the tensor's memory (no copy).
+py::array share_memory(Tensor&& tensor) {
+  const py::dtype dtype = storage_dtype(tensor.dtype());
+  std::vector<py::ssize_t> shape(tensor.shape().begin(), tensor.shape().end());
+  std::vector<py::ssize_t> strides;
+  for (const std::int64_t stride : tensor.strides()) {
+    strides.push_back(static_cast<py::ssize_t>(stride) * dtype.itemsize());
+  }
+  if (tensor.numel() == 0) return py::array(dtype, shape, strides);  // no memory to share
+
+  auto owner = std::make_unique<Tensor>(std::move(tensor));
+  const void* data = owner->data();
+  py::capsule base(owner.get(), [](void* p) { delete static_cast<Tensor*>(p); });
+  owner.release();  // the capsule owns it now
+  return py::array(dtype, shape, strides, data, base);
+}
+
+// `bits` checked to hold 2-byte integers, in native byte order.
+py::array bfloat16_bits_arg(py::handle bits) {
+  py::array array = py::array::ensure(bits);
+  if (!array || array.itemsize() != 2 || (array.dtype().kind() != 'i' && array.dtype().kind() != 'u')) {
+    const std::string got =
+        array ? dtype_str(array.dtype()) : py::str(py::type::handle_of(bits).attr("__name__")).cast<std::string>();
+    throw Error("BFloat16Bits: bits: expected an int16 or uint16 array of bfloat16 bit patterns "
+                "(e.g. tensor.view(torch.int16).numpy()), got " +
+                got);
+  }
+  if (!array.dtype().attr("isnative").cast<bool>()) {
+    array = py::array::ensure(array.attr("astype")(array.dtype().attr("newbyteorder")("=")));
+  }
+  return array;
+}
+
+}  // namespace
+
+ArrayView view_of(py::handle obj, const std::string& name, Accept accept) {
+  if (py::isinstance<BFloat16Bits>(obj)) return strided_view(obj.cast<const BFloat16Bits&>().bits, DType::BFloat16);
+  py::array array = py::array::ensure(obj);
+  if (!array) {
+    throw Error(name + ": expected an array, got " +
+                py::str(py::type::handle_of(obj).attr("__name__")).cast<std::string>());
+  }
+  const DType dtype = accepted_dtype(array, name, accept);
+  return strided_view(std::move(array), dtype);
 }
 
 std::optional<ArrayView> optional_view_of(py::handle obj, const std::string& name, Accept accept) {
@@ -101,22 +145,34 @@ py::dtype numpy_dtype(DType dtype) {
   throw Error(std::string("numpy_dtype: no NumPy dtype for ") + dtype_name(dtype));
 }
 
+ArrayView converted_to(ArrayView view, DType dtype) {
+  const DType from = view.view.dtype();
+  if (from == dtype || from == DType::Bool || dtype == DType::Bool) return view;
+  py::array owner = share_memory(Tensor::copy_of(view.view, dtype));
+  TensorView converted(owner.data(), dtype, view.view.shape());
+  return ArrayView{std::move(owner), std::move(converted)};
+}
+
+BFloat16Out bfloat16_out_like(py::handle obj) {
+  return py::isinstance<BFloat16Bits>(obj) ? BFloat16Out::Bits : BFloat16Out::Float32;
+}
+
 py::array to_numpy(Tensor&& tensor) {
   // NumPy has no bfloat16: such tensors reach Python as float32, which holds their values exactly.
   if (tensor.dtype() == DType::BFloat16) tensor = Tensor::copy_of(tensor, DType::Float32);
-  const py::dtype dtype = numpy_dtype(tensor.dtype());
-  std::vector<py::ssize_t> shape(tensor.shape().begin(), tensor.shape().end());
-  std::vector<py::ssize_t> strides;
-  for (const std::int64_t stride : tensor.strides()) {
-    strides.push_back(static_cast<py::ssize_t>(stride) * dtype.itemsize());
-  }
-  if (tensor.numel() == 0) return py::array(dtype, shape, strides);  // no memory to share
+  return share_memory(std::move(tensor));
+}
 
-  auto owner = std::make_unique<Tensor>(std::move(tensor));
-  const void* data = owner->data();
-  py::capsule base(owner.get(), [](void* p) { delete static_cast<Tensor*>(p); });
-  owner.release();  // the capsule owns it now
-  return py::array(dtype, shape, strides, data, base);
+py::object to_python(Tensor&& tensor, BFloat16Out bfloat16_out) {
+  if (tensor.dtype() == DType::BFloat16 && bfloat16_out == BFloat16Out::Bits) {
+    return py::cast(BFloat16Bits{share_memory(std::move(tensor))});
+  }
+  return to_numpy(std::move(tensor));
+}
+
+py::object to_python_or_none(Tensor&& tensor, BFloat16Out bfloat16_out) {
+  if (!tensor.defined()) return py::none();
+  return to_python(std::move(tensor), bfloat16_out);
 }
 
 py::object to_numpy_or_none(Tensor&& tensor) {
@@ -128,7 +184,20 @@ void register_tensor(py::module_& m) {
   py::enum_<DType>(m, "DType", "Element type of a tensor")
       .value("float32", DType::Float32)
       .value("float64", DType::Float64)
-      .value("bool", DType::Bool);
+      .value("bool", DType::Bool)
+      .value("bfloat16", DType::BFloat16);
+
+  py::class_<BFloat16Bits>(m, "BFloat16Bits",
+                           "bfloat16 data for the library: `bits`, an int16 or uint16 array (any shape and strides)\n"
+                           "of bfloat16 bit patterns, read in place (NumPy has no bfloat16 dtype). A torch.bfloat16\n"
+                           "tensor t crosses as BFloat16Bits(t.view(torch.int16).numpy()), without a copy.")
+      .def(py::init([](py::handle bits) { return BFloat16Bits{bfloat16_bits_arg(bits)}; }), py::arg("bits"))
+      .def_readonly("bits", &BFloat16Bits::bits, "The int16 / uint16 array of bit patterns")
+      .def_property_readonly(
+          "shape", [](const BFloat16Bits& self) { return py::tuple(self.bits.attr("shape")); }, "bits.shape")
+      .def("__repr__", [](const BFloat16Bits& self) {
+        return "BFloat16Bits(shape=" + py::str(self.bits.attr("shape")).cast<std::string>() + ")";
+      });
 
   // For tests of the conversion: what the library receives for `obj`.
   m.def(

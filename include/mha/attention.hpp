@@ -34,7 +34,16 @@
 ///
 /// Sizes: B, h, L, S and d_v may be 0 (the results are then empty or, for S = 0, zero); d_k >= 1.
 /// scale may be any finite number. key_padding_mask and key_lengths may be given together (both apply).
-/// A float attn_mask must have q's dtype (MultiHeadAttention converts the other float dtype for you).
+/// A float attn_mask must have q's dtype (MultiHeadAttention converts the other float dtype for you);
+/// with bfloat16 q it may also be float32, the dtype the logits are computed in.
+///
+/// bfloat16 (DType::BFloat16): q, k, v, out, weights and the gradients are bfloat16; the log-sum-exp is
+/// float32 (and the backward takes it as float32). Both products of a tile take bfloat16 operands with
+/// float32 accumulation (oneDNN's matmul primitive: AMX, AVX512-BF16 or its fallback, as the CPU has);
+/// the online softmax, its running max and sum and the output accumulator are float32; P is rounded to
+/// bfloat16 for the P V product and dS for the backward's products, as FlashAttention does; each
+/// result is rounded to bfloat16 once. The reference kernel computes bfloat16 in float32 (inputs
+/// widened exactly, results rounded once).
 #pragma once
 
 #include <cstdint>
@@ -48,7 +57,7 @@ namespace mha {
 /// Which implementation computes the attention core.
 enum class Kernel {
   Flash,      ///< src/attention/flash_*.cpp: FlashAttention-2, tiled, O(L + S) extra memory; float32
-              ///< (float64 inputs run the reference: float64 is the verification dtype)
+              ///< and bfloat16 (float64 inputs run the reference: float64 is the verification dtype)
   Reference,  ///< src/attention/reference.cpp: plain loops, the specification
 };
 
@@ -75,7 +84,8 @@ struct AttentionResult {
   Tensor lse;      ///< [B, h, L] when need_lse: log(sum_j exp(logit_j)) over allowed keys, before dropout
 };
 
-/// q: [B, h, L, d_k], k: [B, h, S, d_k], v: [B, h, S, d_v], all float32 or all float64, any strides.
+/// q: [B, h, L, d_k], k: [B, h, S, d_k], v: [B, h, S, d_v], all float32, all float64 or all bfloat16,
+/// any strides.
 /// Dropout (dropout_p > 0) zeroes weight (b, h, i, j) when a hash of (dropout_seed, b, h,
 /// i + dropout_query_offset, j + dropout_key_offset) falls
 /// below dropout_p and scales the kept ones by 1 / (1 - dropout_p); the result does not depend on the
@@ -95,8 +105,8 @@ struct AttentionGradients {
 ///     dS = P * (dP - D);   dQ = dS K * scale;  dK = dS^T Q * scale
 ///
 /// with dropout's mask regenerated from options.dropout_seed. dout and out: [B, h, L, d_v], lse:
-/// [B, h, L], from a forward with the same q, k, v and options (need_lse = true). The gradients are
-/// returned in new tensors (they overwrite nothing and accumulate into nothing). Masks get no gradient.
+/// [B, h, L] (float32 for bfloat16 q), from a forward with the same q, k, v and options (need_lse = true). The
+/// gradients are returned in new tensors (they overwrite nothing and accumulate into nothing). Masks get no gradient.
 AttentionGradients scaled_dot_product_attention_backward(const TensorView& dout, const TensorView& q,
                                                          const TensorView& k, const TensorView& v,
                                                          const TensorView& out, const TensorView& lse,

@@ -32,18 +32,21 @@
 namespace mha {
 
 struct MultiHeadAttentionConfig {
-  std::int64_t d_model = 0;      ///< E
-  std::int64_t num_heads = 0;    ///< h
-  std::int64_t d_k = 0;          ///< 0: d_model / num_heads
-  std::int64_t d_v = 0;          ///< 0: d_model / num_heads
-  std::int64_t kdim = 0;         ///< 0: d_model
-  std::int64_t vdim = 0;         ///< 0: d_model
-  bool bias = true;              ///< in_proj_bias and out_proj.bias
-  bool add_bias_kv = false;      ///< learned bias_k, bias_v appended as one more key/value position
-  bool add_zero_attn = false;    ///< a zero key/value position appended (after bias_k/bias_v)
-  double dropout = 0.0;          ///< dropout on the attention weights in training mode, in [0, 1)
-  bool batch_first = true;       ///< inputs [B, L, E]; false: [L, B, E] (PyTorch's default)
-  DType dtype = DType::Float32;  ///< Float32 or Float64
+  std::int64_t d_model = 0;    ///< E
+  std::int64_t num_heads = 0;  ///< h
+  std::int64_t d_k = 0;        ///< 0: d_model / num_heads
+  std::int64_t d_v = 0;        ///< 0: d_model / num_heads
+  std::int64_t kdim = 0;       ///< 0: d_model
+  std::int64_t vdim = 0;       ///< 0: d_model
+  bool bias = true;            ///< in_proj_bias and out_proj.bias
+  bool add_bias_kv = false;    ///< learned bias_k, bias_v appended as one more key/value position
+  bool add_zero_attn = false;  ///< a zero key/value position appended (after bias_k/bias_v)
+  double dropout = 0.0;        ///< dropout on the attention weights in training mode, in [0, 1)
+  bool batch_first = true;     ///< inputs [B, L, E]; false: [L, B, E] (PyTorch's default)
+  /// Float32, Float64 or BFloat16 (parameters, activations and gradients in bfloat16; products
+  /// accumulate in float32, biases are added and sums taken in float32, results rounded once; float
+  /// masks are kept in float32)
+  DType dtype = DType::Float32;
 };
 
 /// Masks and causal concern the S input keys; the positions appended by add_bias_kv / add_zero_attn

@@ -99,27 +99,16 @@ inline bool RowIsFinite(const bfloat16* row, std::int64_t n) {
   return finite;
 }
 
-// p[r * ldp + c] = s[r * lds + c] rounded to bfloat16 (to nearest, ties to even, as the AVX512-BF16
-// conversion does; Highway 1.0's DemoteTo truncates instead), for rows [0, rows) and columns [0, n),
-// n a multiple of 16: the probabilities of a tile for the P V product in bfloat16. P >= 0 here, or
-// NaN, which stays NaN.
+// p[r * ldp + c] = s[r * lds + c] rounded to bfloat16 (BfloatBits) for rows [0, rows) and columns
+// [0, n), n a multiple of 16: a float32 tile as the bfloat16 operand of a product.
 inline void RoundRowsToBfloat16(const float* HWY_RESTRICT s, std::int64_t lds, std::int64_t rows, std::int64_t n,
                                 bfloat16* HWY_RESTRICT p, std::int64_t ldp) {
   const hn::CappedTag<float, 16> d;
-  const hn::RebindToUnsigned<decltype(d)> du;
-  const hn::RebindToSigned<decltype(d)> di;  // the bits fit 16: demoting from int32 keeps them
   const hn::Rebind<std::uint16_t, decltype(d)> du16;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
   for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t j = 0; j < n; j += N) {
-      const auto x = hn::Load(d, s + r * lds + j);
-      const auto u = hn::BitCast(du, x);
-      const auto lsb = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u));
-      auto rounded = hn::ShiftRight<16>(hn::Add(u, hn::Add(hn::Set(du, 0x7fffu), lsb)));
-      const auto quiet_nan = hn::Or(hn::ShiftRight<16>(u), hn::Set(du, 0x40u));
-      rounded = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(x)), quiet_nan, rounded);
-      hn::StoreU(hn::DemoteTo(du16, hn::BitCast(di, rounded)), du16, reinterpret_cast<std::uint16_t*>(p + r * ldp + j));
-    }
+    for (std::int64_t j = 0; j < n; j += N)
+      hn::StoreU(BfloatBits(d, hn::Load(d, s + r * lds + j)), du16, reinterpret_cast<std::uint16_t*>(p + r * ldp + j));
 }
 
 // flags[(b * h + head) * rows + r] |= bit for each row r of x [B, h, rows, width] (unit inner stride)

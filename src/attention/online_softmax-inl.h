@@ -103,6 +103,22 @@ HWY_INLINE float ExpShiftedRowSum(float* HWY_RESTRICT row, std::int64_t n, std::
   return hn::GetLane(hn::SumOfLanes(d, sum));
 }
 
+// The bits of each lane of x rounded to bfloat16 (to nearest, ties to even, as PyTorch and the
+// AVX512-BF16 conversion round; Highway 1.0's DemoteTo truncates instead), in 16-bit lanes. A NaN
+// stays NaN (made quiet).
+template <class D, class V>
+HWY_INLINE auto BfloatBits(D d, V x) {
+  const hn::RebindToUnsigned<D> du;
+  const hn::RebindToSigned<D> di;  // the bits fit 16: demoting from int32 keeps them
+  const hn::Rebind<std::uint16_t, D> du16;
+  const auto u = hn::BitCast(du, x);
+  const auto lsb = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u));
+  auto rounded = hn::ShiftRight<16>(hn::Add(u, hn::Add(hn::Set(du, 0x7fffu), lsb)));
+  const auto quiet_nan = hn::Or(hn::ShiftRight<16>(u), hn::Set(du, 0x40u));
+  rounded = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(x)), quiet_nan, rounded);
+  return hn::DemoteTo(du16, hn::BitCast(di, rounded));
+}
+
 // row[j] = exp(row[j] - shift) for j in [0, visible) and 0 for j in [visible, n): probabilities from
 // a known log-sum-exp.
 HWY_INLINE void ExpShiftedRow(float* HWY_RESTRICT row, std::int64_t n, std::int64_t visible, float shift) {

@@ -5,7 +5,8 @@
 //               implementation oneDNN picked (brg:avx512_core_amx_bf16 on AMX, brg:avx512_core_bf16
 //               with AVX512-BF16, another name where the CPU has neither)
 //   core        scaled_dot_product_attention, B 1, h 8, N = L = S, d 64 and 128, forward and backward,
-//               GFLOP/s and % of the roof; float32 beside it
+//               GFLOP/s and % of the roof; float32 beside it; on one thread also the rate of the
+//               forward's two tile products alone, and so the share of the softmax's work
 //   layer       MultiHeadAttention E 512, h 8, B 1: forward (eval) and training step (forward +
 //               backward), ours in bf16 and float32, PyTorch's nn.MultiheadAttention in bf16 and
 //               float32 (its float32 products on oneDNN through the preloaded sgemm_), same threads
@@ -63,6 +64,32 @@ Bf16Roof measure_bf16_roof(const RepeatPolicy& policy) {
       },
       policy);
   return {2.0 * n * n * n / t.min_s * 1e-9, pd.impl_info_str()};
+}
+
+// The rate of the fused forward's two products alone, in bfloat16 through the kernel's own entry
+// (gemm_tile), on one thread: one block of kTileRows queries streams N keys past, S = Q K_blk^T
+// [kTileRows, kTileKeys] (K = d) and acc += P V_blk [kTileRows, d] (K = kTileKeys), without the softmax
+// and the rounding of P between them. The kernel's time beyond these products is the softmax's
+// element-wise work (exp, max, sum, the bfloat16 rounding of P) and the tiles' bookkeeping.
+double bf16_tile_products_gflops(std::int64_t d, const RepeatPolicy& policy) {
+  using mha::bfloat16;
+  namespace gemm = mha::detail;
+  constexpr std::int64_t keys = 4096, rows = kTileRows, block = kTileKeys;
+  std::vector<bfloat16> q(rows * d, bfloat16(0.5f)), k(keys * d, bfloat16(0.25f)), v(keys * d, bfloat16(-0.5f));
+  std::vector<bfloat16> p(rows * block, bfloat16(0.125f));
+  std::vector<float> s(rows * block), acc(rows * d, 0.0f);
+  mha::set_num_threads(1);  // the caller sets its thread count again
+  const Timing t = measure(
+      [&] {
+        for (std::int64_t j0 = 0; j0 < keys; j0 += block) {
+          gemm::gemm_tile(rows, block, d, gemm::plain(q.data(), d), gemm::transposed(&k[j0 * d], d),
+                          gemm::overwrite(s.data(), block), 0.125f);
+          gemm::gemm_tile(rows, d, block, gemm::plain(p.data(), block), gemm::plain(&v[j0 * d], d),
+                          gemm::accumulate_into(acc.data(), d));
+        }
+      },
+      policy);
+  return 2.0 * (2.0 * rows * static_cast<double>(keys) * d) / t.min_s * 1e-9;
 }
 
 Tensor random_tensor(DType dtype, const mha::Shape& shape, std::uint64_t seed) {
@@ -160,12 +187,19 @@ int run_bench_bf16(const BenchOptions& options, const std::string& command) {
         const CoreTimes bf = time_core(DType::BFloat16, N, d, policy), f32 = time_core(DType::Float32, N, d, policy);
         const double fwd = flops / bf.forward.min_s * 1e-9,
                      bwd = kBackwardFlopsRatio * flops / bf.backward.min_s * 1e-9;
+        const double tiles = threads == 1 ? bf16_tile_products_gflops(d, policy) : 0.0;
+        mha::set_num_threads(threads);
         fmt::print("  core N {} d {}: bf16 forward {:.0f} GFLOP/s ({} of the bf16 roof), backward {:.0f} ({}); "
                    "float32 forward {:.0f}, backward {:.0f}; bf16 vs float32 {} / {}\n",
                    N, d, fwd, percent(fwd, roof.gflops), bwd, percent(bwd, roof.gflops),
                    flops / f32.forward.min_s * 1e-9, kBackwardFlopsRatio * flops / f32.backward.min_s * 1e-9,
                    ratio(f32.forward.min_s, bf.forward.min_s), ratio(f32.backward.min_s, bf.backward.min_s));
+        if (tiles > 0)
+          fmt::print("    its two products alone (one thread, no softmax): {:.0f} GFLOP/s, so the softmax's "
+                     "element-wise work and the tiles' bookkeeping take {:.0f}% of the forward's time\n",
+                     tiles, 100.0 * (1.0 - fwd / tiles));
         report["runs"].push_back({{"what", "core"},
+                                  {"tile_products_gflops", tiles},
                                   {"threads", threads},
                                   {"n", N},
                                   {"d", d},

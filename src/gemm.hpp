@@ -116,9 +116,9 @@ void gemm(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<bfloat16> A,
 void gemm_tile(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<bfloat16> A, GemmInput<bfloat16> B,
                GemmOutput<float> C, float alpha = 1);
 
-// What oneDNN runs bfloat16 products with on this machine: its implementation's name (e.g.
-// "brg:avx512_core_amx_bf16" on AMX, "brg:avx512_core_bf16" with AVX512-BF16, something else where the
-// CPU has neither), as it picks it for a 256 x 256 x 256 product.
+// What runs bfloat16 products on this machine: "oneDNN matmul " and its implementation's name
+// ("brg:avx512_core_amx_bf16" on AMX, "brg:avx512_core_bf16" with AVX512-BF16) where the CPU has bf16
+// instructions, else "float32 sgemm on widened operands (...)" naming what oneDNN would have used.
 std::string bf16_gemm_implementation();
 
 }  // namespace mha::detail

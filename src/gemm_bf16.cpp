@@ -2,6 +2,12 @@
 // (AMX tiles, AVX512-BF16 dot products, or its own fallback on CPUs with neither) and accumulates in
 // float32. See gemm.hpp for the conventions.
 //
+// Where the CPU has no bfloat16 instructions, oneDNN 2.6 has no bf16 matmul at all (AVX2: "unimplemented")
+// or only an emulation slower than sgemm (AVX-512 without BF16: 79 GFLOP/s against sgemm's 223 on one
+// thread, measured on a Zen 5 with DNNL_MAX_CPU_ISA=AVX512_CORE). There the products run on sgemm
+// over float32 copies of the operands: every bfloat16 value is exact in float32 and sgemm accumulates
+// in float32, so the results are rounded at the same points (native_bfloat16() decides, once).
+//
 // A primitive is made for one shape (sizes, row strides, transposes, output dtype, alpha, overwrite or
 // accumulate) and making one costs 0.3-13 ms (measured on a Zen 5), against microseconds for running
 // a 128 x 256 x 64 product; so primitives are kept in a process-wide cache and made once per shape.
@@ -18,6 +24,7 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "gemm.hpp"
@@ -128,6 +135,46 @@ dnnl_status_t matmul_on_this_thread(std::int64_t M, std::int64_t N, std::int64_t
   }
 }
 
+// Whether oneDNN runs bfloat16 products on the CPU's own bf16 instructions (AVX512-BF16, or AMX, whose
+// ISA includes them): its effective ISA holds every bit of avx512_core_bf16 (the ISAs are bit sets).
+bool native_bfloat16() {
+  static const bool native = [] {
+    const auto bf16 = static_cast<unsigned>(dnnl_cpu_isa_avx512_core_bf16);
+    return (static_cast<unsigned>(dnnl_get_effective_cpu_isa()) & bf16) == bf16;
+  }();
+  return native;
+}
+
+// The stored matrix of a bfloat16 operand, op(X) [rows, cols], widened into `out` (row stride: the
+// stored width), as a float32 operand of the same orientation.
+GemmInput<float> widened(std::int64_t rows, std::int64_t cols, GemmInput<bfloat16> X, std::vector<float>& out) {
+  const std::int64_t stored_rows = X.transposed ? cols : rows, stored_cols = X.transposed ? rows : cols;
+  out.resize(static_cast<std::size_t>(stored_rows * stored_cols));
+  for (std::int64_t r = 0; r < stored_rows; ++r)
+    for (std::int64_t c = 0; c < stored_cols; ++c)
+      out[static_cast<std::size_t>(r * stored_cols + c)] = X.data[r * X.ld + c];
+  return {out.data(), std::max<std::int64_t>(stored_cols, 1), X.transposed};
+}
+
+// The whole product through sgemm on widened operands (gemm<float>'s blocks, thread-count
+// independent), C bfloat16 (through a float32 copy, rounded once) or float32.
+template <class TC>
+void gemm_widened(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<bfloat16> A, GemmInput<bfloat16> B,
+                  GemmOutput<TC> C, float alpha) {
+  std::vector<float> a, b;
+  const GemmInput<float> A32 = widened(M, K, A, a), B32 = widened(K, N, B, b);
+  if constexpr (std::is_same_v<TC, float>) {
+    gemm<float>(M, N, K, A32, B32, C, alpha);
+  } else {
+    std::vector<float> c(static_cast<std::size_t>(M * N));
+    for (std::int64_t m = 0; m < M && C.accumulate; ++m)
+      for (std::int64_t n = 0; n < N; ++n) c[static_cast<std::size_t>(m * N + n)] = C.data[m * C.ld + n];
+    gemm<float>(M, N, K, A32, B32, GemmOutput<float>{c.data(), N, C.accumulate}, alpha);
+    for (std::int64_t m = 0; m < M; ++m)
+      for (std::int64_t n = 0; n < N; ++n) C.data[m * C.ld + n] = c[static_cast<std::size_t>(m * N + n)];
+  }
+}
+
 std::string describe_failure(dnnl_status_t status, std::int64_t M, std::int64_t N, std::int64_t K,
                              GemmInput<bfloat16> A, GemmInput<bfloat16> B, std::int64_t ldc) {
   return "internal error: oneDNN's bfloat16 matmul failed (status " + std::to_string(static_cast<int>(status)) +
@@ -146,6 +193,7 @@ void gemm_bf16_blocks(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<
       for (std::int64_t m = 0; m < M; ++m) std::fill_n(C.data + m * C.ld, N, TC(0.0f));
     return;
   }
+  if (!native_bfloat16()) return gemm_widened(M, N, K, A, B, C, alpha);
   const SerialIfSmall serial_if_small(2.0 * M * N * K);
   constexpr bool c_bfloat16 = std::is_same_v<TC, bfloat16>;
   const dnnl_status_t status = for_each_block(
@@ -177,6 +225,10 @@ void gemm_tile(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<bfloat1
       for (std::int64_t m = 0; m < M; ++m) std::fill_n(C.data + m * C.ld, N, 0.0f);
     return;
   }
+  if (!native_bfloat16()) {  // sgemm on this thread's widened copies of the tile's operands
+    thread_local std::vector<float> a, b;
+    return gemm_tile(M, N, K, widened(M, K, A, a), widened(K, N, B, b), C, alpha);
+  }
   const dnnl_status_t status = matmul_on_this_thread(M, N, K, A, B, C.data, C.ld, false, C.accumulate, alpha);
   if (status == dnnl_success) return;
   // As gemm_tile for float32: a refused tile is a broken internal invariant; stop loudly.
@@ -187,8 +239,15 @@ void gemm_tile(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<bfloat1
 std::string bf16_gemm_implementation() {
   const auto bf16 = memory::data_type::bf16;
   const memory::desc square({256, 256}, bf16, memory::dims{256, 1});
-  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(square, square, square), cpu_engine());
-  return pd.impl_info_str();
+  std::string onednn;
+  try {
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(square, square, square), cpu_engine());
+    onednn = pd.impl_info_str();
+  } catch (const dnnl::error&) {
+    onednn = "none";
+  }
+  if (native_bfloat16()) return "oneDNN matmul " + onednn;
+  return "float32 sgemm on widened operands (no bf16 instructions; oneDNN's bf16 matmul here: " + onednn + ")";
 }
 
 }  // namespace mha::detail

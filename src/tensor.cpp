@@ -7,6 +7,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
 
 #include "checked_arithmetic.hpp"
 #include "mha/error.hpp"
@@ -204,7 +205,9 @@ void copy_strided(const TensorView& src, Dst* dst) {
   std::vector<std::int64_t> index(rank, 0);
   std::int64_t offset = 0;  // element offset of `index` in src
   for (std::int64_t i = 0; i < n; ++i) {
-    dst[i] = static_cast<Dst>(base[offset]);
+    if constexpr (std::is_same_v<Dst, bfloat16> && std::is_same_v<Src, double>)
+      dst[i] = bfloat16::from_double(base[offset]);  // rounded once, not through float
+    else dst[i] = static_cast<Dst>(base[offset]);
     for (std::size_t d = rank; d-- > 0;) {  // odometer increment, innermost first
       if (++index[d] < shape[d]) {
         offset += strides[d];

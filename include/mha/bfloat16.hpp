@@ -29,6 +29,21 @@ struct bfloat16 {
     return b;
   }
 
+  /// double x rounded to bfloat16 once (to nearest, ties to even), not through float's rounding first:
+  /// float's rounding can land exactly halfway between two bfloat16 values and so pick the wrong one.
+  static constexpr bfloat16 from_double(double x) {
+    float f = static_cast<float>(x);
+    std::uint32_t u = std::bit_cast<std::uint32_t>(f);
+    // A float that ended exactly halfway (low half 0x8000) only because of rounding is nudged toward x,
+    // so that the tie is broken the way the exact value breaks it.
+    if ((u & 0xffffu) == 0x8000u && static_cast<double>(f) != x && x == x) {
+      const bool above = (static_cast<double>(f) > x) != (f < 0);  // |f| > |x|
+      u = above ? u - 1 : u + 1;
+      f = std::bit_cast<float>(u);
+    }
+    return from_bits(round_to_bits(f));
+  }
+
   /// The bits of float x rounded to bfloat16: to nearest, ties to even; a NaN stays NaN (made quiet).
   static constexpr std::uint16_t round_to_bits(float x) {
     const std::uint32_t u = std::bit_cast<std::uint32_t>(x);

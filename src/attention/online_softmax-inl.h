@@ -107,7 +107,7 @@ HWY_INLINE float ExpShiftedRowSum(float* HWY_RESTRICT row, std::int64_t n, std::
 // AVX512-BF16 conversion round; Highway 1.0's DemoteTo truncates instead), in 16-bit lanes. A NaN
 // stays NaN (made quiet).
 template <class D, class V>
-HWY_INLINE auto BfloatBits(D d, V x) {
+HWY_INLINE auto BfloatBits(D /* float lanes */, V x) {
   const hn::RebindToUnsigned<D> du;
   const hn::RebindToSigned<D> di;  // the bits fit 16: demoting from int32 keeps them
   const hn::Rebind<std::uint16_t, D> du16;

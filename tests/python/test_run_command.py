@@ -171,3 +171,22 @@ def test_mha_run_takes_inputs_in_the_layers_dtype_only(tmp_path):
     from_f32 = np.load(tmp_path / "o.npy")
     assert run_on("f32.safetensors", "float16.npy").returncode == 0
     np.testing.assert_array_equal(np.load(tmp_path / "o.npy"), from_f32)  # the same float32 values
+
+
+def test_mha_run_feeds_a_bfloat16_layer_float_inputs_rounded(tmp_path):
+    """A bfloat16 layer (saved as BF16) takes float32 or float64 .npy inputs (NumPy has no bfloat16),
+    rounded to nearest even as the Python API's bfloat16 layer rounds them, and writes float32: the
+    same numbers as that layer's forward, bit for bit."""
+    layer = mha.MultiheadAttention(16, 4, batch_first=True, seed=3, dtype="bfloat16")
+    layer.save(tmp_path / "bf16.safetensors")
+    x = np.random.default_rng(1).standard_normal((2, 5, 16))
+    np.save(tmp_path / "x64.npy", x)
+    np.save(tmp_path / "x32.npy", x.astype(np.float32))
+    layer.eval()
+    for name, array in (("x64.npy", x), ("x32.npy", x.astype(np.float32))):
+        result = run("--weights", tmp_path / "bf16.safetensors", "--query", tmp_path / name, "--out", tmp_path / "o.npy")
+        assert result.returncode == 0, result.stderr
+        out = np.load(tmp_path / "o.npy")
+        assert out.dtype == np.float32
+        want, _ = layer(array, array, array)
+        np.testing.assert_array_equal(out, want)

@@ -100,10 +100,14 @@ int run_layer(const RunOptions& o) {
   const mha::DType dtype = layer.config().dtype;
   // Inputs must hold the layer's dtype, as in the Python API: a float64 query is not rounded to a float32
   // layer, nor a float32 one widened to a float64 layer. (A float16 .npy is read as float32, exactly, as
-  // every reader of the library reads it.) Masks keep theirs (bool or float).
+  // every reader of the library reads it.) Masks keep theirs (bool or float). A bfloat16 layer, which no
+  // .npy can feed (NumPy has no bfloat16), takes float32 or float64 inputs rounded to bfloat16 (to
+  // nearest even), as the Python API's bfloat16 layer does; its outputs are written as float32, exactly.
   auto read_input = [&](const std::string& flag, const std::string& path) {
     return for_flag(flag, path, [&] {
       mha::Tensor t = mha::read_npy(path);
+      const bool floating = t.dtype() == mha::DType::Float32 || t.dtype() == mha::DType::Float64;
+      if (dtype == mha::DType::BFloat16 && floating) return mha::Tensor::copy_of(t, dtype);
       if (t.dtype() != dtype)
         throw mha::Error(fmt::format("expected {} values (the layer's dtype), got {}: convert the array (NumPy: "
                                      "x.astype(np.{})), or use a layer saved as {}",

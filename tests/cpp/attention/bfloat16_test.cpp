@@ -157,9 +157,10 @@ TEST_P(Bfloat16Attention, WithinTheRuleAgainstFloat64) {
   const double out_slack = 0x1.0p-14 * max_abs(ref64.out) + kRuleSlack;
   EXPECT_TRUE(within_rule("out", got.out, emulated_bf16_out(c, d), ref64.out, 2.0, {c.B, c.h, c.L, c.d_v}, out_slack));
   EXPECT_TRUE(within_rule("lse", got.lse, ref32.lse, ref64.lse, 2.0, {c.B, c.h, c.L}));
-  if (c.need_weights)
+  if (c.need_weights) {
     EXPECT_TRUE(within_rule("weights", got.weights, bf16(ref64.weights), ref64.weights, 2.0, {c.B, c.h, c.L, c.S},
                             0x1.0p-14 + kRuleSlack));
+  }
   const Gradients e = emulated_bf16_gradients(c, d);
   // dq and dk add the float32 cancellation slack of the float rule (kernel_compare.hpp): the backward
   // forms dS = P (dP - D) in float32, where it is exactly 0 in exact arithmetic for a single key.

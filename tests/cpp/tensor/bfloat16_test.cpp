@@ -80,6 +80,32 @@ TEST(Bfloat16, RoundsToNearestEvenLikeAnIndependentSearch) {
   }
 }
 
+// double -> bfloat16 rounds once: x just above a tie between two bfloat16 values, whose rounding to
+// float lands exactly on the tie (and would then go to the even one, the wrong way), and the mirror.
+TEST(Bfloat16, FromDoubleRoundsOnceNotThroughFloat) {
+  const double tie = 1.0 + 0x1.0p-8;  // halfway between 1 and 1 + 2^-7
+  for (double sign : {1.0, -1.0}) {
+    const double above = sign * (tie + 0x1.0p-40), below = sign * (tie - 0x1.0p-40);
+    ASSERT_EQ(static_cast<float>(above), static_cast<float>(sign * tie)) << "the test needs float's rounding to tie";
+    EXPECT_EQ(float(bfloat16::from_double(above)), sign * (1.0 + 0x1.0p-7));
+    EXPECT_EQ(float(bfloat16::from_double(below)), sign * 1.0);
+    EXPECT_EQ(float(bfloat16::from_double(sign * tie)), sign * 1.0);  // an exact tie: to even
+  }
+  std::mt19937_64 gen(3);
+  std::uniform_real_distribution<double> uniform(-4.0, 4.0);
+  for (int i = 0; i < 20000; ++i) {  // no bfloat16 neighbour of the result is nearer to x
+    const double x = uniform(gen);
+    const std::uint16_t bits = bfloat16::from_double(x).bits;
+    const double err = std::fabs(bf16_value(bits) - x);
+    for (int step : {-1, 1}) ASSERT_LE(err, std::fabs(bf16_value(static_cast<std::uint16_t>(bits + step)) - x)) << x;
+  }
+  // and the library's copy from float64 rounds the same way
+  const Tensor f64 = make_tensor(DType::Float64, {2}, {1.0 + 0x1.0p-8 + 0x1.0p-40, -(1.0 + 0x1.0p-8 + 0x1.0p-40)});
+  const Tensor b = Tensor::copy_of(f64, DType::BFloat16);
+  EXPECT_EQ(float(b.data_as<bfloat16>()[0]), 1.0 + 0x1.0p-7);
+  EXPECT_EQ(float(b.data_as<bfloat16>()[1]), -(1.0 + 0x1.0p-7));
+}
+
 TEST(Bfloat16, NanStaysNanInfinitiesStay) {
   for (std::uint32_t nan_bits : {0x7fc00000u, 0x7f800001u, 0xffc00000u, 0x7f80ffffu, 0x7fff0000u}) {
     const bfloat16 b = std::bit_cast<float>(nan_bits);

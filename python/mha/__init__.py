@@ -38,8 +38,8 @@ import collections
 import numpy as np
 
 from . import _core
-from ._core import (BFloat16Bits, Error, Kernel, KeyValueCache, PagedKVCache, max_num_threads, num_threads,
-                    set_num_threads)
+from ._core import (BFloat16Bits, Error, Kernel, KeyValueCache, PagedKVCache, from_bfloat16, max_num_threads,
+                    num_threads, set_num_threads, to_bfloat16)
 
 __all__ = [
     "BFloat16Bits",
@@ -49,6 +49,7 @@ __all__ = [
     "MultiheadAttention",
     "PagedKVCache",
     "load",
+    "from_bfloat16",
     "max_num_threads",
     "num_threads",
     "read_npy",
@@ -56,6 +57,7 @@ __all__ = [
     "scaled_dot_product_attention",
     "scaled_dot_product_attention_backward",
     "set_num_threads",
+    "to_bfloat16",
     "write_npy",
     "write_safetensors",
 ]
@@ -169,10 +171,15 @@ def _refuse_autograd_tensors(**arrays):
 def _attention_options(q, k, attn_mask, is_causal, scale, key_padding_mask, key_lengths, dropout_p,
                        dropout_seed, kernel):
     """Keyword arguments for _core's attention calls; q and k are batched [B, h, *, d] arrays."""
-    attn_mask = _mask_to_dtype(attn_mask, q.dtype)
-    if attn_mask is not None and attn_mask.ndim == 4 and q.ndim == 4 and attn_mask.shape[:2] == q.shape[:2]:
-        attn_mask = attn_mask.reshape((-1,) + attn_mask.shape[2:])  # [B, h, L, S] -> [B*h, L, S]
-    key_padding_mask = _mask_to_dtype(key_padding_mask, q.dtype)  # a float one is added per key, O(B S)
+    # Float masks in q's dtype; with bfloat16 q in float32, the dtype its logits are computed in.
+    mask_dtype = np.dtype(np.float32) if isinstance(q, BFloat16Bits) else q.dtype
+    attn_mask = _mask_to_dtype(attn_mask, mask_dtype)
+    if attn_mask is not None and _ndim(attn_mask) == 4 and _ndim(q) == 4 and attn_mask.shape[:2] == q.shape[:2]:
+        if isinstance(attn_mask, BFloat16Bits):  # [B, h, L, S] -> [B*h, L, S]
+            attn_mask = BFloat16Bits(attn_mask.bits.reshape((-1,) + attn_mask.shape[2:]))
+        else:
+            attn_mask = attn_mask.reshape((-1,) + attn_mask.shape[2:])
+    key_padding_mask = _mask_to_dtype(key_padding_mask, mask_dtype)  # a float one is added per key, O(B S)
     options = dict(attn_mask=attn_mask, is_causal=bool(is_causal), scale=scale,
                    key_padding_mask=key_padding_mask, key_lengths=_key_lengths(key_lengths),
                    dropout_p=float(dropout_p), dropout_seed=int(dropout_seed))
@@ -188,7 +195,9 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, scale
     """softmax(q k^T * scale + mask) v, per batch entry and head.
 
     Args:
-        q: queries [B, h, L, d_k] (or unbatched [h, L, d_k]), float32 or float64.
+        q: queries [B, h, L, d_k] (or unbatched [h, L, d_k]), float32 or float64, or bfloat16 as a
+            BFloat16Bits (``mha.to_bfloat16(array)``; the results then come back as BFloat16Bits,
+            ``mha.from_bfloat16`` makes float32 arrays of them, and the lse is float32).
         k: keys [B, h, S, d_k] (or [h, S, d_k]), same dtype as q.
         v: values [B, h, S, d_v] (or [h, S, d_v]), same dtype as q.
         attn_mask: optional boolean (True = forbidden) or float (added to the logits) mask,
@@ -221,10 +230,10 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, scale
         ValueError (mha.Error) naming the offending argument.
     """
     _refuse_autograd_tensors(q=q, k=k, v=v)
-    q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
-    unbatched = q.ndim == 3
+    q, k, v = _array(q), _array(k), _array(v)
+    unbatched = _ndim(q) == 3
     if unbatched:
-        q, k, v = q[None], k[None], v[None]
+        q, k, v = _batched(q), _batched(k), _batched(v)
         if key_padding_mask is not None:
             key_padding_mask = np.asarray(key_padding_mask)[None]
     options = _attention_options(q, k, attn_mask, is_causal, scale, key_padding_mask, key_lengths,
@@ -232,7 +241,7 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, scale
     results = _core.scaled_dot_product_attention(q, k, v, need_weights=bool(need_weights),
                                                  need_lse=bool(need_lse), **options)
     if unbatched:
-        results = tuple(None if r is None else r[0] for r in results)
+        results = tuple(None if r is None else _unbatched(r) for r in results)
     out, weights, lse = results
     if not need_weights and not need_lse:
         return out
@@ -251,16 +260,33 @@ def scaled_dot_product_attention_backward(dout, q, k, v, out, lse, attn_mask=Non
     accumulated); masks get no gradient. Raises ValueError (mha.Error) naming the argument.
     """
     _refuse_autograd_tensors(dout=dout, q=q, k=k, v=v, out=out, lse=lse)
-    dout, q, k, v, out, lse = (np.asarray(x) for x in (dout, q, k, v, out, lse))
-    unbatched = q.ndim == 3
+    dout, q, k, v, out, lse = (_array(x) for x in (dout, q, k, v, out, lse))
+    unbatched = _ndim(q) == 3
     if unbatched:
-        dout, q, k, v, out, lse = (x[None] for x in (dout, q, k, v, out, lse))
+        dout, q, k, v, out, lse = (_batched(x) for x in (dout, q, k, v, out, lse))
         if key_padding_mask is not None:
             key_padding_mask = np.asarray(key_padding_mask)[None]
     options = _attention_options(q, k, attn_mask, is_causal, scale, key_padding_mask, key_lengths,
                                  dropout_p, dropout_seed, kernel)
     grads = _core.scaled_dot_product_attention_backward(dout, q, k, v, out, lse, **options)
-    return tuple(g[0] for g in grads) if unbatched else grads
+    return tuple(_unbatched(g) for g in grads) if unbatched else grads
+
+
+# Arrays and BFloat16Bits alike (bfloat16 data: mha.to_bfloat16), for the attention functions.
+def _array(x):
+    return x if isinstance(x, BFloat16Bits) else np.asarray(x)
+
+
+def _ndim(x):
+    return x.bits.ndim if isinstance(x, BFloat16Bits) else x.ndim
+
+
+def _batched(x):
+    return BFloat16Bits(x.bits[None]) if isinstance(x, BFloat16Bits) else x[None]
+
+
+def _unbatched(x):
+    return BFloat16Bits(x.bits[0]) if isinstance(x, BFloat16Bits) else x[0]
 
 
 class MultiheadAttention:

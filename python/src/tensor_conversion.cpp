@@ -199,6 +199,23 @@ void register_tensor(py::module_& m) {
         return "BFloat16Bits(shape=" + py::str(self.bits.attr("shape")).cast<std::string>() + ")";
       });
 
+  m.def(
+      "to_bfloat16",
+      [](py::handle array) {
+        const ArrayView view = view_of(array, "array", Accept::Float);
+        return to_python(Tensor::copy_of(view.view, DType::BFloat16), BFloat16Out::Bits);
+      },
+      py::arg("array"),
+      "`array` (float32 or float64, any shape) rounded to bfloat16 (to nearest even, once), as a new\n"
+      "BFloat16Bits: what the library's bfloat16 functions take without a conversion of their own.");
+  m.def(
+      "from_bfloat16",
+      [](py::handle bits) {
+        const ArrayView view = view_of(bits, "bits", Accept::Float);
+        return to_numpy(Tensor::copy_of(view.view, DType::Float32));
+      },
+      py::arg("bits"), "A BFloat16Bits as a new float32 array (exact: every bfloat16 is a float32).");
+
   // For tests of the conversion: what the library receives for `obj`.
   m.def(
       "_describe_view",

@@ -497,3 +497,28 @@ def test_mixed_dtypes_are_refused_naming_both():
     bits = mha.BFloat16Bits(x16.view(torch.int16).numpy())
     with pytest.raises(mha.Error, match=r"query: expected float32 \(the layer's dtype\), got bfloat16"):
         mha.MultiheadAttention(8, 2)(bits, bits, bits)
+
+
+def test_scaled_dot_product_attention_in_bfloat16_from_python():
+    """mha.to_bfloat16 rounds like an independent rounding; the core takes BFloat16Bits (batched and
+    unbatched), returns BFloat16Bits and a float32 lse, and equals float32 attention on the same
+    bf16 numbers within bf16 precision; the backward takes them too."""
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((2, 3, n, 16)).astype(np.float32) for n in (7, 9, 9))
+    bq, bk, bv = (mha.to_bfloat16(x) for x in (q, k, v))
+    for x, b in ((q, bq), (k, bk), (v, bv)):
+        np.testing.assert_array_equal(mha.from_bfloat16(b), round_to_bfloat16(x))
+    mask = rng.uniform(-2, 2, (7, 9))  # float64: added in float32, the bf16 core's logits' dtype
+    out, lse = mha.scaled_dot_product_attention(bq, bk, bv, attn_mask=mask, is_causal=True, need_lse=True)
+    assert isinstance(out, mha.BFloat16Bits) and out.shape == (2, 3, 7, 16)
+    assert lse.dtype == np.float32
+    want = mha.scaled_dot_product_attention(*(mha.from_bfloat16(b) for b in (bq, bk, bv)), attn_mask=mask,
+                                            is_causal=True)
+    got = mha.from_bfloat16(out)
+    assert np.abs(got - want).max() <= 2.0 ** -7 * np.abs(want).max()
+    unbatched = mha.scaled_dot_product_attention(mha.BFloat16Bits(bq.bits[1]), mha.BFloat16Bits(bk.bits[1]),
+                                                 mha.BFloat16Bits(bv.bits[1]), attn_mask=mask, is_causal=True)
+    np.testing.assert_array_equal(unbatched.bits, out.bits[1])
+    dout = mha.to_bfloat16(rng.standard_normal((2, 3, 7, 16)))
+    dq, dk, dv = mha.scaled_dot_product_attention_backward(dout, bq, bk, bv, out, lse, attn_mask=mask, is_causal=True)
+    assert all(isinstance(g, mha.BFloat16Bits) for g in (dq, dk, dv)) and dk.shape == (2, 3, 9, 16)

@@ -232,25 +232,36 @@ void run_typed(const TensorView& q, const TensorView& k, const TensorView& v, co
   }
 }
 
+// The backward's parameter object for inputs of type T (the lse in compute_t<T>).
+template <class T>
+AttentionBackwardParams<T> backward_params(const TensorView& dout, const TensorView& q, const TensorView& k,
+                                           const TensorView& v, const TensorView& out, const TensorView& lse,
+                                           const AttentionOptions& o, const StridedOutput& dq, const StridedOutput& dk,
+                                           const StridedOutput& dv) {
+  AttentionBackwardParams<T> p;
+  fill_common(p, q, k, v, o);
+  p.dout = strided4<T>(dout);
+  p.o = strided4<T>(out);
+  p.lse_in.data = lse.data_as<compute_t<T>>();
+  for (int d = 0; d < 3; ++d) p.lse_in.stride[d] = lse.stride(d);
+  p.dq = strided_output<T>(dq);
+  p.dk = strided_output<T>(dk);
+  p.dv = strided_output<T>(dv);
+  return p;
+}
+
 template <class T>
 void run_backward_typed(const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
                         const TensorView& out, const TensorView& lse, const AttentionOptions& o,
                         const StridedOutput& dq, const StridedOutput& dk, const StridedOutput& dv) {
   const bool flash = o.kernel == Kernel::Flash && v.size(3) > 0;
-  if constexpr (std::is_same_v<T, bfloat16>) {
-    if (flash) {
-      AttentionBackwardParams<bfloat16> p;
-      fill_common(p, q, k, v, o);
-      p.dout = strided4<bfloat16>(dout);
-      p.o = strided4<bfloat16>(out);
-      p.lse_in.data = lse.data_as<float>();
-      for (int d = 0; d < 3; ++d) p.lse_in.stride[d] = lse.stride(d);
-      p.dq = strided_output<bfloat16>(dq);
-      p.dk = strided_output<bfloat16>(dk);
-      p.dv = strided_output<bfloat16>(dv);
-      return flash_attention_backward(p);
-    }
-    // The reference kernel in float32: inputs widened, gradients rounded to bfloat16 once.
+  if constexpr (std::is_same_v<T, double>) {
+    reference_attention_backward(backward_params<T>(dout, q, k, v, out, lse, o, dq, dk, dv));
+  } else if (flash) {
+    flash_attention_backward(backward_params<T>(dout, q, k, v, out, lse, o, dq, dk, dv));
+  } else if constexpr (std::is_same_v<T, float>) {
+    reference_attention_backward(backward_params<T>(dout, q, k, v, out, lse, o, dq, dk, dv));
+  } else {  // bfloat16, the reference kernel: in float32, inputs widened, gradients rounded once
     auto widened = [](const TensorView& t) { return Tensor::copy_of(t, DType::Float32); };
     const Tensor dout32 = widened(dout), q32 = widened(q), k32 = widened(k), v32 = widened(v), out32 = widened(out);
     Tensor dq32(DType::Float32, q.shape()), dk32(DType::Float32, k.shape()), dv32(DType::Float32, v.shape());
@@ -259,20 +270,6 @@ void run_backward_typed(const TensorView& dout, const TensorView& q, const Tenso
     round_into(dq32, dq);
     round_into(dk32, dk);
     round_into(dv32, dv);
-  } else {
-    AttentionBackwardParams<T> p;
-    fill_common(p, q, k, v, o);
-    p.dout = strided4<T>(dout);
-    p.o = strided4<T>(out);
-    p.lse_in.data = lse.data_as<T>();
-    for (int d = 0; d < 3; ++d) p.lse_in.stride[d] = lse.stride(d);
-    p.dq = strided_output<T>(dq);
-    p.dk = strided_output<T>(dk);
-    p.dv = strided_output<T>(dv);
-    if constexpr (std::is_same_v<T, float>) {
-      if (flash) return flash_attention_backward(p);
-    }
-    reference_attention_backward(p);
   }
 }
 

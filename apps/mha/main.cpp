@@ -88,6 +88,13 @@ void add_demo_command(CLI::App& app, mha_cli::DemoOptions& o) {
       ->capture_default_str();
   integer_in(demo->add_option("--maps", o.map_examples, "Held-out examples drawn as attention maps"), 0, 6)
       ->capture_default_str();
+  demo->add_option("--dtype", o.dtype,
+                   "float32: train in float32; bf16: bfloat16 mixed precision (bf16 products with float32 "
+                   "accumulation, float32 master weights in Adam, float32 layer norm and loss), after a float32 run "
+                   "of the same settings and seed, so that the report shows both training times side by side (the "
+                   "command takes about twice as long); the checkpoint holds the float32 master weights")
+      ->check(CLI::IsMember({"float32", "bf16"}))
+      ->capture_default_str();
   threads_option(demo->add_option("--threads", o.threads, "Threads (0: OpenMP's default)"), 0)->capture_default_str();
   demo->add_flag("!--no-progress", o.progress, "No progress bar");
 }

@@ -3,25 +3,39 @@
 // them like every other parameter. The mirror is copied into the layer before each use (a few
 // thousand numbers; the attention itself costs far more).
 //
+// With Compute::BFloat16 (mixed precision, T = float; see TransformerConfig) the layer is a bf16
+// mha::MultiHeadAttention: the mirror holds the float32 master weights (initialised as a float32
+// layer of the same seed would be), set_parameter rounds them into the layer's bf16 compute copies
+// before each use, the float32 inputs and output gradient are rounded to bf16 on the way in, and the
+// layer's bf16 outputs and gradients are widened to float32 on the way out.
+//
 // Legend: B batch, L queries, S keys, E = d_model, h heads.
 #pragma once
 
+#include <optional>
+#include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "mha/multi_head_attention.hpp"
 #include "transformer/matrix.hpp"
 #include "transformer/parameter.hpp"
+#include "transformer/transformer_config.hpp"
 
 namespace transformer {
 
 template <class T>
 class AttentionBlock {
  public:
-  AttentionBlock(const std::string& name, std::int64_t d_model, std::int64_t heads, double dropout, std::uint64_t seed)
-      : layer_(config(d_model, heads, dropout), seed), prefix_(name + ".") {
-    for (const auto& pname : layer_.parameter_names()) {
-      const mha::Tensor& t = layer_.parameter(pname);
+  AttentionBlock(const std::string& name, std::int64_t d_model, std::int64_t heads, double dropout, std::uint64_t seed,
+                 Compute compute = Compute::Native)
+      : layer_(config(d_model, heads, dropout, compute), seed), prefix_(name + ".") {
+    std::optional<mha::MultiHeadAttention> native;  // BFloat16: the masters' float32 initialisation
+    if (compute != Compute::Native) native.emplace(config(d_model, heads, dropout, Compute::Native), seed);
+    const mha::MultiHeadAttention& init = native ? *native : layer_;
+    for (const auto& pname : init.parameter_names()) {
+      const mha::Tensor& t = init.parameter(pname);
       Parameter<T> p(prefix_ + pname, t.shape());
       const auto* src = t.data_as<T>();
       p.value.assign(src, src + t.numel());
@@ -39,16 +53,17 @@ class AttentionBlock {
   Matrix<T> forward(const Matrix<T>& query, const Matrix<T>& key_value, std::int64_t B,
                     const std::vector<std::int64_t>& key_lengths, bool causal) {
     push_parameters();
-    const std::int64_t E = query.cols, L = query.rows / B, S = key_value.rows / B;
+    const std::int64_t E = query.cols, L = query.rows / B;
     mha::MultiHeadAttentionInputs inputs;
     inputs.key_lengths = key_lengths;
     inputs.causal = causal;
     inputs.need_weights = keep_weights_;
     inputs.average_attn_weights = false;
-    const mha::TensorView q(query.data.data(), mha::dtype_of<T>(), {B, L, E});
-    const mha::TensorView kv(key_value.data.data(), mha::dtype_of<T>(), {B, S, E});
+    mha::Tensor q_copy, kv_copy;
+    const mha::TensorView q = layer_input(query, B, q_copy);
+    const mha::TensorView kv = &key_value == &query ? q : layer_input(key_value, B, kv_copy);
     mha::MultiHeadAttentionOutput out = layer_.forward(q, kv, kv, inputs);
-    if (keep_weights_) weights_ = std::move(out.weights);
+    if (keep_weights_) weights_ = in_T(std::move(out.weights));
     return to_matrix(out.out, B * L, E);
   }
 
@@ -59,7 +74,8 @@ class AttentionBlock {
   };
   Gradients backward(const Matrix<T>& dout, std::int64_t B) {
     const std::int64_t E = dout.cols, L = dout.rows / B;
-    mha::MultiHeadAttentionGradients g = layer_.backward(mha::TensorView(std::span<const T>(dout.data), {B, L, E}));
+    mha::Tensor dout_copy;
+    mha::MultiHeadAttentionGradients g = layer_.backward(layer_input(dout, B, dout_copy));
     add_parameter_gradients(g);
     const std::int64_t S = g.key.size(1);
     Gradients out{to_matrix(g.query, B * L, E), to_matrix(g.key, B * S, E)};
@@ -71,7 +87,8 @@ class AttentionBlock {
   // key_value [B*S, E]: appended to the cache (projected once).
   void append(mha::KeyValueCache& cache, const Matrix<T>& key_value, std::int64_t B) {
     push_parameters();
-    const mha::TensorView kv(key_value.data.data(), mha::dtype_of<T>(), {B, key_value.rows / B, key_value.cols});
+    mha::Tensor kv_copy;
+    const mha::TensorView kv = layer_input(key_value, B, kv_copy);
     layer_.append_to_cache(cache, kv, kv);
   }
   // query [B*L_new, E] attends to every cached position -> [B*L_new, E].
@@ -83,27 +100,51 @@ class AttentionBlock {
     inputs.key_lengths = key_lengths;
     inputs.causal = causal;
     inputs.need_weights = false;
-    const mha::TensorView q(query.data.data(), mha::dtype_of<T>(), {B, L, E});
-    return to_matrix(layer_.forward_cached(q, cache, inputs).out, B * L, E);
+    mha::Tensor q_copy;
+    return to_matrix(layer_.forward_cached(layer_input(query, B, q_copy), cache, inputs).out, B * L, E);
   }
 
   void collect(ParameterRefs<T>& out) {
     for (auto& p : params_) out.push_back(&p);
   }
+  // The library's layer (its parameters are the compute copies: bf16 under Compute::BFloat16).
+  const mha::MultiHeadAttention& layer() const { return layer_; }
 
  private:
-  static mha::MultiHeadAttentionConfig config(std::int64_t d_model, std::int64_t heads, double dropout) {
+  static mha::MultiHeadAttentionConfig config(std::int64_t d_model, std::int64_t heads, double dropout,
+                                              Compute compute) {
+    if (compute == Compute::BFloat16 && !std::is_same_v<T, float>)
+      throw std::invalid_argument("AttentionBlock: bfloat16 compute needs float32 master weights (T = float)");
     mha::MultiHeadAttentionConfig c;
     c.d_model = d_model;
     c.num_heads = heads;
     c.dropout = dropout;
     c.batch_first = true;
-    c.dtype = mha::dtype_of<T>();
+    c.dtype = compute == Compute::BFloat16 ? mha::DType::BFloat16 : mha::dtype_of<T>();
     return c;
+  }
+  // m [B*n, E] as the layer's input [B, n, E]: a view of m when the layer computes in T, else m
+  // rounded to the layer's dtype in `copy`.
+  mha::TensorView layer_input(const Matrix<T>& m, std::int64_t B, mha::Tensor& copy) const {
+    const mha::TensorView view(m.data.data(), mha::dtype_of<T>(), {B, m.rows / B, m.cols});
+    if (layer_.config().dtype == view.dtype()) return view;
+    copy = mha::Tensor::copy_of(view, layer_.config().dtype);
+    return copy;
+  }
+  // t in T: itself, or (a bf16 output) widened.
+  static mha::Tensor in_T(mha::Tensor t) {
+    return t.dtype() == mha::dtype_of<T>() ? std::move(t) : mha::Tensor::copy_of(t, mha::dtype_of<T>());
+  }
+  // t's values in T: its own, or (a bf16 output or gradient) widened into `widened`.
+  static const T* values_in_T(const mha::Tensor& t, mha::Tensor& widened) {
+    if (t.dtype() == mha::dtype_of<T>()) return t.data_as<T>();
+    widened = mha::Tensor::copy_of(t, mha::dtype_of<T>());
+    return widened.data_as<T>();
   }
   static Matrix<T> to_matrix(const mha::Tensor& t, std::int64_t rows, std::int64_t cols) {
     Matrix<T> m(rows, cols);
-    const T* src = t.data_as<T>();
+    mha::Tensor widened;
+    const T* src = values_in_T(t, widened);
     m.data.assign(src, src + rows * cols);
     return m;
   }
@@ -115,7 +156,8 @@ class AttentionBlock {
   }
   void add_parameter_gradients(const mha::MultiHeadAttentionGradients& g) {
     for (auto& p : params_) {
-      const T* src = g.parameters.at(layer_name(p)).template data_as<T>();
+      mha::Tensor widened;
+      const T* src = values_in_T(g.parameters.at(layer_name(p)), widened);
       for (std::size_t i = 0; i < p.grad.size(); ++i) p.grad[i] += src[i];
     }
   }

@@ -25,11 +25,11 @@ template <class T>
 class DecoderLayer {
  public:
   DecoderLayer(const std::string& name, const TransformerConfig& c, Rng& rng)
-      : self_attn_(name + ".self_attn", c.d_model, c.heads, c.attention_dropout, rng.next()),
+      : self_attn_(name + ".self_attn", c.d_model, c.heads, c.attention_dropout, rng.next(), c.compute),
         self_residual_(name + ".norm1", c.d_model, c.dropout, c.pre_norm, rng.next()),
-        cross_attn_(name + ".cross_attn", c.d_model, c.heads, c.attention_dropout, rng.next()),
+        cross_attn_(name + ".cross_attn", c.d_model, c.heads, c.attention_dropout, rng.next(), c.compute),
         cross_residual_(name + ".norm2", c.d_model, c.dropout, c.pre_norm, rng.next()),
-        ffn_(name + ".ffn", c.d_model, c.d_ff, rng),
+        ffn_(name + ".ffn", c.d_model, c.d_ff, rng, c.compute),
         ffn_residual_(name + ".norm3", c.d_model, c.dropout, c.pre_norm, rng.next()) {}
 
   // x [B*T, d], memory [B*S, d] -> [B*T, d].

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "transformer/matrix.hpp"
+#include "transformer/linear_products.hpp"
 #include "transformer/parameter.hpp"
 
 namespace transformer {
@@ -16,8 +16,10 @@ template <class T>
 class SharedEmbedding {
  public:
   // Initialised N(0, 1 / d_model), so that sqrt(d_model) * E has entries of unit scale.
-  SharedEmbedding(const std::string& name, std::int64_t vocab, std::int64_t d_model, Rng& rng)
-      : table_(name, {vocab, d_model}), scale_(std::sqrt(static_cast<double>(d_model))) {
+  // compute: the precision of the pre-softmax map's products (the lookup reads the table in T).
+  SharedEmbedding(const std::string& name, std::int64_t vocab, std::int64_t d_model, Rng& rng,
+                  Compute compute = Compute::Native)
+      : table_(name, {vocab, d_model}), scale_(std::sqrt(static_cast<double>(d_model))), logits_products_(compute) {
     for (auto& v : table_.value) v = static_cast<T>(rng.normal() / scale_);
   }
 
@@ -40,21 +42,20 @@ class SharedEmbedding {
 
   // h [R, d_model] -> logits [R, V] = h E^T. Keeps h for backward.
   Matrix<T> logits(const Matrix<T>& h) {
-    h_ = h;
-    return apply_logits(h);
+    Matrix<T> out(h.rows, vocab());
+    logits_products_.forward(h, table_view(), out, /*accumulate=*/false);
+    return out;
   }
   Matrix<T> apply_logits(const Matrix<T>& h) const {
     Matrix<T> out(h.rows, vocab());
-    matmul(h, false, table_view(), true, out);
+    logits_products_.apply(h, table_view(), out, /*accumulate=*/false);
     return out;
   }
   // dlogits [R, V] -> dh [R, d_model] = dlogits E;  dE += dlogits^T h.
   Matrix<T> logits_backward(const Matrix<T>& dlogits) {
-    Matrix<T> de(vocab(), d_model());
-    matmul(dlogits, true, h_, false, de);
+    Matrix<T> de(vocab(), d_model()), dh(dlogits.rows, d_model());
+    logits_products_.backward(dlogits, de, dh);
     for (std::size_t i = 0; i < de.data.size(); ++i) table_.grad[i] += de.data[i];
-    Matrix<T> dh(dlogits.rows, d_model());
-    matmul(dlogits, false, table_view(), false, dh);
     return dh;
   }
 
@@ -67,7 +68,7 @@ class SharedEmbedding {
 
   Parameter<T> table_;
   double scale_;
-  Matrix<T> h_;
+  LinearProducts<T> logits_products_;  // h E^T and its gradients
 };
 
 // x [B * T, d] += PE[t] for the row of position t = first_position + (r mod T), where

@@ -16,9 +16,9 @@ template <class T>
 class EncoderLayer {
  public:
   EncoderLayer(const std::string& name, const TransformerConfig& c, Rng& rng)
-      : self_attn_(name + ".self_attn", c.d_model, c.heads, c.attention_dropout, rng.next()),
+      : self_attn_(name + ".self_attn", c.d_model, c.heads, c.attention_dropout, rng.next(), c.compute),
         self_residual_(name + ".norm1", c.d_model, c.dropout, c.pre_norm, rng.next()),
-        ffn_(name + ".ffn", c.d_model, c.d_ff, rng),
+        ffn_(name + ".ffn", c.d_model, c.d_ff, rng, c.compute),
         ffn_residual_(name + ".norm2", c.d_model, c.dropout, c.pre_norm, rng.next()) {}
 
   // x [B*S, d] -> [B*S, d]; source_lengths: the B valid lengths (keys past them are padding).

@@ -11,8 +11,10 @@ namespace transformer {
 template <class T>
 class FeedForward {
  public:
-  FeedForward(const std::string& name, std::int64_t d_model, std::int64_t d_ff, Rng& rng)
-      : linear1_(name + ".linear1", d_model, d_ff, rng), linear2_(name + ".linear2", d_ff, d_model, rng) {}
+  FeedForward(const std::string& name, std::int64_t d_model, std::int64_t d_ff, Rng& rng,
+              Compute compute = Compute::Native)
+      : linear1_(name + ".linear1", d_model, d_ff, rng, compute),
+        linear2_(name + ".linear2", d_ff, d_model, rng, compute) {}
 
   // x [R, d_model] -> [R, d_model]. Keeps the pre-activation's sign for backward.
   Matrix<T> forward(const Matrix<T>& x) {

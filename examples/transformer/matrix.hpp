@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "mha/bfloat16.hpp"
+
 namespace transformer {
 
 // A read-only [rows, cols] window on row-major memory owned elsewhere (a Matrix, a parameter's values).
@@ -41,6 +43,13 @@ void matmul(MatrixView<float> a, bool transpose_a, MatrixView<float> b, bool tra
             bool accumulate = false);
 void matmul(MatrixView<double> a, bool transpose_a, MatrixView<double> b, bool transpose_b, Matrix<double>& c,
             bool accumulate = false);
+// The same on bfloat16 operands, accumulating and writing float32 (oneDNN's bf16 matmul; the mixed
+// precision of linear_products.hpp).
+void matmul(MatrixView<mha::bfloat16> a, bool transpose_a, MatrixView<mha::bfloat16> b, bool transpose_b,
+            Matrix<float>& c, bool accumulate = false);
+
+// m rounded to bfloat16 (to nearest, ties to even).
+Matrix<mha::bfloat16> to_bfloat16(MatrixView<float> m);
 
 // a += b (same shape).
 template <class T>

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 namespace transformer {
 
@@ -11,7 +12,7 @@ template <class T>
 Transformer<T>::Transformer(const TransformerConfig& config, std::uint64_t seed)
     : config_(config),
       rng_(seed),
-      embedding_("embedding.weight", config.vocab, config.d_model, rng_),
+      embedding_("embedding.weight", config.vocab, config.d_model, rng_, config.compute),
       source_dropout_(config.dropout, rng_.next()),
       target_dropout_(config.dropout, rng_.next()) {
   if (config.vocab <= 0 || config.d_model <= 0 || config.heads <= 0 || config.d_ff <= 0 || config.encoder_layers <= 0 ||
@@ -20,6 +21,8 @@ Transformer<T>::Transformer(const TransformerConfig& config, std::uint64_t seed)
   if (config.d_model % config.heads != 0)
     throw std::invalid_argument("Transformer: d_model = " + std::to_string(config.d_model) +
                                 " is not a multiple of heads = " + std::to_string(config.heads));
+  if (config.compute == Compute::BFloat16 && !std::is_same_v<T, float>)
+    throw std::invalid_argument("Transformer: bfloat16 mixed precision keeps float32 master weights (T = float)");
   for (std::int64_t i = 0; i < config.encoder_layers; ++i)
     encoder_.push_back(std::make_unique<EncoderLayer<T>>("encoder." + std::to_string(i), config, rng_));
   for (std::int64_t i = 0; i < config.decoder_layers; ++i)
@@ -62,6 +65,11 @@ void Transformer<T>::keep_attention_weights(bool on) {
     layer->self_attention().keep_weights(on);
     layer->cross_attention().keep_weights(on);
   }
+}
+
+template <class T>
+const AttentionBlock<T>& Transformer<T>::encoder_self_attention(std::int64_t layer) const {
+  return encoder_.at(static_cast<std::size_t>(layer))->self_attention();
 }
 
 template <class T>

@@ -62,6 +62,8 @@ class Transformer {
   const mha::Tensor& encoder_self_weights(std::int64_t layer) const;
   const mha::Tensor& decoder_self_weights(std::int64_t layer) const;
   const mha::Tensor& cross_weights(std::int64_t layer) const;
+  // An encoder layer's self-attention block (its layer() holds the compute copies of the parameters).
+  const AttentionBlock<T>& encoder_self_attention(std::int64_t layer) const;
 
   // The encoder alone: source [B, S] -> memory [B*S, d] (keeps what backward needs).
   Matrix<T> encode(const TokenBatch& batch);

@@ -195,3 +195,69 @@ def test_demo_measures_realistic_variations(report):
         assert r["right"] + r["unsure"] + r["confidently_wrong"] == r["total"], r
     html = (out / "index.html").read_text()
     assert "Realistic variations" in html and all(r["example"] in html for r in rows)
+
+
+# ---- --dtype bf16: mixed-precision training beside a float32 run of the same settings (issue 12) ----
+
+@pytest.fixture(scope="module")
+def bf16_report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo_bf16") / "report"
+    result = mha("demo", "--out", out, "--dtype", "bf16", *SHORT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return out, result.stdout
+
+
+def minutes(seconds):
+    """The report's m:ss (demo_report.cpp's minutes(), which rounds halves up)."""
+    s = int(seconds + 0.5)
+    return f"{s // 60}:{s % 60:02d}"
+
+
+def test_demo_bf16_reports_its_time_beside_a_float32_run_of_the_same_settings(bf16_report):
+    out, stdout = bf16_report
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["dtype"] == "bf16" and summary["steps"] == 40
+    float32 = summary["float32_run"]
+    assert float32["train_seconds"] > 0 and summary["train_seconds"] > 0
+    for share in (summary["held_out_exact_match"], float32["held_out_exact_match"],
+                  float32["checkpoint_float32_exact_match"]):
+        assert 0.0 <= share <= 1.0
+    html = (out / "index.html").read_text()
+    table = html[html.index('id="precision"'):]
+    table = table[:table.index("</table>")]
+    rows = table.split("<tr>")[2:]  # after the header: float32, then bf16
+    assert len(rows) == 2 and "float32" in rows[0] and "bf16 mixed precision" in rows[1], table
+    assert f"<td>{minutes(float32['train_seconds'])}</td>" in rows[0], rows[0]
+    assert f"<td>{minutes(summary['train_seconds'])}</td>" in rows[1], rows[1]
+    assert f"{100 * float32['held_out_exact_match']:.1f}%" in rows[0]
+    assert f"{100 * summary['held_out_exact_match']:.1f}%" in rows[1]
+    assert "training in float32 first" in stdout and "bfloat16 mixed precision" in stdout
+
+
+def test_demo_bf16_checkpoint_holds_float32_master_weights_that_translate_reads(bf16_report):
+    out, _ = bf16_report
+    tensors, metadata = read_safetensors(str(out / "checkpoint.safetensors"))
+    assert metadata["trained_dtype"] == "bf16"
+    assert tensors and all(t.dtype == "float32" for t in tensors.values())
+    # Master weights keep float32's precision: most are not bfloat16 numbers (their low 16 bits are not 0).
+    weight = tensors["decoder.0.ffn.linear1.weight"]
+    assert (weight.view("uint32") & 0xFFFF != 0).mean() > 0.9
+    dates = ["Friday, 5 March 2021", "05/03/2021"]
+    result = mha("translate", "--checkpoint", out / "checkpoint.safetensors", *dates)
+    assert result.returncode in (0, 3), result.stderr  # a short run may be unsure (3)
+    for text, line in zip(dates, result.stdout.splitlines()):
+        assert_checked_answer(text, line)
+
+
+def test_demo_float32_shows_no_precision_comparison(report):
+    out, _ = report
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["dtype"] == "float32" and "float32_run" not in summary
+    assert 'id="precision"' not in (out / "index.html").read_text()
+
+
+def test_demo_help_explains_dtype_and_refuses_other_dtypes():
+    help_text = mha("demo", "--help").stdout
+    assert "--dtype" in help_text and "bf16" in help_text and "mixed precision" in help_text
+    result = mha("demo", "--dtype", "float16", "--steps", "1")
+    assert result.returncode != 0 and "float16" in result.stderr

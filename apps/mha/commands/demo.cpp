@@ -11,6 +11,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -42,6 +44,7 @@ tf::TransformerConfig model_config(const DemoOptions& o, const tf::Vocabulary& v
   c.pre_norm = o.pre_norm;
   c.dropout = o.dropout;
   c.attention_dropout = o.attention_dropout;
+  c.compute = o.dtype == "bf16" ? tf::Compute::BFloat16 : tf::Compute::Native;
   return c;
 }
 
@@ -245,6 +248,48 @@ void check_options(const DemoOptions& o) {
     throw std::runtime_error(fmt::format("--d-model {} is not a multiple of --heads {}", o.d_model, o.heads));
 }
 
+// Trains `model` with the demo's progress bar; a diverged run becomes an error that says what to change.
+tf::TrainingResult train(tf::Transformer<float>& model, const tf::Vocabulary& vocab, const DemoOptions& o) {
+  ProgressBar bar(o.progress);
+  try {
+    return tf::train_on_dates(model, vocab, training_config(o), std::ref(bar));
+  } catch (const tf::TrainingDiverged& e) {
+    bar.end_line();
+    throw std::runtime_error(fmt::format(
+        "{} (with these settings the learning rate is likely too high: try a smaller --lr-factor or a longer "
+        "--warmup)",
+        e.what()));
+  }
+}
+
+// --dtype bf16: the same model, settings and seed trained in float32 first, in the same process, for
+// the report's side-by-side of the training times; its accuracy on the same held-out dates.
+Float32Run float32_run(const DemoOptions& o, const tf::Vocabulary& vocab,
+                       const std::vector<tf::DateExample>& held_out) {
+  DemoOptions float32 = o;
+  float32.dtype = "float32";
+  tf::Transformer<float> model(model_config(float32, vocab), o.seed);
+  fmt::print("  training in float32 first, for the side-by-side: {} steps of {} examples ...\n", o.steps, o.batch_size);
+  const tf::TrainingResult training = train(model, vocab, float32);
+  Float32Run run{training.seconds, static_cast<double>(training.target_tokens) / training.seconds,
+                 tf::exact_match(model, vocab, held_out)};
+  fmt::print("  float32: trained in {} ({:.0f} target tokens/s), held-out exact match {:.1f}%\n", minutes(run.seconds),
+             run.tokens_per_second, 100 * run.accuracy);
+  return run;
+}
+
+// The model as `mha translate` runs it: `model`'s parameters (a bf16 run's float32 master weights) in a
+// float32 model, in evaluation mode.
+std::unique_ptr<tf::Transformer<float>> float32_model(tf::Transformer<float>& model) {
+  tf::TransformerConfig c = model.config();
+  c.compute = tf::Compute::Native;
+  auto out = std::make_unique<tf::Transformer<float>>(c, 0);
+  const tf::ParameterRefs<float> from = model.parameters(), to = out->parameters();
+  for (std::size_t i = 0; i < from.size(); ++i) to[i]->value = from[i]->value;
+  out->train(false);
+  return out;
+}
+
 }  // namespace
 
 int run_demo(const DemoOptions& o) {
@@ -261,25 +306,19 @@ int run_demo(const DemoOptions& o) {
              "parameters)\n",
              o.layers, o.d_model, o.heads, parameters);
   fmt::print("  e.g. \"the fifth of March 2021\", \"Fri, 5 Mar 21\", \"05/03/2021\" (day first) -> 2021-03-05\n");
-  fmt::print("  training {} steps of {} examples ...\n", o.steps, o.batch_size);
-
-  ProgressBar bar(o.progress);
-  tf::TrainingResult training;
-  try {
-    training = tf::train_on_dates(model, vocab, training_config(o), std::ref(bar));
-  } catch (const tf::TrainingDiverged& e) {
-    bar.end_line();
-    throw std::runtime_error(fmt::format(
-        "{} (with these settings the learning rate is likely too high: try a smaller --lr-factor or a longer "
-        "--warmup)",
-        e.what()));
-  }
-
   const std::vector<tf::DateExample> held_out =
       tf::sample_dates(tf::Split::HeldOut, o.seed + 1000, static_cast<std::size_t>(o.eval_examples));
+  const bool mixed = o.dtype == "bf16";
+  std::optional<Float32Run> float32;
+  if (mixed) float32 = float32_run(o, vocab, held_out);
+  fmt::print("  training {} steps of {} examples{} ...\n", o.steps, o.batch_size,
+             mixed ? " in bfloat16 mixed precision" : "");
+  const tf::TrainingResult training = train(model, vocab, o);
+
   const Evaluation ev = evaluate(model, vocab, held_out);
-  fmt::print("  trained in {} ({:.0f} target tokens/s)\n", minutes(training.seconds),
-             static_cast<double>(training.target_tokens) / training.seconds);
+  fmt::print("  trained in {} ({:.0f} target tokens/s{})\n", minutes(training.seconds),
+             static_cast<double>(training.target_tokens) / training.seconds,
+             float32 ? fmt::format("; float32: {}", minutes(float32->seconds)) : "");
   fmt::print("  held-out exact match: {:.1f}% of {} ({} wrong)\n", 100 * ev.accuracy, held_out.size(), ev.wrong.size());
   for (std::size_t i = 0; i < ev.wrong.size() && i < 5; ++i)
     fmt::print("    \"{}\" -> {} (expected {})\n", ev.wrong[i].first.source, ev.wrong[i].second,
@@ -288,14 +327,22 @@ int run_demo(const DemoOptions& o) {
              "same outputs: {}\n",
              held_out.size(), ev.cached_seconds, ev.full_seconds, ev.same_outputs ? "yes" : "NO");
 
+  // What `mha translate` will run: for a bf16 run, the float32 master weights decoded in float32.
+  const std::unique_ptr<tf::Transformer<float>> masters = mixed ? float32_model(model) : nullptr;
+  tf::Transformer<float>& translator = mixed ? *masters : model;
+  if (float32) {
+    float32->checkpoint_accuracy = tf::exact_match(translator, vocab, held_out);
+    fmt::print("  the float32 master weights decoded in float32, as `mha translate` reads the checkpoint: {:.1f}%\n",
+               100 * float32->checkpoint_accuracy);
+  }
   // `mha translate` marks answers the decoder is less sure of than of 99% of its correct held-out ones.
-  const double unsure_below = tf::unsure_threshold(model, vocab, held_out);
+  const double unsure_below = tf::unsure_threshold(translator, vocab, held_out);
   fmt::print("  confidence (lowest token probability) below which `mha translate` marks an answer unsure: {:.4f}\n",
              unsure_below);
   // The ways people write dates, read as `mha translate` reads them (up to 200 held-out dates each).
   const std::vector<tf::DateExample> variation_dates(
       held_out.begin(), held_out.begin() + static_cast<std::ptrdiff_t>(std::min<std::size_t>(held_out.size(), 200)));
-  const std::vector<VariationResult> variations = measure_variations(model, vocab, variation_dates, unsure_below);
+  const std::vector<VariationResult> variations = measure_variations(translator, vocab, variation_dates, unsure_below);
   fmt::print("  realistic variations, {} held-out dates each (right / marked ? / confidently wrong):\n",
              variation_dates.size());
   for (const VariationResult& v : variations)
@@ -304,16 +351,26 @@ int run_demo(const DemoOptions& o) {
   std::map<std::string, std::string> meta{{"steps", std::to_string(o.steps)},
                                           {"seed", std::to_string(o.seed)},
                                           {"held_out_exact_match", fmt::format("{:.4f}", ev.accuracy)},
-                                          {"unsure_below", fmt::format("{:.6f}", unsure_below)}};
-  tf::save_checkpoint(model, (dir / "checkpoint.safetensors").string(), meta);
+                                          {"unsure_below", fmt::format("{:.6f}", unsure_below)},
+                                          {"trained_dtype", o.dtype}};
+  tf::save_checkpoint(model, (dir / "checkpoint.safetensors").string(), meta);  // bf16: the float32 masters
 
   std::vector<ExampleMaps> maps;
   const std::vector<tf::DateExample> shown = map_examples(o.map_examples, o.seed + 2000);
   for (std::size_t i = 0; i < shown.size(); ++i) maps.push_back(draw_example(model, vocab, shown[i], i, dir));
   write_learning_curve_svg(dir / "learning_curve.svg", training.curve,
                            fmt::format("Training: {} heads, d_model {}", o.heads, o.d_model));
-  const std::vector<OutsideAnswer> outside = answers_outside_the_range(model, vocab, unsure_below);
-  const DemoReport report{o, parameters, training, ev, held_out.size(), unsure_below, maps, variations, outside};
+  const std::vector<OutsideAnswer> outside = answers_outside_the_range(translator, vocab, unsure_below);
+  const DemoReport report{o,
+                          parameters,
+                          training,
+                          ev,
+                          held_out.size(),
+                          unsure_below,
+                          maps,
+                          variations,
+                          outside,
+                          float32 ? &*float32 : nullptr};
   write_index(dir / "index.html", report);
   write_summary(dir / "summary.json", report);
   fmt::print("  wrote {}: index.html, learning_curve.svg, {} attention maps, checkpoint.safetensors, summary.json\n",

@@ -28,6 +28,7 @@ struct DemoOptions {
   std::int64_t eval_examples = 1000;  // held-out examples of the final accuracy
   std::int64_t eval_every = 200;      // steps between the learning curve's accuracy points
   std::int64_t map_examples = 3;      // held-out examples drawn as attention maps
+  std::string dtype = "float32";      // "bf16": mixed precision, after a float32 run for the side-by-side
   int threads = 0;                    // 0: OpenMP's default
   bool progress = true;
 };

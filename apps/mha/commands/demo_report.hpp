@@ -56,6 +56,14 @@ struct ExampleMaps {
   HeadShare best() const;               // the largest share (the first of equals)
 };
 
+// --dtype bf16: the float32 run of the same settings and seed, trained first in the same command.
+struct Float32Run {
+  double seconds = 0;              // training time
+  double tokens_per_second = 0;    // target tokens per second of training
+  double accuracy = 0;             // held-out exact match, the same dates as the bf16 run's
+  double checkpoint_accuracy = 0;  // the bf16 run's float32 master weights, decoded in float32
+};
+
 // Everything the report shows.
 struct DemoReport {
   const DemoOptions& options;
@@ -67,6 +75,7 @@ struct DemoReport {
   const std::vector<ExampleMaps>& examples;
   const std::vector<VariationResult>& variations;
   const std::vector<OutsideAnswer>& outside;  // what translate prints outside the range
+  const Float32Run* float32 = nullptr;        // --dtype bf16 only
 };
 
 // Throw std::runtime_error when the file cannot be written.

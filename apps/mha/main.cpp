@@ -247,6 +247,7 @@ void add_bench_one_command(CLI::App& app, mha_cli::BenchOneOptions& options) {
   integer_in(one->add_option("--batch", options.batch), 1, kMaxWidth);
   integer_in(one->add_option("--d-model", options.d_model), 1, kMaxWidth);
   integer_in(one->add_option("--heads", options.heads), 1, kMaxHeads);
+  one->add_option("--dtype", options.dtype)->check(CLI::IsMember({"float32", "bf16"}));
   integer_in(one->add_option("--warmup", options.policy.warmup), 0, kMaxReps);
   integer_in(one->add_option("--min-reps", options.policy.min_reps), 1, kMaxReps);
   integer_in(one->add_option("--max-reps", options.policy.max_reps), 1, kMaxReps);

@@ -9,7 +9,8 @@
 //               forward's two tile products alone, and so the share of the softmax's work
 //   layer       MultiHeadAttention E 512, h 8, B 1: forward (eval) and training step (forward +
 //               backward), ours in bf16 and float32, PyTorch's nn.MultiheadAttention in bf16 and
-//               float32 (its float32 products on oneDNN through the preloaded sgemm_), same threads
+//               float32 (its float32 products on oneDNN through the preloaded sgemm_), same threads; at the last
+//               thread count also the training step's extra memory, each in a process of its own
 //
 // Legend: B batch, h heads, N = L = S, d head width, E = d_model.
 #include "bench/bench_bf16.hpp"
@@ -151,9 +152,15 @@ CoreTimes time_layer(DType dtype, std::int64_t N, const RepeatPolicy& policy) {
   return t;
 }
 
-// PyTorch's layer in `dtype` ("float32" or "bfloat16"): its best time, or a reason in `error`.
-double torch_layer_seconds(const BenchOptions& options, std::int64_t N, int threads, Pass pass,
-                           const std::string& dtype, const RepeatPolicy& policy, std::string& error) {
+// PyTorch's layer in `dtype` ("float32" or "bfloat16"): its best time, and what its first call added to
+// its process's peak resident set; zeros and a reason in `error` when it did not run.
+struct TorchRun {
+  double seconds = 0;
+  double extra_mib = 0;
+};
+
+TorchRun torch_layer(const BenchOptions& options, std::int64_t N, int threads, Pass pass, const std::string& dtype,
+                     const RepeatPolicy& policy, std::string& error) {
   BenchResults unused;
   const TorchRunner runner{options, unused};
   std::vector<std::string> args = {
@@ -161,13 +168,72 @@ double torch_layer_seconds(const BenchOptions& options, std::int64_t N, int thre
       "--d-model", std::to_string(kDModel), "--heads", std::to_string(kHeads)};
   for (std::string& a : policy_args(policy)) args.push_back(std::move(a));
   const std::vector<nlohmann::json> lines = runner.run_lines(args, threads, "onednn", error);
-  if (lines.empty()) return 0;
-  return lines.back().value("min_s", 0.0);
+  if (lines.empty()) return {};
+  const nlohmann::json& r = lines.back();
+  const double extra = r.value("peak_rss_first_bytes", 0.0) - r.value("baseline_rss_bytes", 0.0);
+  return {r.value("min_s", 0.0), extra / (1 << 20)};
+}
+
+// What the first training step of our layer in `dtype` ("float32" or "bf16") adds to the peak resident
+// set of a process of its own (`mha bench-one`), in MiB; 0 when it did not run.
+double our_step_extra_mib(std::int64_t N, int threads, const std::string& dtype) {
+  const RepeatPolicy one_call{0, 1, 1, 0.0, 0.0};
+  const ProcessRun run = run_ours("mha", N, false, threads, Pass::ForwardBackward, one_call, 0.0, dtype);
+  return run.ok() ? static_cast<double>(run.peak_rss_first_bytes - run.baseline_rss_bytes) / (1 << 20) : 0.0;
 }
 
 std::string percent(double part, double whole) { return whole > 0 ? fmt::format("{:.1f}%", 100 * part / whole) : "-"; }
 std::string ratio(double slow_s, double fast_s) {
   return slow_s > 0 && fast_s > 0 ? fmt::format("{:.2f}x", slow_s / fast_s) : "-";
+}
+
+// The layer at N: forward and training step, ours in bf16 and float32, PyTorch in both; with
+// `memory`, also the training step's extra memory of each, in processes of their own.
+void bench_layer(const BenchOptions& options, std::int64_t N, int threads, bool memory, const RepeatPolicy& policy,
+                 nlohmann::json& report) {
+  const CoreTimes bf = time_layer(DType::BFloat16, N, policy), f32 = time_layer(DType::Float32, N, policy);
+  std::string error;
+  TorchRun torch[2][2];  // [dtype: bf16, float32][pass: fwd, fwdbwd]
+  if (options.torch)
+    for (int t = 0; t < 2; ++t)
+      for (int p = 0; p < 2; ++p)
+        torch[t][p] = torch_layer(options, N, threads, p ? Pass::ForwardBackward : Pass::Forward,
+                                  t ? "float32" : "bfloat16", policy, error);
+  fmt::print("  layer N {}: forward bf16 {:.1f} ms, float32 {:.1f} ms (bf16 {} as fast), PyTorch bf16 {:.1f} ms ({}), "
+             "PyTorch float32 {:.1f} ms ({})\n",
+             N, 1e3 * bf.forward.min_s, 1e3 * f32.forward.min_s, ratio(f32.forward.min_s, bf.forward.min_s),
+             1e3 * torch[0][0].seconds, ratio(torch[0][0].seconds, bf.forward.min_s), 1e3 * torch[1][0].seconds,
+             ratio(torch[1][0].seconds, bf.forward.min_s));
+  fmt::print("  layer N {}: training step bf16 {:.1f} ms, float32 {:.1f} ms ({}), PyTorch bf16 {:.1f} ms ({}), "
+             "PyTorch float32 {:.1f} ms ({})\n",
+             N, 1e3 * bf.backward.min_s, 1e3 * f32.backward.min_s, ratio(f32.backward.min_s, bf.backward.min_s),
+             1e3 * torch[0][1].seconds, ratio(torch[0][1].seconds, bf.backward.min_s), 1e3 * torch[1][1].seconds,
+             ratio(torch[1][1].seconds, bf.backward.min_s));
+  if (!error.empty()) fmt::print("  PyTorch: {}\n", error);
+  nlohmann::json row = {{"what", "layer"},
+                        {"threads", threads},
+                        {"n", N},
+                        {"bf16_forward_s", bf.forward.min_s},
+                        {"bf16_step_s", bf.backward.min_s},
+                        {"f32_forward_s", f32.forward.min_s},
+                        {"f32_step_s", f32.backward.min_s},
+                        {"torch_bf16_forward_s", torch[0][0].seconds},
+                        {"torch_bf16_step_s", torch[0][1].seconds},
+                        {"torch_f32_forward_s", torch[1][0].seconds},
+                        {"torch_f32_step_s", torch[1][1].seconds}};
+  if (memory) {
+    const double ours_bf16 = our_step_extra_mib(N, threads, "bf16"),
+                 ours_f32 = our_step_extra_mib(N, threads, "float32");
+    fmt::print("  layer N {}: the training step's extra memory (peak resident set after its first call minus before "
+               "it, own process): ours bf16 {:.0f} MiB, float32 {:.0f} MiB; PyTorch bf16 {:.0f} MiB, float32 {:.0f} "
+               "MiB\n",
+               N, ours_bf16, ours_f32, torch[0][1].extra_mib, torch[1][1].extra_mib);
+    row["step_extra_mib"] = {{"ours_bf16", ours_bf16},
+                             {"ours_f32", ours_f32},
+                             {"torch_bf16", torch[0][1].extra_mib},
+                             {"torch_f32", torch[1][1].extra_mib}};
+  }
+  report["runs"].push_back(row);
 }
 
 }  // namespace
@@ -218,37 +284,7 @@ int run_bench_bf16(const BenchOptions& options, const std::string& command) {
                                   {"f32_backward_s", f32.backward.min_s},
                                   {"forward_flops", flops}});
       }
-      const CoreTimes bf = time_layer(DType::BFloat16, N, policy), f32 = time_layer(DType::Float32, N, policy);
-      std::string error;
-      double torch[2][2] = {};  // [dtype: bf16, f32][pass: fwd, fwdbwd]
-      if (options.torch)
-        for (int t = 0; t < 2; ++t)
-          for (int p = 0; p < 2; ++p)
-            torch[t][p] = torch_layer_seconds(options, N, threads, p ? Pass::ForwardBackward : Pass::Forward,
-                                              t ? "float32" : "bfloat16", policy, error);
-      fmt::print(
-          "  layer N {}: forward bf16 {:.1f} ms, float32 {:.1f} ms (bf16 {} as fast), PyTorch bf16 {:.1f} ms ({}), "
-          "PyTorch float32 {:.1f} ms ({})\n",
-          N, 1e3 * bf.forward.min_s, 1e3 * f32.forward.min_s, ratio(f32.forward.min_s, bf.forward.min_s),
-          1e3 * torch[0][0], ratio(torch[0][0], bf.forward.min_s), 1e3 * torch[1][0],
-          ratio(torch[1][0], bf.forward.min_s));
-      fmt::print("  layer N {}: training step bf16 {:.1f} ms, float32 {:.1f} ms ({}), PyTorch bf16 {:.1f} ms ({}), "
-                 "PyTorch float32 {:.1f} ms ({})\n",
-                 N, 1e3 * bf.backward.min_s, 1e3 * f32.backward.min_s, ratio(f32.backward.min_s, bf.backward.min_s),
-                 1e3 * torch[0][1], ratio(torch[0][1], bf.backward.min_s), 1e3 * torch[1][1],
-                 ratio(torch[1][1], bf.backward.min_s));
-      if (!error.empty()) fmt::print("  PyTorch: {}\n", error);
-      report["runs"].push_back({{"what", "layer"},
-                                {"threads", threads},
-                                {"n", N},
-                                {"bf16_forward_s", bf.forward.min_s},
-                                {"bf16_step_s", bf.backward.min_s},
-                                {"f32_forward_s", f32.forward.min_s},
-                                {"f32_step_s", f32.backward.min_s},
-                                {"torch_bf16_forward_s", torch[0][0]},
-                                {"torch_bf16_step_s", torch[0][1]},
-                                {"torch_f32_forward_s", torch[1][0]},
-                                {"torch_f32_step_s", torch[1][1]}});
+      bench_layer(options, N, threads, threads == options.threads.back(), policy, report);
     }
   }
   report["peak_rss_bytes"] = peak_rss_bytes();

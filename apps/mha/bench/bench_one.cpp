@@ -34,7 +34,8 @@ int run_bench_one(const BenchOneOptions& o) {
       if (pass == Pass::ForwardBackward) core->backward();
     };
   } else if (o.impl == "mha") {
-    layer = std::make_unique<LayerWorkload>(o.batch, o.n, o.d_model, o.heads, o.causal, pass);  // x [B, N, E]
+    const mha::DType dtype = o.dtype == "bf16" ? mha::DType::BFloat16 : mha::DType::Float32;
+    layer = std::make_unique<LayerWorkload>(o.batch, o.n, o.d_model, o.heads, o.causal, pass, dtype);  // x [B, N, E]
     call = [&] { layer->run(); };
   } else {
     throw std::invalid_argument("impl: expected mha or core, got " + o.impl);
@@ -55,6 +56,7 @@ int run_bench_one(const BenchOneOptions& o) {
       {"causal", o.causal},
       {"threads", mha::num_threads()},
       {"pass", o.pass},
+      {"dtype", o.dtype},
       {"median_s", timing.median_s},
       {"min_s", timing.min_s},
       {"reps", timing.reps},

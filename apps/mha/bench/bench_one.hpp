@@ -19,6 +19,7 @@ struct BenchOneOptions {
   std::int64_t batch = 1;    // B
   std::int64_t d_model = 512;
   std::int64_t heads = 8;
+  std::string dtype = "float32";  // the layer's: "float32" or "bf16" (the core: float32 only)
   bench::RepeatPolicy policy;
 };
 

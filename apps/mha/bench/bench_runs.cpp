@@ -91,11 +91,11 @@ ProcessRun parse_run(const ProcessResult& process, double timeout_s, double flop
 }  // namespace
 
 ProcessRun run_ours(const std::string& impl, std::int64_t n, bool causal, int threads, Pass pass,
-                    const RepeatPolicy& policy, double flops) {
+                    const RepeatPolicy& policy, double flops, const std::string& dtype) {
   std::vector<std::string> argv = {
-      kSelfExecutable,   "bench-one",    "--impl",           impl,        "--n",
-      std::to_string(n), "--causal",     causal ? "1" : "0", "--threads", std::to_string(threads),
-      "--pass",          pass_name(pass)};
+      kSelfExecutable,   "bench-one",     "--impl",           impl,        "--n",
+      std::to_string(n), "--causal",      causal ? "1" : "0", "--threads", std::to_string(threads),
+      "--pass",          pass_name(pass), "--dtype",          dtype};
   for (std::string& a : policy_args(policy)) argv.push_back(std::move(a));
   return parse_run(run_process(argv, {}, kOwnTimeoutS), kOwnTimeoutS, flops, nullptr);
 }

@@ -37,7 +37,7 @@ std::vector<nlohmann::json> json_lines(const ProcessResult& process, double time
 
 // `mha bench-one` in a new process of this program: one shape, its time and peak RSS.
 ProcessRun run_ours(const std::string& impl, std::int64_t n, bool causal, int threads, Pass pass,
-                    const RepeatPolicy& policy, double flops);
+                    const RepeatPolicy& policy, double flops, const std::string& dtype = "float32");
 
 // "onednn", "installed", "openblas": a line saying what PyTorch's products run on.
 std::string torch_label(const std::string& blas);

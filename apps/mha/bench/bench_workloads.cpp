@@ -72,17 +72,18 @@ void CoreWorkload::backward() {
   mha::scaled_dot_product_attention_backward(dout_view_, q_view_, k_view_, v_view_, result_.out, result_.lse, options_);
 }
 
-LayerWorkload::LayerWorkload(std::int64_t B, std::int64_t N, std::int64_t E, std::int64_t h, bool causal, Pass pass)
+LayerWorkload::LayerWorkload(std::int64_t B, std::int64_t N, std::int64_t E, std::int64_t h, bool causal, Pass pass,
+                             mha::DType dtype)
     : pass_(pass),
-      module_(mha::MultiHeadAttentionConfig{.d_model = E, .num_heads = h, .batch_first = true}, 0),
-      x_(random_tensor({B, N, E}, 5)) {
+      module_(mha::MultiHeadAttentionConfig{.d_model = E, .num_heads = h, .batch_first = true, .dtype = dtype}, 0),
+      x_(mha::Tensor::copy_of(random_tensor({B, N, E}, 5), dtype)) {
   inputs_.causal = causal;
   inputs_.need_weights = false;
   if (pass == Pass::Forward) {
     module_.eval();
   } else {
     module_.train();  // dropout is 0: training mode only makes forward() keep what backward() needs
-    dout_ = random_tensor({B, N, E}, 6);
+    dout_ = mha::Tensor::copy_of(random_tensor({B, N, E}, 6), dtype);
   }
 }
 

@@ -51,12 +51,13 @@ class CoreWorkload {
   mha::AttentionResult result_;
 };
 
-// Self-attention through mha::MultiHeadAttention(E, h, batch_first) on x [B, N, E]:
+// Self-attention through mha::MultiHeadAttention(E, h, batch_first, dtype) on x [B, N, E]:
 // Forward: eval mode, need_weights = false. ForwardBackward: train mode (dropout 0), forward, then
 // backward(dout), dout [B, N, E].
 class LayerWorkload {
  public:
-  LayerWorkload(std::int64_t B, std::int64_t N, std::int64_t E, std::int64_t h, bool causal, Pass pass);
+  LayerWorkload(std::int64_t B, std::int64_t N, std::int64_t E, std::int64_t h, bool causal, Pass pass,
+                mha::DType dtype = mha::DType::Float32);
   void run();
 
  private:

@@ -1,6 +1,5 @@
 // bfloat16 products through oneDNN's matmul primitive: oneDNN picks the implementation for the machine
-// (AMX tiles, AVX512-BF16 dot products, or its own fallback on CPUs with neither) and accumulates in
-// float32. See gemm.hpp for the conventions.
+// (AMX tiles or AVX512-BF16 dot products) and accumulates in float32. See gemm.hpp for the conventions.
 //
 // Where the CPU has no bfloat16 instructions, oneDNN 2.6 has no bf16 matmul at all (AVX2: "unimplemented")
 // or only an emulation slower than sgemm (AVX-512 without BF16: 79 GFLOP/s against sgemm's 223 on one
@@ -194,16 +193,19 @@ std::string describe_failure(dnnl_status_t status, std::int64_t M, std::int64_t 
          (B.transposed ? " (B^T)" : "") + ", ldc " + std::to_string(ldc);
 }
 
+// C = 0 for a product with nothing to sum (K = 0), unless it accumulates.
+template <class TC>
+void zero_unless_accumulating(std::int64_t M, std::int64_t N, GemmOutput<TC> C) {
+  if (!C.accumulate)
+    for (std::int64_t m = 0; m < M; ++m) std::fill_n(C.data + m * C.ld, N, TC(0.0f));
+}
+
 // The whole product on the library's threads, blocks as for float32 (gemm_blocks.hpp).
 template <class TC>
 void gemm_bf16_blocks(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<bfloat16> A, GemmInput<bfloat16> B,
                       GemmOutput<TC> C, float alpha) {
   if (M == 0 || N == 0) return;
-  if (K == 0) {  // nothing to sum: C = 0, unless accumulating
-    if (!C.accumulate)
-      for (std::int64_t m = 0; m < M; ++m) std::fill_n(C.data + m * C.ld, N, TC(0.0f));
-    return;
-  }
+  if (K == 0) return zero_unless_accumulating(M, N, C);
   if (!native_bfloat16() || small_product(M, N, K)) return gemm_widened(M, N, K, A, B, C, alpha);
   const SerialIfSmall serial_if_small(2.0 * M * N * K);
   constexpr bool c_bfloat16 = std::is_same_v<TC, bfloat16>;
@@ -231,11 +233,7 @@ void gemm(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<bfloat16> A,
 void gemm_tile(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<bfloat16> A, GemmInput<bfloat16> B,
                GemmOutput<float> C, float alpha) {
   if (M == 0 || N == 0) return;
-  if (K == 0) {
-    if (!C.accumulate)
-      for (std::int64_t m = 0; m < M; ++m) std::fill_n(C.data + m * C.ld, N, 0.0f);
-    return;
-  }
+  if (K == 0) return zero_unless_accumulating(M, N, C);
   if (!native_bfloat16() || small_product(M, N, K)) {  // sgemm on this thread's widened copies of the operands
     thread_local std::vector<float> a, b;
     return gemm_tile(M, N, K, widened(M, K, A, a), widened(K, N, B, b), C, alpha);

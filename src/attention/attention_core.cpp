@@ -232,6 +232,10 @@ void run_typed(const TensorView& q, const TensorView& k, const TensorView& v, co
   }
 }
 
+void backward_in_float32(const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
+                         const TensorView& out, const TensorView& lse, const AttentionOptions& o,
+                         const StridedOutput& dq, const StridedOutput& dk, const StridedOutput& dv);
+
 // The backward's parameter object for inputs of type T (the lse in compute_t<T>).
 template <class T>
 AttentionBackwardParams<T> backward_params(const TensorView& dout, const TensorView& q, const TensorView& k,
@@ -261,16 +265,24 @@ void run_backward_typed(const TensorView& dout, const TensorView& q, const Tenso
     flash_attention_backward(backward_params<T>(dout, q, k, v, out, lse, o, dq, dk, dv));
   } else if constexpr (std::is_same_v<T, float>) {
     reference_attention_backward(backward_params<T>(dout, q, k, v, out, lse, o, dq, dk, dv));
-  } else {  // bfloat16, the reference kernel: in float32, inputs widened, gradients rounded once
-    auto widened = [](const TensorView& t) { return Tensor::copy_of(t, DType::Float32); };
-    const Tensor dout32 = widened(dout), q32 = widened(q), k32 = widened(k), v32 = widened(v), out32 = widened(out);
-    Tensor dq32(DType::Float32, q.shape()), dk32(DType::Float32, k.shape()), dv32(DType::Float32, v.shape());
-    run_backward_typed<float>(dout32, q32, k32, v32, out32, lse, o, {dq32.data(), dq32.strides()},
-                              {dk32.data(), dk32.strides()}, {dv32.data(), dv32.strides()});
-    round_into(dq32, dq);
-    round_into(dk32, dk);
-    round_into(dv32, dv);
+  } else {
+    backward_in_float32(dout, q, k, v, out, lse, o, dq, dk, dv);
   }
+}
+
+// The backward of forward_in_float32: bfloat16 inputs widened, the float32 kernel run, the gradients
+// rounded to bfloat16 once. The reference kernel runs so for bfloat16 inputs.
+void backward_in_float32(const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
+                         const TensorView& out, const TensorView& lse, const AttentionOptions& o,
+                         const StridedOutput& dq, const StridedOutput& dk, const StridedOutput& dv) {
+  auto widened = [](const TensorView& t) { return Tensor::copy_of(t, DType::Float32); };
+  const Tensor dout32 = widened(dout), q32 = widened(q), k32 = widened(k), v32 = widened(v), out32 = widened(out);
+  Tensor dq32(DType::Float32, q.shape()), dk32(DType::Float32, k.shape()), dv32(DType::Float32, v.shape());
+  run_backward_typed<float>(dout32, q32, k32, v32, out32, lse, o, {dq32.data(), dq32.strides()},
+                            {dk32.data(), dk32.strides()}, {dv32.data(), dv32.strides()});
+  round_into(dq32, dq);
+  round_into(dk32, dk);
+  round_into(dv32, dv);
 }
 
 }  // namespace

@@ -33,8 +33,8 @@ namespace mha::detail::HWY_NAMESPACE {
 // ---- backward -------------------------------------------------------------------------------------
 // The FlashAttention-2 backward, without atomics and deterministic: five products per tile, in one
 // pass over key blocks. Each work item is one group of key blocks of one (b, head); it owns their dK
-// and dV, and adds its share of dQ into a dQ of its own (group 0: the output itself; group g > 0: a
-// scratch copy), summed into the output after the pass in the order of the groups. The groups are a
+// and dV, and adds its share of dQ into a dQ of its own (float32 inputs, group 0: the output itself;
+// otherwise a float32 scratch copy), summed into the output after the pass in the order of the groups. The groups are a
 // function of the shape only (dq_groups), so the result is the same for every thread count.
 //   D_i = dO_i . O_i
 //   key block j:  for each query block i that sees it:  S = scale Q_i K_j^T;  P = exp(S - lse_i)
@@ -84,19 +84,6 @@ struct DqTarget {
   float* data;
   std::int64_t ld;
 };
-
-// A float32 tile as a product's operand: itself for float32 inputs, its bfloat16 copy for bfloat16
-// inputs (rounded by the caller).
-template <class T>
-auto tile_operand(const T*, const float* tile, const bfloat16* rounded) {
-  if constexpr (std::is_same_v<T, bfloat16>) return plain(rounded, kBlockK);
-  else return plain(tile, kBlockK);
-}
-template <class T>
-auto transposed_tile(const T*, const float* tile, const bfloat16* rounded) {
-  if constexpr (std::is_same_v<T, bfloat16>) return transposed(rounded, kBlockK);
-  else return transposed(tile, kBlockK);
-}
 
 // What the backward's work items share: the parameters, D = rowsum(dO * O) and the lse gathered
 // contiguous ([B*h*L] each), the non-finite flags of the query rows ([B*h*L]: kQueryRow, kDoutRow) and
@@ -230,7 +217,7 @@ void AddQueryGradients(const BackwardContext<T>& ctx, const BackwardTiles<T>& t,
                        std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols, const KeyBlocks<T>& kv,
                        const DqTarget& dq) {
   const AttentionBackwardParams<T>& p = ctx.p;
-  gemm_tile(rows, p.d_k, cols, tile_operand(ctx.elements, t.dp, t.ds_rounded), plain(kv.k.data, kv.k.ld),
+  gemm_tile(rows, p.d_k, cols, tile_operand<T>(t.dp, t.ds_rounded), plain(kv.k.data, kv.k.ld),
             accumulate_into(dq.data + i0 * dq.ld, dq.ld), p.scale);
   for (std::int64_t n = 0; n < kv.k.nonfinite_count; ++n) {
     if (t.nonfinite_k[n] >= cols) continue;  // past the tile's columns: no row of it sees the key
@@ -303,9 +290,9 @@ void KeyBlockGradients(const BackwardContext<T>& ctx, const BackwardTiles<T>& t,
       RoundRowsToBfloat16(pd, kBlockK, rows, round_up(seen, kRowAlign), t.pd_rounded, kBlockK);
       RoundRowsToBfloat16(t.dp, kBlockK, rows, round_up(seen, kRowAlign), t.ds_rounded, kBlockK);
     }
-    gemm_tile(seen, p.d_v, rows, transposed_tile(ctx.elements, pd, t.pd_rounded), plain(dout_rows.data, dout_rows.ld),
+    gemm_tile(seen, p.d_v, rows, transposed_tile<T>(pd, t.pd_rounded), plain(dout_rows.data, dout_rows.ld),
               first ? overwrite(t.dv_block, p.d_v) : accumulate_into(t.dv_block, p.d_v));
-    gemm_tile(seen, p.d_k, rows, transposed_tile(ctx.elements, t.dp, t.ds_rounded), plain(q_rows.data, q_rows.ld),
+    gemm_tile(seen, p.d_k, rows, transposed_tile<T>(t.dp, t.ds_rounded), plain(q_rows.data, q_rows.ld),
               first ? overwrite(t.dk_block, p.d_k) : accumulate_into(t.dk_block, p.d_k), p.scale);
     AddNonfiniteRows(p.dout, b, head, i0, t.nonfinite_do, dout_rows.nonfinite_count, pd, 1.0f, seen, p.d_v, t.dv_block);
     AddNonfiniteRows(p.q, b, head, i0, t.nonfinite_q, q_rows.nonfinite_count, t.dp, p.scale, seen, p.d_k, t.dk_block);

@@ -90,13 +90,10 @@ void AccumulateValues(const AttentionParams<T>& p, const ForwardBlock<T>& w, std
                       std::int64_t rows, std::int64_t j0, std::int64_t cols) {
   const SafeBlock<T> v_block =
       safe_block(p, w.v_head, p.d_v, b, head, j0, cols, p.d_v, w.key_flags, kValueRow, w.v_copy, w.nonfinite);
-  const auto values = plain(v_block.data, v_block.ld);
-  if constexpr (std::is_same_v<T, bfloat16>) {
+  if constexpr (std::is_same_v<T, bfloat16>)
     RoundRowsToBfloat16(w.s, kBlockK, rows, round_up(cols, kRowAlign), w.p_rounded, kBlockK);
-    gemm_tile(rows, p.d_v, cols, plain<bfloat16>(w.p_rounded, kBlockK), values, accumulate_into(w.acc, w.ld_acc));
-  } else {
-    gemm_tile(rows, p.d_v, cols, plain(w.s, kBlockK), values, accumulate_into(w.acc, w.ld_acc));
-  }
+  gemm_tile(rows, p.d_v, cols, tile_operand<T>(w.s, w.p_rounded), plain(v_block.data, v_block.ld),
+            accumulate_into(w.acc, w.ld_acc));
   for (std::int64_t n = 0; n < v_block.nonfinite_count; ++n) {
     const std::int64_t c = w.nonfinite[n];
     for (std::int64_t r = 0; r < rows; ++r) {

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <limits>
 #include <new>
+#include <type_traits>
 
 #include "attention/flash_config.hpp"
 #include "attention/masks.hpp"
@@ -109,6 +110,19 @@ inline void RoundRowsToBfloat16(const float* HWY_RESTRICT s, std::int64_t lds, s
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t j = 0; j < n; j += N)
       hn::StoreU(BfloatBits(d, hn::Load(d, s + r * lds + j)), du16, reinterpret_cast<std::uint16_t*>(p + r * ldp + j));
+}
+
+// A float32 tile (row stride kBlockK) as a product's operand: the tile itself for float32 inputs, its
+// bfloat16 copy (RoundRowsToBfloat16, by the caller) for bfloat16 inputs.
+template <class T>
+auto tile_operand(const float* tile, const bfloat16* rounded) {
+  if constexpr (std::is_same_v<T, bfloat16>) return plain(rounded, kBlockK);
+  else return plain(tile, kBlockK);
+}
+template <class T>
+auto transposed_tile(const float* tile, const bfloat16* rounded) {
+  if constexpr (std::is_same_v<T, bfloat16>) return transposed(rounded, kBlockK);
+  else return transposed(tile, kBlockK);
 }
 
 // flags[(b * h + head) * rows + r] |= bit for each row r of x [B, h, rows, width] (unit inner stride)

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "dtype_dispatch.hpp"
@@ -92,15 +93,21 @@ void project_backward(const Tensor& dy, const TensorView& x, RowLayout rows, std
     gemm<T>(B * positions, width, N, plain(dyp, N), plain(w, width), overwrite(dxp, width));
     return;
   }
-  // y is [B, positions + extra, N]; x and dx keep the input's row layout.
-  std::vector<T> batch_bias(static_cast<std::size_t>(N));
-  std::vector<compute_t<T>> bias_sums(static_cast<std::size_t>(N));
+  // y is [B, positions + extra, N]; x and dx keep the input's row layout. dW and the bias gradient are
+  // summed over the batches; for bfloat16 in float32 (dw_sums), rounded once at the end.
+  std::vector<compute_t<T>> batch_bias(static_cast<std::size_t>(N)), bias_sums(static_cast<std::size_t>(N));
+  std::vector<float> dw_sums(std::is_same_v<T, bfloat16> ? static_cast<std::size_t>(N * width) : 0);
   for (std::int64_t b = 0; b < B; ++b) {
     const T* dy_b = dyp + b * (positions + extra) * N;
     const std::int64_t x_offset = b * rows.batch * width, ld = rows.position * width;
-    gemm<T>(N, width, positions, transposed(dy_b, N), plain(xp + x_offset, ld), GemmOutput<T>{dw, width, b > 0});
+    if constexpr (std::is_same_v<T, bfloat16>)
+      gemm(N, width, positions, transposed(dy_b, N), plain(xp + x_offset, ld),
+           GemmOutput<float>{dw_sums.data(), width, b > 0});
+    else gemm<T>(N, width, positions, transposed(dy_b, N), plain(xp + x_offset, ld), GemmOutput<T>{dw, width, b > 0});
     if (dbias) {
-      column_sums(dy_b, N, positions, N, batch_bias.data());
+      std::fill(batch_bias.begin(), batch_bias.end(), compute_t<T>(0));
+      for (std::int64_t t = 0; t < positions; ++t)
+        for (std::int64_t n = 0; n < N; ++n) batch_bias[static_cast<std::size_t>(n)] += dy_b[t * N + n];
       for (std::int64_t n = 0; n < N; ++n)
         bias_sums[static_cast<std::size_t>(n)] += batch_bias[static_cast<std::size_t>(n)];
     }
@@ -108,6 +115,8 @@ void project_backward(const Tensor& dy, const TensorView& x, RowLayout rows, std
   }
   if (dbias)
     for (std::int64_t n = 0; n < N; ++n) dbias[n] = T(bias_sums[static_cast<std::size_t>(n)]);
+  if constexpr (std::is_same_v<T, bfloat16>)
+    for (std::int64_t e = 0; e < N * width; ++e) dw[e] = dw_sums[static_cast<std::size_t>(e)];
 }
 
 // Writes the extra key / value positions after the S keys of each batch: bias_k / bias_v at position S

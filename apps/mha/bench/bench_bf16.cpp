@@ -101,17 +101,6 @@ double bf16_tile_products_gflops(std::int64_t d, const RepeatPolicy& policy) {
   return 2.0 * (2.0 * rows * static_cast<double>(keys) * d) / t.min_s * 1e-9;
 }
 
-Tensor random_tensor(DType dtype, const mha::Shape& shape, std::uint64_t seed) {
-  Tensor t(DType::Float32, shape);
-  float* x = t.data_as<float>();
-  std::uint64_t state = seed;
-  for (std::int64_t i = 0; i < t.numel(); ++i) {
-    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
-    x[i] = static_cast<float>(static_cast<std::int64_t>(state >> 40) % 2001 - 1000) / 1000.0f;
-  }
-  return dtype == DType::Float32 ? std::move(t) : Tensor::copy_of(t, dtype);
-}
-
 // The core's forward and backward times at [1, h, N, d] in `dtype`.
 struct CoreTimes {
   Timing forward, backward;
@@ -119,8 +108,9 @@ struct CoreTimes {
 
 CoreTimes time_core(DType dtype, std::int64_t N, std::int64_t d, const RepeatPolicy& policy) {
   const mha::Shape shape{1, kHeads, N, d};
-  const Tensor q = random_tensor(dtype, shape, 1), k = random_tensor(dtype, shape, 2);
-  const Tensor v = random_tensor(dtype, shape, 3), dout = random_tensor(dtype, shape, 4);
+  const Tensor q = Tensor::copy_of(random_tensor(shape, 1), dtype), k = Tensor::copy_of(random_tensor(shape, 2), dtype);
+  const Tensor v = Tensor::copy_of(random_tensor(shape, 3), dtype),
+               dout = Tensor::copy_of(random_tensor(shape, 4), dtype);
   mha::AttentionOptions o;
   o.need_lse = true;
   mha::AttentionResult r;
@@ -131,25 +121,12 @@ CoreTimes time_core(DType dtype, std::int64_t N, std::int64_t d, const RepeatPol
   return t;
 }
 
-// The layer's forward (eval) and training step in `dtype`: E 512, h 8, B 1, self-attention.
+// The layer's forward (eval) and training step in `dtype`: E 512, h 8, B 1, self-attention, as
+// `mha bench` times it (LayerWorkload: need_weights off, as torch_mha.py calls PyTorch's).
 CoreTimes time_layer(DType dtype, std::int64_t N, const RepeatPolicy& policy) {
-  mha::MultiHeadAttentionConfig c;
-  c.d_model = kDModel, c.num_heads = kHeads, c.batch_first = true, c.dtype = dtype;
-  mha::MultiHeadAttention layer(c);
-  const Tensor x = random_tensor(dtype, {1, N, kDModel}, 5), dout = random_tensor(dtype, {1, N, kDModel}, 6);
-  mha::MultiHeadAttentionInputs in;
-  in.need_weights = false;  // as torch_mha.py calls PyTorch's
-  CoreTimes t;
-  layer.eval();
-  t.forward = measure([&] { (void)layer.forward(x, x, x, in); }, policy);
-  layer.train();
-  t.backward = measure(
-      [&] {
-        (void)layer.forward(x, x, x, in);
-        (void)layer.backward(dout);
-      },
-      policy);
-  return t;
+  LayerWorkload forward(1, N, kDModel, kHeads, false, Pass::Forward, dtype);
+  LayerWorkload step(1, N, kDModel, kHeads, false, Pass::ForwardBackward, dtype);
+  return {measure([&] { forward.run(); }, policy), measure([&] { step.run(); }, policy)};
 }
 
 // PyTorch's layer in `dtype` ("float32" or "bfloat16"): its best time, and what its first call added to

@@ -7,9 +7,7 @@
 #include <stdexcept>
 
 namespace mha_cli::bench {
-namespace {
 
-// A float32 tensor of `shape`, uniform in [-1, 1), from a fixed seed.
 mha::Tensor random_tensor(mha::Shape shape, unsigned seed) {
   mha::Tensor t(mha::DType::Float32, std::move(shape));
   std::mt19937 rng(seed);
@@ -18,8 +16,6 @@ mha::Tensor random_tensor(mha::Shape shape, unsigned seed) {
   for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = uniform(rng);
   return t;
 }
-
-}  // namespace
 
 const char* pass_name(Pass pass) { return pass == Pass::Forward ? "fwd" : "fwdbwd"; }
 

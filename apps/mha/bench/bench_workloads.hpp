@@ -29,6 +29,9 @@ inline constexpr double kBackwardFlopsRatio = 2.5;
 // core as above.
 double layer_flops(std::int64_t B, std::int64_t N, std::int64_t E, std::int64_t h, bool causal, Pass pass);
 
+// A float32 tensor of `shape`, uniform in [-1, 1), from a fixed seed.
+mha::Tensor random_tensor(mha::Shape shape, unsigned seed);
+
 // Where the rows of one head lie in memory.
 enum class HeadLayout {
   Contiguous,   // [B, h, N, d]: a head's rows are adjacent (row stride d)

@@ -33,11 +33,8 @@ constexpr int kRandomCases = kSanitized ? 40 : 320;
 constexpr std::int64_t kMaxDim = kSanitized ? 40 : 300;
 constexpr std::int64_t kMaxWork = kSanitized ? 30'000 : 3'000'000;
 
-double bf16(double x) { return static_cast<float>(mha::bfloat16(static_cast<float>(x))); }
-std::vector<double> bf16(std::vector<double> values) {
-  for (double& x : values) x = bf16(x);
-  return values;
-}
+double bf16(double x) { return bf16_rounded(x); }
+std::vector<double> bf16(std::vector<double> values) { return rounded_to(DType::BFloat16, std::move(values)); }
 
 std::vector<KernelCase> bf16_cases() {
   std::vector<KernelCase> cases = random_kernel_cases(kRandomCases, 4242, kMaxDim, kMaxWork);
@@ -135,13 +132,6 @@ Gradients emulated_bf16_gradients(const KernelCase& c, const CaseData& d) {
   return g;
 }
 
-double max_abs(const std::vector<double>& x) {
-  double m = 0;
-  for (double e : x)
-    if (std::isfinite(e)) m = std::max(m, std::fabs(e));
-  return m;
-}
-
 class Bfloat16Attention : public ::testing::TestWithParam<std::tuple<KernelCase, mha::Kernel>> {};
 
 TEST_P(Bfloat16Attention, WithinTheRuleAgainstFloat64) {
@@ -154,7 +144,7 @@ TEST_P(Bfloat16Attention, WithinTheRuleAgainstFloat64) {
 
   // Absolute terms: 1/64 of a bfloat16 ulp (2^-8 relative) of each result's scale, for results that
   // the emulation happens to get exactly (single-key rows, say) where ours differs in the last bit.
-  const double out_slack = 0x1.0p-14 * max_abs(ref64.out) + kRuleSlack;
+  const double out_slack = 0x1.0p-14 * max_abs_finite(ref64.out) + kRuleSlack;
   EXPECT_TRUE(within_rule("out", got.out, emulated_bf16_out(c, d), ref64.out, 2.0, {c.B, c.h, c.L, c.d_v}, out_slack));
   EXPECT_TRUE(within_rule("lse", got.lse, ref32.lse, ref64.lse, 2.0, {c.B, c.h, c.L}));
   if (c.need_weights) {
@@ -168,7 +158,8 @@ TEST_P(Bfloat16Attention, WithinTheRuleAgainstFloat64) {
        {std::tuple{"dq", &got.dq, &e.dq, &ref64.dq, cancellation_slack(c, d, false)},
         std::tuple{"dk", &got.dk, &e.dk, &ref64.dk, cancellation_slack(c, d, true)},
         std::tuple{"dv", &got.dv, &e.dv, &ref64.dv, kRuleSlack}})
-    EXPECT_TRUE(within_rule(name, *mine, *emulated, *exact, 3.0, {}, 0x1.0p-14 * max_abs(*exact) + cancellation));
+    EXPECT_TRUE(
+        within_rule(name, *mine, *emulated, *exact, 3.0, {}, 0x1.0p-14 * max_abs_finite(*exact) + cancellation));
   EXPECT_TRUE(masked_parts_exact(c, d.masks, got));
 }
 
@@ -211,7 +202,7 @@ TEST(Bfloat16Dropout, DropsThePositionsFloat64DropsWithinBf16Precision) {
   for (auto [name, mine, exact] : {std::tuple{"out", &got.out, &ref64.out}, std::tuple{"dq", &got.dq, &ref64.dq},
                                    std::tuple{"dk", &got.dk, &ref64.dk}, std::tuple{"dv", &got.dv, &ref64.dv}}) {
     const MaxError e = max_abs_error(*mine, *exact);
-    EXPECT_LE(e.value, 0x1.0p-6 * max_abs(*exact)) << name << " at " << e.at;
+    EXPECT_LE(e.value, 0x1.0p-6 * max_abs_finite(*exact)) << name << " at " << e.at;
   }
 }
 

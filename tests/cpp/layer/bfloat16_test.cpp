@@ -24,10 +24,7 @@
 namespace mha_test {
 namespace {
 
-double bf16(double x) { return static_cast<float>(mha::bfloat16(static_cast<float>(x))); }
-void round_to_bf16(std::vector<double>& values) {
-  for (double& x : values) x = bf16(x);
-}
+void round_to_bf16(std::vector<double>& values) { values = rounded_to(DType::BFloat16, std::move(values)); }
 
 LayerData bf16_layer_data(const LayerCase& c, std::uint64_t seed) {
   LayerData d = make_layer_data(c, seed);
@@ -36,16 +33,9 @@ LayerData bf16_layer_data(const LayerCase& c, std::uint64_t seed) {
   return d;
 }
 
-double max_abs(const std::vector<double>& x) {
-  double m = 0;
-  for (double e : x)
-    if (std::isfinite(e)) m = std::max(m, std::fabs(e));
-  return m;
-}
-
 ::testing::AssertionResult within(const std::string& what, const std::vector<double>& got,
                                   const std::vector<double>& want, double relative) {
-  const double bound = relative * max_abs(want) + 1e-6;
+  const double bound = relative * max_abs_finite(want) + 1e-6;
   const MaxError e = max_abs_error(got, want);
   if (e.value <= bound) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << what << ": error " << e.value << " at " << e.at << " > " << bound;

@@ -370,6 +370,14 @@ inline MaxError max_abs_error(const std::vector<double>& got, const std::vector<
   return e;
 }
 
+// The largest |x| over the finite entries (0 when none): the scale of a result, for absolute terms.
+inline double max_abs_finite(const std::vector<double>& x) {
+  double m = 0;
+  for (double e : x)
+    if (std::isfinite(e)) m = std::max(m, std::fabs(e));
+  return m;
+}
+
 // error(fused, fp64 reference) <= factor * error(fp32 reference, fp64 reference) + slack
 // (kRuleSlack unless the caller states a larger, derived one).
 inline ::testing::AssertionResult within_rule(const char* what, const std::vector<double>& fused,

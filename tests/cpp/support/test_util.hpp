@@ -127,9 +127,15 @@ inline Tensor random_tensor(DType dtype, const Shape& shape, Rng& rng, double lo
 
 // Rounds each value to what `dtype` stores (float32: nearest float), so an fp64 oracle can be fed
 // exactly the numbers the library sees.
+// x rounded to bfloat16 (once, to nearest even; tests/cpp/tensor/bfloat16_test.cpp checks that rounding
+// against an independent search), as a double.
+inline double bf16_rounded(double x) { return static_cast<float>(mha::bfloat16::from_double(x)); }
+
 inline std::vector<double> rounded_to(DType dtype, std::vector<double> values) {
   if (dtype == DType::Float32)
     for (auto& x : values) x = static_cast<double>(static_cast<float>(x));
+  if (dtype == DType::BFloat16)
+    for (auto& x : values) x = bf16_rounded(x);
   return values;
 }
 

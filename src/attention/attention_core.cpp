@@ -1,6 +1,6 @@
 // Validation of attention arguments and dispatch to a kernel.
 //
-// Legend: B batch, h heads, L queries, S keys, d_k query/key width, d_v value width.
+// Legend: B batch, h query heads, h_kv key/value heads, L queries, S keys, d_k query/key width, d_v value width.
 #include "attention/attention_core.hpp"
 
 #include <cmath>
@@ -72,19 +72,24 @@ void validate_attention_masks(const AttentionOptions& o, DType dtype, std::int64
 
 void validate_attention(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionOptions& o) {
   expect_rank(q, "q", 4, "[B, h, L, d_k]");
-  expect_rank(k, "k", 4, "[B, h, S, d_k]");
-  expect_rank(v, "v", 4, "[B, h, S, d_v]");
+  expect_rank(k, "k", 4, "[B, h_kv, S, d_k]");
+  expect_rank(v, "v", 4, "[B, h_kv, S, d_v]");
   if (!is_floating(q.dtype())) fail(std::string("q: expected ") + floating_dtype_names() + ", got " + describe(q));
   if (k.dtype() != q.dtype()) fail(std::string("k: expected ") + dtype_name(q.dtype()) + " like q, got " + describe(k));
   if (v.dtype() != q.dtype()) fail(std::string("v: expected ") + dtype_name(q.dtype()) + " like q, got " + describe(v));
 
   const std::int64_t B = q.size(0), h = q.size(1), L = q.size(2), d_k = q.size(3), S = k.size(2);
-  if (k.size(0) != B || k.size(1) != h || k.size(3) != d_k)
-    fail("k: expected [B, h, S, d_k] = [" + std::to_string(B) + ", " + std::to_string(h) + ", S, " +
-         std::to_string(d_k) + "] to match q " + shape_str(q.shape()) + ", got " + shape_str(k.shape()));
-  if (v.size(0) != B || v.size(1) != h || v.size(2) != S)
-    fail("v: expected [B, h, S, d_v] = [" + std::to_string(B) + ", " + std::to_string(h) + ", " + std::to_string(S) +
-         ", d_v] to match q and k, got " + shape_str(v.shape()));
+  const std::int64_t h_kv = k.size(1);
+  if (k.size(0) != B || k.size(3) != d_k)
+    fail("k: expected [B, h_kv, S, d_k] = [" + std::to_string(B) + ", h_kv, S, " + std::to_string(d_k) +
+         "] to match q " + shape_str(q.shape()) + ", got " + shape_str(k.shape()));
+  if (h_kv < 1 ? h != 0 : (h_kv > h || h % h_kv != 0))
+    fail("k: expected a number of key/value heads h_kv that divides q's h = " + std::to_string(h) +
+         " (h_kv = h; fewer for grouped-query attention, 1 for multi-query), got h_kv = " + std::to_string(h_kv) +
+         " in k " + shape_str(k.shape()));
+  if (v.size(0) != B || v.size(1) != h_kv || v.size(2) != S)
+    fail("v: expected [B, h_kv, S, d_v] = [" + std::to_string(B) + ", " + std::to_string(h_kv) + ", " +
+         std::to_string(S) + ", d_v] to match q and k, got " + shape_str(v.shape()));
   if (d_k < 1) fail("q: expected d_k >= 1, got shape " + shape_str(q.shape()));
 
   if (o.scale && !std::isfinite(*o.scale)) fail("scale: expected a finite number, got " + std::to_string(*o.scale));
@@ -127,7 +132,8 @@ Strided4<const U> mask4(const TensorView& m, std::int64_t h) {
 template <class T>
 void fill_common(AttentionInputs<T>& p, const TensorView& q, const TensorView& k, const TensorView& v,
                  const AttentionOptions& o) {
-  p.B = q.size(0), p.h = q.size(1), p.L = q.size(2), p.d_k = q.size(3), p.S = k.size(2), p.d_v = v.size(3);
+  p.B = q.size(0), p.h = q.size(1), p.h_kv = k.size(1), p.L = q.size(2), p.d_k = q.size(3), p.S = k.size(2),
+  p.d_v = v.size(3);
   p.q = strided4<T>(q);
   p.k = strided4<T>(k);
   p.v = strided4<T>(v);

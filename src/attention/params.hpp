@@ -1,7 +1,8 @@
 // The parameter objects every attention kernel takes: pointers with explicit strides, sizes, and the
 // masks in a common form. Built and validated by attention_core.cpp; kernels only read them.
 //
-// Legend: B batch, h heads, L queries, S keys, d_k query/key width, d_v value width.
+// Legend: B batch, h query heads, h_kv key/value heads (h_kv divides h: grouped-query attention, query
+// head i reads key/value head i / (h / h_kv)), L queries, S keys, d_k query/key width, d_v value width.
 #pragma once
 
 #include <cstdint>
@@ -32,11 +33,15 @@ struct Strided4 {
 template <class T>
 struct AttentionInputs {
   using Acc = compute_t<T>;
-  std::int64_t B = 0, h = 0, L = 0, S = 0, d_k = 0, d_v = 0;
+  std::int64_t B = 0, h = 0, h_kv = 0, L = 0, S = 0, d_k = 0, d_v = 0;
 
   Strided4<const T> q;  // [B, h, L, d_k]
-  Strided4<const T> k;  // [B, h, S, d_k]
-  Strided4<const T> v;  // [B, h, S, d_v]
+  Strided4<const T> k;  // [B, h_kv, S, d_k]
+  Strided4<const T> v;  // [B, h_kv, S, d_v]
+
+  // Query heads per key/value head (1 without grouping), and the key/value head query head `head` reads.
+  std::int64_t group() const { return h_kv > 0 ? h / h_kv : 1; }
+  std::int64_t kv_head(std::int64_t head) const { return head / group(); }
 
   Acc scale = 1;
   bool causal = false;  // key j allowed for query i iff j <= i + S - L
@@ -92,8 +97,8 @@ struct AttentionBackwardParams : AttentionInputs<T> {
   Strided4<const T> o;                  // [B, h, L, d_v]: the forward's output
   Strided4<const compute_t<T>> lse_in;  // [B, h, L, (1)]: the forward's log-sum-exp; column stride unused
   Strided4<T> dq;                       // [B, h, L, d_k]
-  Strided4<T> dk;                       // [B, h, S, d_k]
-  Strided4<T> dv;                       // [B, h, S, d_v]
+  Strided4<T> dk;                       // [B, h_kv, S, d_k]: summed over each group's query heads
+  Strided4<T> dv;                       // [B, h_kv, S, d_v], likewise
 };
 
 }  // namespace mha::detail

@@ -3,7 +3,14 @@
 ///
 ///     Attention(Q, K, V) = softmax(Q K^T * scale + mask) V,   scale = 1 / sqrt(d_k) by default
 ///
-/// Legend: B batch, h heads, L queries, S keys, d_k query/key width, d_v value width.
+/// Legend: B batch, h (query) heads, h_kv key/value heads, L queries, S keys, d_k query/key width, d_v
+/// value width.
+///
+/// Grouped-query attention (Ainslie et al., 2023): k and v may have fewer heads than q, h_kv dividing
+/// h; query head i attends with key/value head i / (h / h_kv) (h_kv = 1 is multi-query attention,
+/// Shazeer 2019; h_kv = h is the paper's multi-head attention). The gradients of k and v then sum the
+/// contributions of their group's query heads, in a fixed order. The fused kernel takes each K/V
+/// block through all the query heads of its group while it is in cache.
 ///
 /// Masking rules (PyTorch's nn.MultiheadAttention conventions):
 ///   - a boolean mask element `true` means "may not attend" (the logit becomes -inf);
@@ -84,8 +91,8 @@ struct AttentionResult {
   Tensor lse;      ///< [B, h, L] when need_lse: log(sum_j exp(logit_j)) over allowed keys, before dropout
 };
 
-/// q: [B, h, L, d_k], k: [B, h, S, d_k], v: [B, h, S, d_v], all float32, all float64 or all bfloat16,
-/// any strides.
+/// q: [B, h, L, d_k], k: [B, h_kv, S, d_k], v: [B, h_kv, S, d_v] (h_kv dividing h), all float32, all
+/// float64 or all bfloat16, any strides.
 /// Dropout (dropout_p > 0) zeroes weight (b, h, i, j) when a hash of (dropout_seed, b, h,
 /// i + dropout_query_offset, j + dropout_key_offset) falls
 /// below dropout_p and scales the kept ones by 1 / (1 - dropout_p); the result does not depend on the
@@ -95,8 +102,8 @@ AttentionResult scaled_dot_product_attention(const TensorView& q, const TensorVi
 
 struct AttentionGradients {
   Tensor dq;  ///< [B, h, L, d_k]
-  Tensor dk;  ///< [B, h, S, d_k]
-  Tensor dv;  ///< [B, h, S, d_v]
+  Tensor dk;  ///< [B, h_kv, S, d_k]: for grouped heads, summed over each group's query heads
+  Tensor dv;  ///< [B, h_kv, S, d_v], likewise
 };
 
 /// The backward of scaled_dot_product_attention (Vaswani et al., in FlashAttention-2's formulation):

@@ -198,8 +198,10 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, scale
         q: queries [B, h, L, d_k] (or unbatched [h, L, d_k]), float32 or float64, or bfloat16 as a
             BFloat16Bits (``mha.to_bfloat16(array)``; the results then come back as BFloat16Bits,
             ``mha.from_bfloat16`` makes float32 arrays of them, and the lse is float32).
-        k: keys [B, h, S, d_k] (or [h, S, d_k]), same dtype as q.
-        v: values [B, h, S, d_v] (or [h, S, d_v]), same dtype as q.
+        k: keys [B, h_kv, S, d_k] (or [h_kv, S, d_k]), same dtype as q. h_kv = h is multi-head
+            attention; fewer key/value heads (h_kv dividing h) is grouped-query attention, query
+            head i reading key/value head i // (h // h_kv) (h_kv = 1: multi-query attention).
+        v: values [B, h_kv, S, d_v] (or [h_kv, S, d_v]), same dtype as q.
         attn_mask: optional boolean (True = forbidden) or float (added to the logits) mask,
             [L, S], [B*h, L, S] or [B, h, L, S].
         is_causal: apply a causal mask, aligned to the bottom right: query i may see key j only
@@ -257,7 +259,8 @@ def scaled_dot_product_attention_backward(dout, q, k, v, out, lse, attn_mask=Non
     (``scaled_dot_product_attention(..., need_lse=True)``) with the same q, k, v and the same
     options (masks, scale, dropout_p and dropout_seed, which regenerate the dropout mask).
     Unbatched arrays ([h, ...]) work as in the forward. The gradients are new arrays (nothing is
-    accumulated); masks get no gradient. Raises ValueError (mha.Error) naming the argument.
+    accumulated); with grouped-query attention dk and dv have k's and v's h_kv heads, each the sum
+    over its group of query heads. Masks get no gradient. Raises ValueError (mha.Error) naming the argument.
     """
     _refuse_autograd_tensors(dout=dout, q=q, k=k, v=v, out=out, lse=lse)
     dout, q, k, v, out, lse = (_array(x) for x in (dout, q, k, v, out, lse))

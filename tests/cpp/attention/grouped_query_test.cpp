@@ -140,7 +140,8 @@ TEST_P(GroupedFlash, ForwardAndBackwardWithinTheRule) {
   EXPECT_TRUE(within_rule("out", fused.out, ref32.out, ref64.out, 2.0, {c.B, c.h, c.L, c.d_v}));
   EXPECT_TRUE(within_rule("lse", fused.lse, ref32.lse, ref64.lse, 2.0, {c.B, c.h, c.L}));
   EXPECT_TRUE(within_rule("weights", fused.weights, ref32.weights, ref64.weights, 2.0, {c.B, c.h, c.L, c.S}));
-  EXPECT_TRUE(within_rule("dq", fused.dq, ref32.dq, ref64.dq, 3.0, {c.B, c.h, c.L, c.d_k}, cancellation_slack(c, d, false)));
+  EXPECT_TRUE(
+      within_rule("dq", fused.dq, ref32.dq, ref64.dq, 3.0, {c.B, c.h, c.L, c.d_k}, cancellation_slack(c, d, false)));
   // dk and dv sum g query heads' contributions: the slack of each of them, g times.
   EXPECT_TRUE(within_rule("dk", fused.dk, ref32.dk, ref64.dk, 3.0, {c.B, c.h_kv, c.S, c.d_k},
                           static_cast<double>(c.group()) * cancellation_slack(c, d, true)));
@@ -149,7 +150,9 @@ TEST_P(GroupedFlash, ForwardAndBackwardWithinTheRule) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GroupedFlash, ::testing::ValuesIn(kShapes),
-                         [](const ::testing::TestParamInfo<GroupedShape>& info) { return std::string(info.param.name); });
+                         [](const ::testing::TestParamInfo<GroupedShape>& info) {
+                           return std::string(info.param.name);
+                         });
 
 // ---- (c) bfloat16 determinism ----------------------------------------------------------------------
 
@@ -180,9 +183,9 @@ void expect_refused(std::int64_t h, std::int64_t h_k, std::int64_t h_v, const st
 }
 
 TEST(GroupedBadInput, HeadCountsThatDoNotDivideAreRefusedNamingHkv) {
-  expect_refused(4, 3, 3, "h_kv");      // 3 does not divide 4
-  expect_refused(2, 4, 4, "h_kv");      // more key/value heads than query heads
-  expect_refused(4, 0, 0, "h_kv");      // no key/value heads for 4 query heads
+  expect_refused(4, 3, 3, "h_kv");         // 3 does not divide 4
+  expect_refused(2, 4, 4, "h_kv");         // more key/value heads than query heads
+  expect_refused(4, 0, 0, "h_kv");         // no key/value heads for 4 query heads
   expect_refused(4, 2, 1, "v: expected");  // k and v disagree
   const Tensor q(DType::Float32, {1, 4, 2, 4}), k(DType::Float32, {1, 2, 3, 4}), v(DType::Float32, {1, 2, 3, 4});
   EXPECT_NO_THROW((void)mha::scaled_dot_product_attention(q, k, v));

@@ -74,8 +74,16 @@ struct AttentionOptions {
   std::optional<TensorView> key_padding_mask;  ///< bool [B, S], true = padding; or q's dtype, added
   std::vector<std::int64_t> key_lengths;       ///< alternative to key_padding_mask: B lengths in [0, S]
   std::optional<TensorView> attn_mask;         ///< bool or float, [L, S] or [B*h, L, S]
-  double dropout_p = 0.0;                      ///< probability of zeroing a weight, in [0, 1)
-  std::uint64_t dropout_seed = 0;              ///< keys the counter-based dropout mask
+  /// A sliding window (FlashAttention-2's window_size): query i, at position i' = i + S - L (as causal
+  /// aligns it), may see key j only when i' - window_left <= j <= i' + window_right; -1 leaves that side
+  /// unbounded. Combines with causal and every mask; key blocks wholly outside it are skipped.
+  std::int64_t window_left = -1;
+  std::int64_t window_right = -1;  ///< see window_left
+  /// ALiBi (Press et al., 2022): [h] slopes, float32 or float64; adds -slope[head] * |i' - j| to logit
+  /// (i, j), after the scale (and after softcap), like an additive mask.
+  std::optional<TensorView> alibi_slopes;
+  double dropout_p = 0.0;          ///< probability of zeroing a weight, in [0, 1)
+  std::uint64_t dropout_seed = 0;  ///< keys the counter-based dropout mask
   /// Positions of q's first row and k's first row in the whole sequence (>= 0), used only by dropout's
   /// hash: a shard of a longer sequence (mha::distributed) draws the mask the whole sequence would.
   std::int64_t dropout_query_offset = 0;

@@ -43,6 +43,17 @@ void expect_rank(const TensorView& t, const char* name, std::int64_t rank, const
 
 void validate_attention_masks(const AttentionOptions& o, DType dtype, std::int64_t B, std::int64_t h, std::int64_t L,
                               std::int64_t S) {
+  if (o.window_left < -1 || o.window_right < -1)
+    fail("window: expected extents >= 0, or -1 for unbounded, got window_left = " + std::to_string(o.window_left) +
+         ", window_right = " + std::to_string(o.window_right));
+  if (o.alibi_slopes) {
+    const TensorView& a = *o.alibi_slopes;
+    if (a.dtype() != DType::Float32 && a.dtype() != DType::Float64)
+      fail("alibi_slopes: expected float32 or float64 [h], got " + describe(a));
+    if (a.shape() != Shape{h})
+      fail("alibi_slopes: expected one slope per query head, [h] = " + shape_str({h}) + ", got " +
+           shape_str(a.shape()));
+  }
   if (o.key_padding_mask) {
     const TensorView& m = *o.key_padding_mask;
     if (m.dtype() != DType::Bool && !additive_mask_dtype_ok(m.dtype(), dtype))
@@ -150,6 +161,8 @@ void fill_common(AttentionInputs<T>& p, const TensorView& q, const TensorView& k
     else p.key_bias.data = m.data_as<Acc>(), columns(p.key_bias);
   }
   if (!o.key_lengths.empty()) p.key_lengths = o.key_lengths.data();
+  p.window_left = o.window_left, p.window_right = o.window_right;
+  if (o.alibi_slopes) p.alibi_slopes = o.alibi_slopes->data_as<Acc>();  // contiguous (with_compute_masks)
   if (o.attn_mask) {
     if (o.attn_mask->dtype() == DType::Bool) p.bool_mask = mask4<std::uint8_t>(*o.attn_mask, p.h);
     else p.additive_mask = mask4<Acc>(*o.attn_mask, p.h);
@@ -172,8 +185,8 @@ Strided4<T> strided_output(const StridedOutput& o) {
 DType compute_dtype(DType dtype) { return dtype == DType::BFloat16 ? DType::Float32 : dtype; }
 
 // The options with their float masks in the compute dtype: converted copies (in `storage`) of those
-// that are not (bfloat16 masks of bfloat16 inputs).
-AttentionOptions with_compute_masks(const AttentionOptions& o, DType compute, Tensor (&storage)[2]) {
+// that are not (bfloat16 masks of bfloat16 inputs), and the ALiBi slopes contiguous in it.
+AttentionOptions with_compute_masks(const AttentionOptions& o, DType compute, Tensor (&storage)[3]) {
   AttentionOptions converted = o;
   auto convert = [&](std::optional<TensorView>& mask, Tensor& copy) {
     if (!mask || mask->dtype() == DType::Bool || mask->dtype() == compute) return;
@@ -182,6 +195,10 @@ AttentionOptions with_compute_masks(const AttentionOptions& o, DType compute, Te
   };
   convert(converted.key_padding_mask, storage[0]);
   convert(converted.attn_mask, storage[1]);
+  if (o.alibi_slopes) {
+    storage[2] = Tensor::copy_of(*o.alibi_slopes, compute);
+    converted.alibi_slopes = storage[2].view();
+  }
   return converted;
 }
 
@@ -340,7 +357,7 @@ void run_attention_backward(const TensorView& dout_in, const TensorView& q_in, c
   const TensorView k = with_readable_rows(k_in, copies[1]);
   const TensorView v = with_readable_rows(v_in, copies[2]);
   const TensorView dout = with_readable_rows(dout_in, copies[3]);
-  Tensor masks[2];
+  Tensor masks[3];
   const AttentionOptions oc = with_compute_masks(o, compute_dtype(q.dtype()), masks);
   dispatch_floating(q.dtype(), [&]<class T>(T) { run_backward_typed<T>(dout, q, k, v, out, lse, oc, dq, dk, dv); });
 }
@@ -351,7 +368,7 @@ void run_attention(const TensorView& q_in, const TensorView& k_in, const TensorV
   const TensorView q = with_readable_rows(q_in, copies[0]);
   const TensorView k = with_readable_rows(k_in, copies[1]);
   const TensorView v = with_readable_rows(v_in, copies[2]);
-  Tensor masks[2];
+  Tensor masks[3];
   const AttentionOptions oc = with_compute_masks(o, compute_dtype(q.dtype()), masks);
   dispatch_floating(q.dtype(), [&]<class T>(T) { run_typed<T>(q, k, v, oc, out, weights, lse); });
 }

@@ -255,11 +255,14 @@ void KeyBlockGradients(const BackwardContext<T>& ctx, BackwardTiles<T>& t, std::
   const AttentionBackwardParams<T>& p = ctx.p;
   const std::int64_t key_end = p.key_lengths ? std::min(p.S, p.key_lengths[b]) : p.S;
   const std::int64_t cols = std::clamp<std::int64_t>(key_end - j0, 0, kBlockK);
-  // Causal: query i sees key j only when i >= j - (S - L); earlier query blocks see nothing here.
-  const std::int64_t first_query = p.causal ? std::max<std::int64_t>(0, j0 - (p.S - p.L)) : 0;
+  // Causal (or a window's right bound): query i sees key j only when i >= j - right - (S - L); earlier
+  // query blocks see nothing here. A window's left bound: only when i <= j + left - (S - L).
+  const std::int64_t right = right_extent(p), left = p.window_left;
+  const std::int64_t first_query = right >= 0 ? std::max<std::int64_t>(0, j0 - right - (p.S - p.L)) : 0;
   const std::int64_t first_block = first_query / kBlockQ * kBlockQ;
+  const std::int64_t query_end = left >= 0 ? std::clamp<std::int64_t>(j0 + cols + left - (p.S - p.L), 0, p.L) : p.L;
   // Keys past key_end (padding) and keys no query sees get exactly 0.
-  if (cols == 0 || first_block >= p.L) {
+  if (cols == 0 || first_block >= query_end) {
     const std::int64_t end = std::min(p.S, j0 + kBlockK);
     ZeroRows(p.dk, b, kv, j0, end, p.d_k), ZeroRows(p.dv, b, kv, j0, end, p.d_v);
     return;
@@ -272,7 +275,7 @@ void KeyBlockGradients(const BackwardContext<T>& ctx, BackwardTiles<T>& t, std::
   for (std::int64_t m = 0, head = kv * p.group(); m < p.group(); ++m, ++head) {
     ctx.use_query_head(t, b, head);
     const std::uint8_t* query_flags = ctx.query_flags + (b * p.h + head) * p.L;
-    for (std::int64_t i0 = first_block; i0 < p.L; i0 += kBlockQ) {
+    for (std::int64_t i0 = first_block; i0 < query_end; i0 += kBlockQ) {
       const std::int64_t rows = std::min(kBlockQ, p.L - i0);
       // Causal: the tile's keys that its last (most-seeing) row sees; the rest get nothing from it. Later
       // query blocks see at least as many, so a diagonal tile's products shrink to this width.

@@ -174,7 +174,7 @@ void ForwardQueryBlock(const AttentionParams<T>& p, const ForwardBlock<T>& w, st
   std::fill(w.l, w.l + heads * rows, 0.0f);
   std::fill(w.acc, w.acc + heads * rows * w.ld_acc, 0.0f);
   const std::int64_t key_end = key_range_end(p, b, i0, rows);
-  for (std::int64_t j0 = 0; j0 < key_end; j0 += kBlockK) {
+  for (std::int64_t j0 = key_block_begin(p, i0, kBlockK); j0 < key_end; j0 += kBlockK) {
     const std::int64_t cols = std::min(kBlockK, key_end - j0);
     const SafeBlock<T> v_block =
         safe_block(p, w.v_head, p.d_v, b, kv, j0, cols, p.d_v, w.key_flags, kValueRow, w.v_copy, w.nonfinite);

@@ -45,6 +45,10 @@ struct AttentionInputs {
 
   Acc scale = 1;
   bool causal = false;  // key j allowed for query i iff j <= i + S - L
+  // A sliding window (FlashAttention-2's window_size; -1: unbounded on that side): query i, at position
+  // i' = i + S - L, sees key j only when i' - window_left <= j <= i' + window_right.
+  std::int64_t window_left = -1, window_right = -1;
+  const Acc* alibi_slopes = nullptr;  // [h] or null: ALiBi adds -slope[head] * |i' - j| to logit (i, j)
 
   // Masks, each viewed as [B, h, L, S] through broadcast strides; null when absent.
   Strided4<const std::uint8_t> key_padding;   // nonzero = padded key (strides: b, 0, 0, s)
@@ -60,22 +64,31 @@ struct AttentionInputs {
   // Whether query i may attend to key j by the boolean masks (the additive mask is applied apart).
   bool allowed(std::int64_t b, std::int64_t head, std::int64_t i, std::int64_t j) const {
     if (causal && j > i + S - L) return false;
+    if (window_left >= 0 && j < i + S - L - window_left) return false;
+    if (window_right >= 0 && j > i + S - L + window_right) return false;
     if (key_lengths && j >= key_lengths[b]) return false;
     if (key_padding && key_padding(b, head, i, j)) return false;
     if (bool_mask && bool_mask(b, head, i, j)) return false;
     return true;
   }
 
-  // What the additive masks add to logit (i, j): attn_mask + key_bias, 0 without them.
+  // What the additive masks add to logit (i, j): ALiBi's bias + attn_mask + key_bias, 0 without them.
   Acc added(std::int64_t b, std::int64_t head, std::int64_t i, std::int64_t j) const {
-    if (!key_bias) return additive_mask ? additive_mask(b, head, i, j) : Acc(0);
-    return additive_mask ? additive_mask(b, head, i, j) + key_bias(b, head, i, j) : key_bias(b, head, i, j);
+    Acc sum = alibi_slopes ? alibi_bias(head, i, j) : Acc(0);
+    if (additive_mask) sum += additive_mask(b, head, i, j);
+    if (key_bias) sum += key_bias(b, head, i, j);
+    return sum;
+  }
+  Acc alibi_bias(std::int64_t head, std::int64_t i, std::int64_t j) const {
+    const std::int64_t distance = i + S - L - j;
+    return -alibi_slopes[head] * static_cast<Acc>(distance < 0 ? -distance : distance);
   }
 
   // Whether query i may not attend to key j: by the boolean masks, or by an additive -inf. A forbidden
   // key's weight is exactly 0 and its k and v are never read into a result.
   bool forbidden(std::int64_t b, std::int64_t head, std::int64_t i, std::int64_t j) const {
-    return !allowed(b, head, i, j) || ((additive_mask || key_bias) && added(b, head, i, j) == -infinity());
+    return !allowed(b, head, i, j) ||
+           ((additive_mask || key_bias || alibi_slopes) && added(b, head, i, j) == -infinity());
   }
 
  private:

@@ -33,6 +33,8 @@ struct FdCase {
   double dropout_p;
   double scale;           // 0: default
   std::int64_t h_kv = 0;  // key/value heads (grouped-query attention); 0: h
+  std::int64_t window_left = -1, window_right = -1;
+  bool alibi = false;
 };
 
 void PrintTo(const FdCase& c, std::ostream* os) { *os << c.name; }
@@ -46,6 +48,7 @@ KernelCase kernel_case(const FdCase& f) {
   c.dropout_p = f.dropout_p;
   c.scale = f.scale;
   c.h_kv = f.h_kv;
+  c.window_left = f.window_left, c.window_right = f.window_right, c.alibi = f.alibi;
   c.amplitude = 1.5;  // logits of a few units: softmax neither flat nor saturated
   return c;
 }
@@ -74,6 +77,10 @@ const FdCase kFdCases[] = {
     {"grouped_2_of_4_causal_bool_3d", 2, 4, 4, 5, 3, 2, kCmpBool3d, true, 0.0, 0.0, 2},
     {"multi_query_dropout_key_padding", 1, 3, 4, 6, 2, 3, kCmpKeyPadding, false, 0.3, 0.0, 1},
     {"grouped_3_of_6_float_3d_lengths", 2, 6, 3, 4, 2, 2, kCmpFloat3d | kCmpLengths, false, 0.0, 0.0, 2},
+    // a sliding window and ALiBi: masks and a bias, no gradient of their own
+    {"window_1_2_alibi", 2, 2, 5, 6, 3, 2, 0u, false, 0.0, 0.0, 0, 1, 2, true},
+    {"window_left_causal_dropout", 1, 2, 6, 6, 3, 2, kCmpKeyPadding, true, 0.3, 0.0, 0, 2, -1, false},
+    {"alibi_grouped_float_2d", 2, 4, 4, 5, 3, 2, kCmpFloat2d, true, 0.0, 0.0, 1, -1, -1, true},
 };
 
 class ReferenceBackwardVsFiniteDifferences : public ::testing::TestWithParam<FdCase> {};

@@ -123,6 +123,8 @@ const GroupedShape kShapes[] = {
     {"odd_rows_per_head", 1, 5, 1, 77, 260, 59, 111, kCmpKeyPadding | kCmpFloat2d, false, Layout::Contiguous},
 };
 
+void PrintTo(const GroupedShape& s, std::ostream* os) { *os << s.name; }
+
 class GroupedFlash : public ::testing::TestWithParam<GroupedShape> {};
 
 TEST_P(GroupedFlash, ForwardAndBackwardWithinTheRule) {

@@ -84,7 +84,9 @@ struct KernelCase {
   int index = 0;
   std::uint64_t seed = 0;
   std::int64_t B = 1, h = 1, L = 1, S = 1, d_k = 1, d_v = 1;
-  std::int64_t h_kv = 0;  // key/value heads (grouped-query attention: a divisor of h); 0: h
+  std::int64_t h_kv = 0;                             // key/value heads (grouped-query attention: a divisor of h); 0: h
+  std::int64_t window_left = -1, window_right = -1;  // a sliding window; -1: unbounded
+  bool alibi = false;                                // ALiBi slopes drawn per head
   unsigned masks = 0;
   bool causal = false;
   bool need_weights = false;
@@ -107,6 +109,10 @@ inline std::string case_name(const KernelCase& c) {
   std::ostringstream s;
   s << "c" << c.index << "_B" << c.B << "_h" << c.h;
   if (c.kv_heads() != c.h) s << "_hkv" << c.kv_heads();
+  if (c.window_left >= 0 || c.window_right >= 0)
+    s << "_win" << (c.window_left < 0 ? std::string("inf") : std::to_string(c.window_left)) << "x"
+      << (c.window_right < 0 ? std::string("inf") : std::to_string(c.window_right));
+  if (c.alibi) s << "_alibi";
   s << "_L" << c.L << "_S" << c.S << "_dk" << c.d_k << "_dv" << c.d_v;
   if (c.masks == 0) s << "_nomask";
   if (c.masks & kCmpKeyPadding) s << "_kpm";
@@ -165,6 +171,21 @@ inline std::int64_t grouped_kv_heads(std::int64_t h, std::uint64_t seed) {
   return divisors[static_cast<std::size_t>(rng.integer(0, static_cast<std::int64_t>(divisors.size()) - 1))];
 }
 
+// A sliding window for a fifth of the cases (each side unbounded, 0, narrower than a tile, or wider than
+// the sequence) and ALiBi for a fifth, from a generator of their own so that the other draws stay as
+// they were.
+inline void draw_variants(KernelCase& c) {
+  Rng rng(c.seed ^ 0x77696e64ULL);
+  if (rng.bernoulli(0.2)) {
+    const std::int64_t extents[] = {-1, 0, 1, 5, 37, c.S / 2, c.L + c.S};
+    do {
+      c.window_left = extents[rng.integer(0, 6)];
+      c.window_right = extents[rng.integer(0, 6)];
+    } while (c.window_left < 0 && c.window_right < 0);
+  }
+  c.alibi = rng.bernoulli(0.2);
+}
+
 // `count` seeded configurations: B, h, L, S in [1, max_dim], head dims from kHeadDims, every mask
 // combination in turn, key/value heads from grouped_kv_heads, and work() <= max_work.
 inline std::vector<KernelCase> random_kernel_cases(int count, std::uint64_t base_seed, std::int64_t max_dim,
@@ -212,6 +233,7 @@ inline std::vector<KernelCase> random_kernel_cases(int count, std::uint64_t base
     const std::int64_t layout = rng.integer(0, 5);
     c.layout = layout == 4 ? Layout::Interleaved : layout == 5 ? Layout::PaddedRows : Layout::Contiguous;
     c.h_kv = grouped_kv_heads(c.h, c.seed);
+    draw_variants(c);
     cases.push_back(c);
   }
   return cases;
@@ -277,6 +299,11 @@ inline CaseData make_case_data(const KernelCase& c) {
   NaiveMaskSpec& m = d.masks;
   m.B = c.B, m.h = c.h, m.L = c.L, m.S = c.S;
   m.causal = c.causal;
+  m.window_left = c.window_left, m.window_right = c.window_right;
+  if (c.alibi) {  // slopes from a generator of their own (the other draws stay as they were)
+    Rng slopes(c.seed ^ 0x616c6962ULL);
+    m.alibi_slopes = rounded_to(DType::Float32, random_values(c.h, slopes, 0.01, 1.0));
+  }
   if (c.masks & kCmpKeyPadding) {
     for (std::int64_t b = 0; b < c.B; ++b) {
       const bool all = rng.bernoulli(0.15);  // a batch whose keys are all padding

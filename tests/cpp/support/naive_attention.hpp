@@ -31,17 +31,27 @@ struct NaiveMaskSpec {
   bool bool_mask_batched = false;
   std::vector<double> float_mask;  // [L, S] or [B*h, L, S] (float_mask_batched); added
   bool float_mask_batched = false;
+  // A sliding window around each query's position p = i + S - L: keys p - window_left .. p +
+  // window_right (-1: unbounded on that side).
+  std::int64_t window_left = -1, window_right = -1;
+  std::vector<double> alibi_slopes;  // [h] or empty: -slope * |p - j| added to every logit
 
   bool allowed(std::int64_t b, std::int64_t hh, std::int64_t i, std::int64_t j) const {
     if (!key_padding.empty() && key_padding[static_cast<std::size_t>(b * S + j)] != 0) return false;
     if (!key_lengths.empty() && j >= key_lengths[static_cast<std::size_t>(b)]) return false;
     if (causal && j > i + S - L) return false;
+    const std::int64_t position = i + S - L;
+    if (window_left >= 0 && position - j > window_left) return false;
+    if (window_right >= 0 && j - position > window_right) return false;
     if (!bool_mask.empty() && bool_mask[mask_index(bool_mask_batched, b, hh, i, j)] != 0) return false;
     return true;
   }
   double additive(std::int64_t b, std::int64_t hh, std::int64_t i, std::int64_t j) const {
-    if (float_mask.empty()) return 0.0;
-    return float_mask[mask_index(float_mask_batched, b, hh, i, j)];
+    double sum = 0.0;
+    if (!alibi_slopes.empty())
+      sum -= alibi_slopes[static_cast<std::size_t>(hh)] * std::fabs(static_cast<double>(i + S - L - j));
+    if (!float_mask.empty()) sum += float_mask[mask_index(float_mask_batched, b, hh, i, j)];
+    return sum;
   }
 
  private:
@@ -141,6 +151,12 @@ inline mha::AttentionOptions options_for(const NaiveMaskSpec& m, DType float_dty
     const Shape shape = m.float_mask_batched ? Shape{m.B * m.h, m.L, m.S} : Shape{m.L, m.S};
     storage.push_back(make_tensor(float_dtype, shape, m.float_mask));
     o.attn_mask = storage.back().view();
+  }
+  o.window_left = m.window_left, o.window_right = m.window_right;
+  if (!m.alibi_slopes.empty()) {  // float32 or float64 only
+    storage.push_back(
+        make_tensor(float_dtype == DType::Float64 ? DType::Float64 : DType::Float32, {m.h}, m.alibi_slopes));
+    o.alibi_slopes = storage.back().view();
   }
   return o;
 }

@@ -82,6 +82,10 @@ struct AttentionOptions {
   /// ALiBi (Press et al., 2022): [h] slopes, float32 or float64; adds -slope[head] * |i' - j| to logit
   /// (i, j), after the scale (and after softcap), like an additive mask.
   std::optional<TensorView> alibi_slopes;
+  /// Logit soft-capping (Gemma 2's, in FlashAttention-2's order): > 0 replaces each scaled logit x by
+  /// softcap * tanh(x / softcap) before ALiBi and the masks are added; 0 (the default) leaves logits
+  /// alone. IEEE arithmetic decides infinite logits (+inf caps to softcap).
+  double softcap = 0.0;
   double dropout_p = 0.0;          ///< probability of zeroing a weight, in [0, 1)
   std::uint64_t dropout_seed = 0;  ///< keys the counter-based dropout mask
   /// Positions of q's first row and k's first row in the whole sequence (>= 0), used only by dropout's

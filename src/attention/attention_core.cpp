@@ -104,6 +104,8 @@ void validate_attention(const TensorView& q, const TensorView& k, const TensorVi
   if (d_k < 1) fail("q: expected d_k >= 1, got shape " + shape_str(q.shape()));
 
   if (o.scale && !std::isfinite(*o.scale)) fail("scale: expected a finite number, got " + std::to_string(*o.scale));
+  if (!(o.softcap >= 0.0 && std::isfinite(o.softcap)))
+    fail("softcap: expected a finite number > 0 (or 0 for none), got " + std::to_string(o.softcap));
   if (!(o.dropout_p >= 0.0 && o.dropout_p < 1.0))
     fail("dropout_p: expected a probability in [0, 1), got " + std::to_string(o.dropout_p));
   if (o.dropout_query_offset < 0 || o.dropout_key_offset < 0)
@@ -162,6 +164,7 @@ void fill_common(AttentionInputs<T>& p, const TensorView& q, const TensorView& k
   }
   if (!o.key_lengths.empty()) p.key_lengths = o.key_lengths.data();
   p.window_left = o.window_left, p.window_right = o.window_right;
+  p.softcap = static_cast<Acc>(o.softcap);
   if (o.alibi_slopes) p.alibi_slopes = o.alibi_slopes->data_as<Acc>();  // contiguous (with_compute_masks)
   if (o.attn_mask) {
     if (o.attn_mask->dtype() == DType::Bool) p.bool_mask = mask4<std::uint8_t>(*o.attn_mask, p.h);

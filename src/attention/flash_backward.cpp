@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "attention/dropout.hpp"
+#include "attention/flash_backward_rows-inl.h"
 #include "attention/flash_tiles-inl.h"
 #include "attention/masks.hpp"
 #include "attention/nonfinite.hpp"
@@ -65,6 +66,7 @@ void SoftmaxBackwardTile(const AttentionInputs<T>& p, std::int64_t b, std::int64
 template <class T>
 struct BackwardTiles {
   float *s, *dp, *pd;                        // [kBlockQ, kBlockK] each
+  float* cap_slope;                          // [kBlockQ, kBlockK]: d cap / d logit (softcap only)
   T *k_copy, *v_copy, *q_copy, *do_copy;     // [kBlockK, max(d_k, d_v)] x 2, [kBlockQ, max(d_k, d_v)] x 2
   float *dk_block, *dv_block;                // [kBlockK, d_k], [kBlockK, d_v]: a key block's dK and dV
   bfloat16 *pd_rounded, *ds_rounded;         // [kBlockQ, kBlockK] each: dropout(P) and dS in bfloat16 (bfloat16 only)
@@ -92,10 +94,10 @@ struct DqTarget {
 // contiguous ([B*h*L] each), the non-finite flags of the query rows ([B*h*L]: kQueryRow, kDoutRow) and
 // of the key rows ([B*h*S]: kKeyRow, kValueRow), and the per-thread workspace.
 //
-// Per thread, in `floats`: the three tiles, then dK and dV of a key block (kv_size each) and group 0's
-// dQ rows where the output's are not adjacent (dq_head_size); in `elements` (of T): the K, V block and
-// Q, dO block copies, then the Q and dO rows of a head where they are not adjacent (head_copy_size); in
-// `rounded` (bfloat16 inputs only): the two rounded tiles.
+// Per thread, in `floats`: the three tiles (four with softcap), then dK and dV of a key block (kv_size each) and group
+// 0's dQ rows where the output's are not adjacent (dq_head_size); in `elements` (of T): the K, V block and Q, dO block
+// copies, then the Q and dO rows of a head where they are not adjacent (head_copy_size); in `rounded` (bfloat16 inputs
+// only): the two rounded tiles.
 template <class T>
 struct BackwardContext {
   const AttentionBackwardParams<T>& p;
@@ -112,7 +114,8 @@ struct BackwardContext {
   static constexpr std::int64_t kListsPerThread = 2 * kBlockK + 2 * kBlockQ;
   static constexpr bool kRounds = std::is_same_v<T, bfloat16>;  // products in bfloat16
 
-  std::int64_t floats_per_thread() const { return 3 * tile + 2 * kv_size + dq_head_size; }
+  std::int64_t tiles_per_thread() const { return p.softcap > 0 ? 4 : 3; }
+  std::int64_t floats_per_thread() const { return tiles_per_thread() * tile + 2 * kv_size + dq_head_size; }
   std::int64_t elements_per_thread() const { return 2 * kv_size + 2 * q_size + head_copy_size; }
   std::int64_t rounded_per_thread() const { return kRounds ? 2 * tile : 0; }
 
@@ -123,7 +126,8 @@ struct BackwardContext {
     bfloat16* r = rounded + thread * rounded_per_thread();
     std::int64_t* lists = nonfinite_lists + thread * kListsPerThread;
     BackwardTiles<T> t;
-    t.s = f, t.dp = f + tile, t.pd = f + 2 * tile, t.dk_block = f + 3 * tile, t.dv_block = t.dk_block + kv_size;
+    t.s = f, t.dp = f + tile, t.pd = f + 2 * tile, t.cap_slope = f + 3 * tile;
+    t.dk_block = f + tiles_per_thread() * tile, t.dv_block = t.dk_block + kv_size;
     t.dq_head = t.dv_block + kv_size;
     t.k_copy = e, t.v_copy = e + kv_size, t.q_copy = e + 2 * kv_size, t.do_copy = t.q_copy + q_size;
     t.pd_rounded = r, t.ds_rounded = r + (kRounds ? tile : 0);
@@ -152,32 +156,6 @@ struct BackwardContext {
   }
 };
 
-// The probabilities of the listed keys below cols (columns of the tile s, row stride kBlockK), whose k rows hold
-// NaN or Inf and were zeroed in the block copy: recomputed one by one from the real k row, so that a
-// logit of -inf (an infinite component against q's sign) gives exactly 0, as the forward had it, and
-// +inf or NaN gives NaN. Forbidden entries stay 0.
-template <class T>
-void ExactProbabilitiesOfNonfiniteKeys(const AttentionInputs<T>& p, std::int64_t b, std::int64_t head, std::int64_t i0,
-                                       std::int64_t rows, std::int64_t j0, std::int64_t cols, const std::int64_t* list,
-                                       std::int64_t count, const float* lse, float* s) {
-  for (std::int64_t n = 0; n < count; ++n) {
-    if (list[n] >= cols) continue;  // past the tile's columns (a causal diagonal tile's hidden keys)
-    const std::int64_t j = j0 + list[n];
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const float added = p.added(b, head, i0 + r, j);
-      float& prob = s[r * kBlockK + list[n]];
-      if (p.forbidden(b, head, i0 + r, j) || lse[r] == kMinusInf) {
-        prob = 0.0f;
-        continue;
-      }
-      float dot = 0.0f;
-      const std::int64_t kv = p.kv_head(head);
-      for (std::int64_t e = 0; e < p.d_k; ++e) dot += float(p.q(b, head, i0 + r, e)) * float(p.k(b, kv, j, e));
-      prob = std::exp(p.scale * dot + added - lse[r]);
-    }
-  }
-}
-
 // S = scale Q_i K_j^T -> P (in t.s), and dP = dO_i V_j^T -> dS (in t.dp), for query rows i0.. and
 // keys j0... A key whose k holds NaN or Inf gets its exact P (0 for a -inf logit, else NaN); one whose
 // v does gets dS = NaN in the rows that attend to it (P != 0). Rows that do not attend to it are
@@ -188,32 +166,21 @@ void TileGradients(const BackwardContext<T>& ctx, const BackwardTiles<T>& t, std
   const AttentionBackwardParams<T>& p = ctx.p;
   const std::int64_t row0 = (b * p.h + head) * p.L + i0;
   ScaledLogits(p, t.q_head + i0 * p.d_k, p.d_k, rows, kv.k.data, kv.k.ld, cols, t.s);
+  if (p.softcap > 0) SoftcapTile(t.s, rows, cols, p.softcap, t.cap_slope);
   ProbabilitiesFromLse(p, b, head, i0, rows, j0, cols, ctx.lse + row0, t.s);
   ExactProbabilitiesOfNonfiniteKeys(p, b, head, i0, rows, j0, cols, t.nonfinite_k, kv.k.nonfinite_count, ctx.lse + row0,
-                                    t.s);
+                                    t.s, t.cap_slope);
   gemm_tile(rows, cols, p.d_v, plain(t.do_head + i0 * p.d_v, p.d_v), transposed(kv.v.data, kv.v.ld),
             overwrite(t.dp, kBlockK));
   SoftmaxBackwardTile(p, b, head, i0, rows, j0, cols, t.s, ctx.D + row0, t.dp);
+  if (p.softcap > 0)  // dS times d cap / d logit, where dS is not 0 (a NaN slope must not reach a forbidden key)
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t c = 0; c < cols; ++c)
+        if (t.dp[r * kBlockK + c] != 0.0f) t.dp[r * kBlockK + c] *= t.cap_slope[r * kBlockK + c];
   for (std::int64_t n = 0; n < kv.v.nonfinite_count; ++n)  // dP = dO v^T of a zeroed v row was 0
     for (std::int64_t r = 0; r < rows && t.nonfinite_v[n] < cols; ++r)
       if (t.s[r * kBlockK + t.nonfinite_v[n]] != 0.0f)
         t.dp[r * kBlockK + t.nonfinite_v[n]] = std::numeric_limits<float>::quiet_NaN();
-}
-
-// dX_j += alpha coef[r, j] x_r for the listed rows r of query block i0 (their non-finite x rows were
-// zeroed in the block product), keys j0 + [0, cols), where coef (row stride kBlockK) is not 0.
-template <class T>
-void AddNonfiniteRows(const Strided4<const T>& x, std::int64_t b, std::int64_t head, std::int64_t i0,
-                      const std::int64_t* list, std::int64_t count, const float* coef, float alpha, std::int64_t cols,
-                      std::int64_t width, float* dx_block) {
-  for (std::int64_t n = 0; n < count; ++n) {
-    const std::int64_t r = list[n];
-    for (std::int64_t c = 0; c < cols; ++c) {
-      const float weight = coef[r * kBlockK + c];
-      if (weight == 0.0f) continue;
-      for (std::int64_t e = 0; e < width; ++e) dx_block[c * width + e] += alpha * weight * float(x(b, head, i0 + r, e));
-    }
-  }
 }
 
 // dQ_i += scale dS K_j for the query rows i0.. of one tile, into the work item's dQ. The k rows holding
@@ -237,14 +204,6 @@ void AddQueryGradients(const BackwardContext<T>& ctx, const BackwardTiles<T>& t,
       for (std::int64_t e = 0; e < p.d_k; ++e) dq.data[(i0 + r) * dq.ld + e] += ds * float(k_row[e * p.k.stride[3]]);
     }
   }
-}
-
-// Zeroes rows [r0, r1) of x(b, head) [.., width].
-template <class T>
-void ZeroRows(const Strided4<T>& x, std::int64_t b, std::int64_t head, std::int64_t r0, std::int64_t r1,
-              std::int64_t width) {
-  for (std::int64_t r = r0; r < r1; ++r)
-    for (std::int64_t e = 0; e < width; ++e) x(b, head, r, e) = T(0.0f);
 }
 
 // dK and dV of keys [j0, j0 + kBlockK) of (b, key/value head kv), and their share of dQ, from every

@@ -150,6 +150,7 @@ void WriteWeights(const AttentionParams<T>& p, const ForwardBlock<T>& w, std::in
     const std::int64_t cols = std::min(kBlockK, key_end - j0);
     ScaledLogits(p, &p.q(b, head, i0, 0), p.q.stride[2], rows, &p.k(b, p.kv_head(head), j0, 0), p.k.stride[2], cols,
                  w.s);
+    if (p.softcap > 0) SoftcapTile(w.s, rows, cols, p.softcap, nullptr);
     ProbabilitiesFromLse(p, b, head, i0, rows, j0, cols, w.m, w.s);
     if (p.dropout_p > 0) apply_dropout(p, b, head, i0, rows, j0, cols, w.s, kBlockK);
     for (std::int64_t r = 0; r < rows; ++r)
@@ -182,6 +183,7 @@ void ForwardQueryBlock(const AttentionParams<T>& p, const ForwardBlock<T>& w, st
       const ForwardBlock<T> h_w = w.head_state(n, rows);
       const std::int64_t head = head0 + n;
       ScaledLogits(p, q_rows[static_cast<std::size_t>(n)], p.d_k, rows, w.k_head + j0 * p.d_k, p.d_k, cols, w.s);
+      if (p.softcap > 0) SoftcapTile(w.s, rows, cols, p.softcap, nullptr);
       if (needs_data_masks(p)) apply_masks(p, b, head, i0, rows, j0, cols, w.s, kBlockK);
       OnlineSoftmaxTile(p, h_w, i0, rows, j0, cols);
       if (p.dropout_p > 0) apply_dropout(p, b, head, i0, rows, j0, cols, w.s, kBlockK);

@@ -49,6 +49,7 @@ struct AttentionInputs {
   // i' = i + S - L, sees key j only when i' - window_left <= j <= i' + window_right.
   std::int64_t window_left = -1, window_right = -1;
   const Acc* alibi_slopes = nullptr;  // [h] or null: ALiBi adds -slope[head] * |i' - j| to logit (i, j)
+  Acc softcap = 0;                    // > 0: the scaled logit x becomes softcap * tanh(x / softcap), first
 
   // Masks, each viewed as [B, h, L, S] through broadcast strides; null when absent.
   Strided4<const std::uint8_t> key_padding;   // nonzero = padded key (strides: b, 0, 0, s)

@@ -2,7 +2,8 @@
 // materialised, any element type (float, double). Never optimised: it is the specification.
 //
 // For each (b, head, i), with k and v of key/value head head / (h / h_kv) (grouped-query attention):
-//   s_j = scale * q_i . k_j + added_ij             for keys j not forbidden (AttentionInputs::forbidden)
+//   s_j = cap(scale * q_i . k_j) + added_ij        for keys j not forbidden (AttentionInputs::forbidden);
+//                                                  cap(x) = softcap tanh(x / softcap), or x without softcap
 //   m   = max_j s_j;  l = sum_j exp(s_j - m);  p_j = exp(s_j - m) / l;  lse = m + log(l)
 //   p_j = dropout(p_j)                             (kept: p_j / (1 - dropout_p), dropped: 0)
 //   out_i = sum_j p_j v_j
@@ -20,6 +21,16 @@
 #include "parallel.hpp"
 
 namespace mha::detail {
+
+namespace {
+
+// The soft-capped logit (x itself without softcap).
+template <class T>
+T capped(const AttentionInputs<T>& p, T x) {
+  return p.softcap > 0 ? p.softcap * std::tanh(x / p.softcap) : x;
+}
+
+}  // namespace
 
 template <class T>
 void reference_attention_forward(const AttentionParams<T>& p) {
@@ -47,7 +58,7 @@ void reference_attention_forward(const AttentionParams<T>& p) {
       const T added = p.added(b, head, i, j);
       T dot = 0;
       for (std::int64_t c = 0; c < p.d_k; ++c) dot += p.q(b, head, i, c) * p.k(b, kv, j, c);
-      s[j] = dot * p.scale + added;
+      s[j] = capped(p, dot * p.scale) + added;
       if (!(s[j] <= m)) m = s[j];  // a NaN logit becomes the max, so the row turns NaN
     }
 
@@ -90,7 +101,8 @@ void reference_attention_forward(const AttentionParams<T>& p) {
 //   f_ij = dropout factor (0 or 1/(1-dropout_p), 1 without dropout)
 //   dV_j += p_ij f_ij dO_i                (forward: out_i = sum_j p_ij f_ij v_j)
 //   dP_ij = f_ij dO_i . v_j;  dS_ij = p_ij (dP_ij - D_i)
-//   dQ_i += scale dS_ij k_j;  dK_j += scale dS_ij q_i
+//   dQ_i += scale dS_ij c_ij k_j;  dK_j += scale dS_ij c_ij q_i
+//   with c_ij = d cap / dx = 1 - tanh^2(x / softcap) under softcap (1 without)
 namespace {
 
 // dq, dk, dv = 0: the gradients are accumulated into them (the caller's buffers are not zeroed).
@@ -129,7 +141,9 @@ void reference_attention_backward(const AttentionBackwardParams<T>& p) {
           if (!p.allowed(b, head, i, j) || added == kMinusInf) continue;
           T dot = 0;
           for (std::int64_t c = 0; c < p.d_k; ++c) dot += p.q(b, head, i, c) * p.k(b, kv, j, c);
-          const T prob = std::exp(dot * p.scale + added - lse);
+          const T logit = capped(p, dot * p.scale);
+          const T prob = std::exp(logit + added - lse);
+          const T cap_slope = p.softcap > 0 ? T(1) - (logit / p.softcap) * (logit / p.softcap) : T(1);
           T factor = 1;
           if (p.dropout_p > 0) factor = dropped(p, b, head, i, j) ? T(0) : T(1) / (T(1) - p.dropout_p);
           T dprob = 0;  // dP_ij
@@ -137,7 +151,7 @@ void reference_attention_backward(const AttentionBackwardParams<T>& p) {
             p.dv(b, kv, j, c) += prob * factor * p.dout(b, head, i, c);
             dprob += p.dout(b, head, i, c) * p.v(b, kv, j, c);
           }
-          const T dscore = prob * (factor * dprob - D) * p.scale;  // dS_ij * scale
+          const T dscore = prob * (factor * dprob - D) * cap_slope * p.scale;  // dS_ij c_ij scale
           for (std::int64_t c = 0; c < p.d_k; ++c) {
             p.dq(b, head, i, c) += dscore * p.k(b, kv, j, c);
             p.dk(b, kv, j, c) += dscore * p.q(b, head, i, c);

@@ -35,6 +35,7 @@ struct FdCase {
   std::int64_t h_kv = 0;  // key/value heads (grouped-query attention); 0: h
   std::int64_t window_left = -1, window_right = -1;
   bool alibi = false;
+  double softcap = 0.0;
 };
 
 void PrintTo(const FdCase& c, std::ostream* os) { *os << c.name; }
@@ -49,6 +50,7 @@ KernelCase kernel_case(const FdCase& f) {
   c.scale = f.scale;
   c.h_kv = f.h_kv;
   c.window_left = f.window_left, c.window_right = f.window_right, c.alibi = f.alibi;
+  c.softcap = f.softcap;
   c.amplitude = 1.5;  // logits of a few units: softmax neither flat nor saturated
   return c;
 }
@@ -81,6 +83,9 @@ const FdCase kFdCases[] = {
     {"window_1_2_alibi", 2, 2, 5, 6, 3, 2, 0u, false, 0.0, 0.0, 0, 1, 2, true},
     {"window_left_causal_dropout", 1, 2, 6, 6, 3, 2, kCmpKeyPadding, true, 0.3, 0.0, 0, 2, -1, false},
     {"alibi_grouped_float_2d", 2, 4, 4, 5, 3, 2, kCmpFloat2d, true, 0.0, 0.0, 1, -1, -1, true},
+    // logit soft-capping: the gradient goes through d cap / d logit = 1 - tanh^2
+    {"softcap_below_the_logits", 2, 2, 4, 5, 3, 2, kCmpKeyPadding, false, 0.0, 0.0, 0, -1, -1, false, 0.5},
+    {"softcap_window_alibi_dropout", 1, 2, 5, 6, 3, 2, 0u, true, 0.2, 0.0, 0, 2, -1, true, 2.0},
 };
 
 class ReferenceBackwardVsFiniteDifferences : public ::testing::TestWithParam<FdCase> {};

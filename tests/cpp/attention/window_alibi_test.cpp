@@ -1,12 +1,13 @@
-// A sliding window (AttentionOptions::window_left / window_right) and ALiBi (alibi_slopes):
+// A sliding window (AttentionOptions::window_left / window_right), ALiBi (alibi_slopes) and logit
+// soft-capping (softcap):
 //   (a) the reference kernel in float64 against the tests' own oracle (support/naive_attention.hpp: the
-//       window and the bias applied to an explicit logits matrix), on 80 seeded configurations with a
-//       window and / or ALiBi (12 under sanitizers); the gradients of the reference are checked against
+//       window, the bias and the cap applied to an explicit logits matrix), on 80 seeded configurations
+//       with at least one of them (12 under sanitizers); the gradients of the reference are checked against
 //       finite differences in gradients_test.cpp, and every fast path against the reference by the random
-//       sweeps, which draw windows and ALiBi for a fifth of their cases each;
+//       sweeps, which draw windows, ALiBi and soft-capping for a fifth of their cases each;
 //   (b) the fused kernel, forward and backward, on hand-picked windows whose edges fall on the kernel's
 //       block boundaries (where it skips whole key blocks or query blocks), within the float32 rule;
-//   (c) bad windows and slopes are refused naming the argument.
+//   (c) bad windows, slopes and caps are refused naming the argument.
 //
 // Legend: B batch, h heads, L queries, S keys; query i sits at position i + S - L.
 #include <gtest/gtest.h>
@@ -33,7 +34,7 @@ std::vector<KernelCase> variant_cases() {
   const std::int64_t max_dim = kSanitized ? 24 : 300, max_work = kSanitized ? 20'000 : 400'000;
   for (KernelCase c : random_kernel_cases(10 * wanted, 8080, max_dim, max_work)) {
     if (static_cast<int>(cases.size()) == wanted) break;
-    if (c.window_left < 0 && c.window_right < 0 && !c.alibi) continue;
+    if (c.window_left < 0 && c.window_right < 0 && !c.alibi && c.softcap == 0) continue;
     c.dropout_p = 0.0;  // the oracle has no dropout
     c.index = static_cast<int>(cases.size());
     cases.push_back(c);
@@ -122,7 +123,8 @@ TEST_P(WindowFlash, ForwardAndBackwardWithinTheRule) {
   EXPECT_TRUE(within_rule("out", fused.out, ref32.out, ref64.out, 2.0, {c.B, c.h, c.L, c.d_v}));
   EXPECT_TRUE(within_rule("lse", fused.lse, ref32.lse, ref64.lse, 2.0, {c.B, c.h, c.L}));
   EXPECT_TRUE(within_rule("weights", fused.weights, ref32.weights, ref64.weights, 2.0, {c.B, c.h, c.L, c.S}));
-  EXPECT_TRUE(within_rule("dq", fused.dq, ref32.dq, ref64.dq, 3.0, {c.B, c.h, c.L, c.d_k}, cancellation_slack(c, d, false)));
+  EXPECT_TRUE(
+      within_rule("dq", fused.dq, ref32.dq, ref64.dq, 3.0, {c.B, c.h, c.L, c.d_k}, cancellation_slack(c, d, false)));
   EXPECT_TRUE(within_rule("dk", fused.dk, ref32.dk, ref64.dk, 3.0, {c.B, c.kv_heads(), c.S, c.d_k},
                           static_cast<double>(c.group()) * cancellation_slack(c, d, true)));
   EXPECT_TRUE(within_rule("dv", fused.dv, ref32.dv, ref64.dv, 3.0, {c.B, c.kv_heads(), c.S, c.d_v}));
@@ -130,7 +132,9 @@ TEST_P(WindowFlash, ForwardAndBackwardWithinTheRule) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, WindowFlash, ::testing::ValuesIn(kWindowShapes),
-                         [](const ::testing::TestParamInfo<WindowShape>& info) { return std::string(info.param.name); });
+                         [](const ::testing::TestParamInfo<WindowShape>& info) {
+                           return std::string(info.param.name);
+                         });
 
 // ---- (c) bad arguments -------------------------------------------------------------------------
 
@@ -156,6 +160,11 @@ TEST(WindowAlibiBadInput, RefusedNamingTheArgument) {
   for (const Tensor* slopes : {&three, &ints, &bf}) {
     o.alibi_slopes = slopes->view();
     expect_refused(o, "alibi_slopes");
+  }
+  o = {};
+  for (double cap : {-1.0, kNaN, kInf}) {
+    o.softcap = cap;
+    expect_refused(o, "softcap");
   }
 }
 

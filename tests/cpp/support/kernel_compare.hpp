@@ -87,6 +87,7 @@ struct KernelCase {
   std::int64_t h_kv = 0;                             // key/value heads (grouped-query attention: a divisor of h); 0: h
   std::int64_t window_left = -1, window_right = -1;  // a sliding window; -1: unbounded
   bool alibi = false;                                // ALiBi slopes drawn per head
+  double softcap = 0.0;                              // logit soft-capping; 0: none
   unsigned masks = 0;
   bool causal = false;
   bool need_weights = false;
@@ -113,6 +114,7 @@ inline std::string case_name(const KernelCase& c) {
     s << "_win" << (c.window_left < 0 ? std::string("inf") : std::to_string(c.window_left)) << "x"
       << (c.window_right < 0 ? std::string("inf") : std::to_string(c.window_right));
   if (c.alibi) s << "_alibi";
+  if (c.softcap > 0) s << "_softcap" << static_cast<int>(c.softcap * 10);
   s << "_L" << c.L << "_S" << c.S << "_dk" << c.d_k << "_dv" << c.d_v;
   if (c.masks == 0) s << "_nomask";
   if (c.masks & kCmpKeyPadding) s << "_kpm";
@@ -172,8 +174,8 @@ inline std::int64_t grouped_kv_heads(std::int64_t h, std::uint64_t seed) {
 }
 
 // A sliding window for a fifth of the cases (each side unbounded, 0, narrower than a tile, or wider than
-// the sequence) and ALiBi for a fifth, from a generator of their own so that the other draws stay as
-// they were.
+// the sequence), ALiBi for a fifth and logit soft-capping for a fifth, from a generator of their own so that the other
+// draws stay as they were.
 inline void draw_variants(KernelCase& c) {
   Rng rng(c.seed ^ 0x77696e64ULL);
   if (rng.bernoulli(0.2)) {
@@ -184,6 +186,8 @@ inline void draw_variants(KernelCase& c) {
     } while (c.window_left < 0 && c.window_right < 0);
   }
   c.alibi = rng.bernoulli(0.2);
+  const double caps[] = {0.5, 5.0, 30.0};  // below, near and above the logits' size
+  if (rng.bernoulli(0.2)) c.softcap = caps[rng.integer(0, 2)];
 }
 
 // `count` seeded configurations: B, h, L, S in [1, max_dim], head dims from kHeadDims, every mask
@@ -300,6 +304,7 @@ inline CaseData make_case_data(const KernelCase& c) {
   m.B = c.B, m.h = c.h, m.L = c.L, m.S = c.S;
   m.causal = c.causal;
   m.window_left = c.window_left, m.window_right = c.window_right;
+  m.softcap = c.softcap;
   if (c.alibi) {  // slopes from a generator of their own (the other draws stay as they were)
     Rng slopes(c.seed ^ 0x616c6962ULL);
     m.alibi_slopes = rounded_to(DType::Float32, random_values(c.h, slopes, 0.01, 1.0));

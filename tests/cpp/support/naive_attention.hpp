@@ -35,6 +35,7 @@ struct NaiveMaskSpec {
   // window_right (-1: unbounded on that side).
   std::int64_t window_left = -1, window_right = -1;
   std::vector<double> alibi_slopes;  // [h] or empty: -slope * |p - j| added to every logit
+  double softcap = 0.0;              // > 0: each scaled logit x becomes softcap tanh(x / softcap), first
 
   bool allowed(std::int64_t b, std::int64_t hh, std::int64_t i, std::int64_t j) const {
     if (!key_padding.empty() && key_padding[static_cast<std::size_t>(b * S + j)] != 0) return false;
@@ -76,7 +77,7 @@ using AdditiveFn = std::function<double(std::int64_t, std::int64_t, std::int64_t
 inline NaiveResult naive_attention(const std::vector<double>& q, const std::vector<double>& k,
                                    const std::vector<double>& v, std::int64_t B, std::int64_t h, std::int64_t L,
                                    std::int64_t S, std::int64_t d_k, std::int64_t d_v, double scale,
-                                   const AllowedFn& allowed, const AdditiveFn& additive) {
+                                   const AllowedFn& allowed, const AdditiveFn& additive, double softcap = 0.0) {
   NaiveResult r;
   r.out.assign(static_cast<std::size_t>(B * h * L * d_v), 0.0);
   r.weights.assign(static_cast<std::size_t>(B * h * L * S), 0.0);
@@ -96,7 +97,8 @@ inline NaiveResult naive_attention(const std::vector<double>& q, const std::vect
           for (std::int64_t c = 0; c < d_k; ++c)
             dot += q[static_cast<std::size_t>((bh * L + i) * d_k + c)] *
                    k[static_cast<std::size_t>((bh * S + j) * d_k + c)];
-          logit[js] = dot * scale + additive(b, hh, i, j);
+          const double x = dot * scale;
+          logit[js] = (softcap > 0 ? softcap * std::tanh(x / softcap) : x) + additive(b, hh, i, j);
           if (logit[js] == -kInf) use[js] = false;
           else m = std::max(m, logit[js]);
         }
@@ -125,7 +127,8 @@ inline NaiveResult naive_attention(const std::vector<double>& q, const std::vect
   return naive_attention(
       q, k, v, masks.B, masks.h, masks.L, masks.S, d_k, d_v, scale,
       [&](std::int64_t b, std::int64_t hh, std::int64_t i, std::int64_t j) { return masks.allowed(b, hh, i, j); },
-      [&](std::int64_t b, std::int64_t hh, std::int64_t i, std::int64_t j) { return masks.additive(b, hh, i, j); });
+      [&](std::int64_t b, std::int64_t hh, std::int64_t i, std::int64_t j) { return masks.additive(b, hh, i, j); },
+      masks.softcap);
 }
 
 // The library-side form of a NaiveMaskSpec: AttentionOptions whose views point into tensors kept in
@@ -153,6 +156,7 @@ inline mha::AttentionOptions options_for(const NaiveMaskSpec& m, DType float_dty
     o.attn_mask = storage.back().view();
   }
   o.window_left = m.window_left, o.window_right = m.window_right;
+  o.softcap = m.softcap;
   if (!m.alibi_slopes.empty()) {  // float32 or float64 only
     storage.push_back(
         make_tensor(float_dtype == DType::Float64 ? DType::Float64 : DType::Float32, {m.h}, m.alibi_slopes));

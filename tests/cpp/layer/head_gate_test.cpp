@@ -61,7 +61,7 @@ std::vector<GateCase> gate_cases() {
   add("per_head_batch_first", false, [](LayerCase&) {});
   add("per_batch_batch_first_key_padding", true, [](LayerCase& c) { c.masks = kCmpKeyPadding; });
   add("per_batch_sequence_first_causal_lengths", true, [](LayerCase& c) {
-    c.layout = InputLayout::SequenceFirst, c.causal = true, c.masks = kCmpLengths, c.L = 4, c.S = 4;
+    c.layout = InputLayout::SequenceFirst, c.causal = true, c.masks = kCmpLengths, c.B = 3, c.L = 4, c.S = 4;
   });
   add("per_head_sequence_first_float_3d", false,
       [](LayerCase& c) { c.layout = InputLayout::SequenceFirst, c.masks = kCmpFloat3d; });

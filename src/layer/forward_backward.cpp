@@ -30,15 +30,17 @@ namespace detail {
 struct SavedForward {
   std::int64_t B = 0, L = 0, S = 0, extra = 0;
   RowLayout q_rows{}, kv_input_rows{}, kv_rows{};
-  Tensor x[3];                                  // copies of query, key, value (training mode, or to close gaps)
-  TensorView x_view[3];                         // what the projections read: x[i], x[source[i]] or the caller's input
-  int source[3] = {0, 1, 2};                    // the first role passed the same array (self-attention: 0, 0, 0)
-  bool borrowed[3] = {};                        // x_view[i] is the caller's memory, lent with borrow_inputs
-  std::uint64_t fingerprint[3] = {};            // of each borrowed input, at the forward
-  Tensor q_proj, k_proj, v_proj, context, lse;  // context: the heads as the kernel wrote them
-  HeadGate gate;                                // when given: gate.values [B, h]
-  Tensor gated_context;                         // [rows of query, h*d_v]: the gated heads (with a gate)
-  KernelMasks masks;                            // in kernel terms, owning their storage
+  Tensor x[3];                        // copies of query, key, value (training mode, or to close gaps)
+  TensorView x_view[3];               // what the projections read: x[i], x[source[i]] or the caller's input
+  int source[3] = {0, 1, 2};          // the first role passed the same array (self-attention: 0, 0, 0)
+  bool borrowed[3] = {};              // x_view[i] is the caller's memory, lent with borrow_inputs
+  std::uint64_t fingerprint[3] = {};  // of each borrowed input, at the forward
+  Tensor q_proj, k_proj, v_proj, context, lse;
+  // With a head_gate: the gate, and the gated heads [rows of query, h*d_v] that W^O projected (context
+  // keeps the heads as the kernel wrote them, for the kernel's backward).
+  HeadGate gate;
+  Tensor gated_context;
+  KernelMasks masks;  // in kernel terms, owning their storage
   Shape out_shape;
   std::uint64_t parameters_version = 0;  // the layer's parameters_version_ at the forward
 };

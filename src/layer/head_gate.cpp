@@ -50,7 +50,6 @@ HeadGate head_gate_of(const std::optional<TensorView>& gate, const MultiHeadAtte
     fail("head_gate: expected batch size " + str(B) + " like query in shape [B, h] = [" + str(B) + ", " + str(h) +
          "], got shape " + shape_str(t.shape()));
   g.given = true;
-  g.B = B, g.h = h;
   g.shape = t.shape();
   g.dtype = t.dtype();
   g.values.resize(static_cast<std::size_t>(B * h));

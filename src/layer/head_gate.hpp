@@ -23,7 +23,6 @@ namespace mha::detail {
 // gradient's shape and dtype).
 struct HeadGate {
   bool given = false;
-  std::int64_t B = 0, h = 0;
   std::vector<double> values;    // [B, h]: g[b, i] (a [h] gate repeated per batch), each a compute-dtype value
   Shape shape;                   // as given: [h] or [B, h]
   DType dtype = DType::Float32;  // as given: float32 or float64
@@ -35,9 +34,9 @@ struct HeadGate {
 HeadGate head_gate_of(const std::optional<TensorView>& gate, const MultiHeadAttentionConfig& c, bool batched,
                       std::int64_t B);
 
-// Forward: gated [B, h, L, d_v] (laid out as `heads`, may be heads' own memory) = g[b, i] * heads[b, i],
-// rounded to T once.
-// heads: [B, h, L, d_v] (strided view of the concatenated heads); gated: the memory of a tensor laid out alike.
+// Forward: gated[b, i] = g[b, i] * heads[b, i], computed in the compute dtype and rounded to T once.
+// heads: [B, h, L, d_v], a strided view of the concatenated heads; gated: memory laid out as heads'
+// (heads' own memory gates in place).
 template <class T>
 void apply_head_gate(const HeadGate& gate, const TensorView& heads, T* gated);
 

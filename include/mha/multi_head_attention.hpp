@@ -59,15 +59,6 @@ struct MultiHeadAttentionInputs {
   bool causal = false;                         ///< bottom-right aligned over the S input keys
   bool need_weights = true;
   bool average_attn_weights = true;
-  /// Per-head gate g: multiplies head i's attention output (head_i = softmax(...) V_i, [L, d_v]) before
-  /// the concatenation that W^O projects, out = Concat(g_1 head_1, ..., g_h head_h) W^O + b_O. Shape [h]
-  /// (one gate for every batch) or [B, h] ([h] only for unbatched inputs), float32 or float64 (converted
-  /// to the layer's compute dtype: float32 for a bfloat16 layer), any strides. A gate of 0 removes
-  /// that head's contribution (the head ablation of Michel et al. 2019); any value is allowed, NaN
-  /// and Inf propagate as the product says. The returned attention weights are not gated. Taken by
-  /// forward() (training-mode backward() then also returns dLoss/dg) and forward_cached(). Not
-  /// given: no extra work, and the results of a gate of ones bit for bit.
-  std::optional<TensorView> head_gate;
   /// Training mode: backward() reads the caller's query, key and value instead of copies of them.
   /// Contract: the memory they view stays allocated and unmodified from forward() until the last
   /// backward() of that forward returns (the layer holds the views until its next forward()). A
@@ -79,6 +70,16 @@ struct MultiHeadAttentionInputs {
   /// free once forward() returns. Either way, inputs that are one array (same data, dtype, shape and
   /// strides: self-attention, or key is value) are kept once, not once per role.
   bool borrow_inputs = false;
+  /// Per-head gate g: multiplies head i's attention output (head_i = softmax(...) V_i, [L, d_v]) before
+  /// the concatenation that W^O projects, out = Concat(g_1 head_1, ..., g_h head_h) W^O + b_O. Shape [h]
+  /// (one gate for every batch) or [B, h]; unbatched inputs take [h] only. Float32 or float64, converted
+  /// to the layer's compute dtype (float32 for a bfloat16 layer); any strides; read during the call
+  /// (the layer keeps its own copy for backward()). A gate of 0 removes that head's contribution (the
+  /// head ablation of Michel et al. 2019); any value is allowed, and NaN or Inf propagate as the
+  /// product says. The returned attention weights are not gated. Taken by forward() (a training-mode
+  /// backward() then also returns dLoss/dg) and forward_cached(). Not given: no extra work; a gate of
+  /// ones gives bitwise the results of no gate.
+  std::optional<TensorView> head_gate;
 };
 
 struct MultiHeadAttentionOutput {

@@ -63,6 +63,7 @@ class MultiheadAttention(_torch.nn.Module):
             must divide exactly, as torch requires). With them, h * d_k need not equal E and d_k
             need not equal d_v; the projection shapes follow (q_proj_weight [h*d_k, E], ...,
             out_proj.weight [E, h*d_v]).
+    Extra forward arg: head_gate, a per-head gate before out_proj, differentiable (see forward).
 
     Parameters (``torch.nn.Parameter``, torch's names, shapes and initialisation; with the same
     ``torch.manual_seed`` a new module holds the same numbers as a new torch module):

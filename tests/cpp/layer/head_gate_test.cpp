@@ -200,7 +200,7 @@ TEST(HeadGate, Float32FusedWithinTheRuleOfTheFloat64Reference) {
     SCOPED_TRACE(g.layer.name);
     LayerCase c = g.layer;
     c.causal = !g.per_batch;
-    c.masks = g.per_batch ? kCmpKeyPadding : 0;
+    c.masks = g.per_batch ? unsigned{kCmpKeyPadding} : 0u;
     LayerData d = make_layer_data(c, name_seed(c.name));
     set_random_gate(g, d, name_seed(c.name));
     const LayerRun fused = run_layer(c, d, DType::Float32, mha::Kernel::Flash, true);

@@ -30,6 +30,8 @@ struct ChunkScratch {
   std::int64_t* visible = nullptr;       // [R]: row r sees the block's keys j < visible[r]
   const T** k_rows = nullptr;            // [kKeyBlock]: the block's key rows
   const T** v_rows = nullptr;            // [kKeyBlock]: its value rows
+  const T** k_ahead = nullptr;           // [kKeyBlock]: the key rows of the block kPrefetchBlocks ahead
+  const T** v_ahead = nullptr;           // [kKeyBlock]: its value rows
   std::uint8_t* all_weighted = nullptr;  // [kKeyBlock]: no row has weight exactly 0 at key j
 };
 
@@ -71,7 +73,7 @@ void run_decode(const DecodeParams<T, A>& p, DecodeMode mode, Chunk chunk) {
   const std::int64_t per_thread = R * kKeyBlock + R * ld_q;  // s, then q
   const auto floats = allocate_aligned<A>(threads * per_thread);
   std::vector<std::int64_t> visible(static_cast<std::size_t>(threads * R));
-  std::vector<const T*> rows(static_cast<std::size_t>(threads * 2 * kKeyBlock));
+  std::vector<const T*> rows(static_cast<std::size_t>(threads * 4 * kKeyBlock));
   std::vector<std::uint8_t> flags(static_cast<std::size_t>(threads * kKeyBlock));
 #pragma omp parallel for schedule(dynamic, 1)
   for (std::int64_t i = 0; i < items; ++i) {
@@ -81,8 +83,10 @@ void run_decode(const DecodeParams<T, A>& p, DecodeMode mode, Chunk chunk) {
     w.q = w.s + R * kKeyBlock;
     w.ld_q = ld_q;
     w.visible = visible.data() + t * R;
-    w.k_rows = rows.data() + t * 2 * kKeyBlock;
+    w.k_rows = rows.data() + t * 4 * kKeyBlock;
     w.v_rows = w.k_rows + kKeyBlock;
+    w.k_ahead = w.v_rows + kKeyBlock;
+    w.v_ahead = w.k_ahead + kKeyBlock;
     w.all_weighted = flags.data() + t * kKeyBlock;
     chunk(p, plan.items[static_cast<std::size_t>(i)], layout, partials.get() + i * layout.size(), w);
   }

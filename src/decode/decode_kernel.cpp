@@ -57,11 +57,23 @@ void DecodeChunk(const DecodeParams<T, float>& p, const WorkItem& item, const Sl
   std::fill(acc, acc + R * layout.ld, 0.0f);
   std::fill(m, m + R, -std::numeric_limits<float>::infinity());
   std::fill(l, l + R, 0.0f);
+  // The first blocks' rows are asked for now; each block then asks for those kPrefetchBlocks ahead.
+  RowsAhead<T> ahead{w.k_ahead, w.v_ahead, 0, p.d_k * static_cast<std::int64_t>(sizeof(T)),
+                     p.d_v * static_cast<std::int64_t>(sizeof(T))};
+  const std::int64_t lead = decode::kPrefetchBlocks * kKeyBlock;
+  for (std::int64_t t0 = item.begin; t0 < std::min(item.end, item.begin + lead); t0 += kKeyBlock) {
+    const std::int64_t kb = std::min(kKeyBlock, item.end - t0);
+    decode::block_rows(p, item.seq, item.kv_head, t0, kb, w.k_ahead, w.v_ahead);
+    for (std::int64_t j = 0; j < kb; ++j)
+      PrefetchRow(w.k_ahead[j], ahead.k_bytes), PrefetchRow(w.v_ahead[j], ahead.v_bytes);
+  }
   for (std::int64_t t0 = item.begin; t0 < item.end; t0 += kKeyBlock) {
     const std::int64_t kb = std::min(kKeyBlock, item.end - t0);
     decode::block_rows(p, item.seq, item.kv_head, t0, kb, w.k_rows, w.v_rows);
+    ahead.count = std::max<std::int64_t>(0, std::min(kKeyBlock, item.end - (t0 + lead)));
+    if (ahead.count > 0) decode::block_rows(p, item.seq, item.kv_head, t0 + lead, ahead.count, w.k_ahead, w.v_ahead);
     decode::block_visibility(T_s, p.q_len, R, t0, w.visible);
-    BlockLogits(w.q, w.ld_q, R, w.k_rows, kb, p.d_k, p.scale, w.visible, w.s);
+    BlockLogits(w.q, w.ld_q, R, w.k_rows, kb, p.d_k, p.scale, w.visible, ahead, w.s);
     BlockOnlineSoftmax(w.s, R, m, l, acc, layout.ld);
     for (std::int64_t j = 0; j < kb; ++j) {
       bool all = true;

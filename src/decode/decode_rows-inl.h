@@ -22,6 +22,7 @@
 
 #include "attention/online_softmax-inl.h"  // ExpKeepNaN
 #include "decode/split_kv.hpp"
+#include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "mha/bfloat16.hpp"
 
@@ -67,14 +68,33 @@ HWY_INLINE void DotTile(const float* HWY_RESTRICT q, std::int64_t ld_q, const T*
   }
 }
 
+// Asks for the `bytes` of `row` to be brought into the cache.
+HWY_INLINE void PrefetchRow(const void* row, std::int64_t bytes) {
+  for (std::int64_t b = 0; b < bytes; b += 64) hwy::Prefetch(static_cast<const char*>(row) + b);
+}
+
+// Rows a block ahead, prefetched one key row and one value row per key of the current block.
+template <class T>
+struct RowsAhead {
+  const T* const* k = nullptr;
+  const T* const* v = nullptr;
+  std::int64_t count = 0;  // 0: nothing ahead
+  std::int64_t k_bytes = 0, v_bytes = 0;
+};
+
 // s [R, kKeyBlock] = scale q k_j for keys j < kb, -inf where a row may not see key j (j >= visible[r])
-// and in the padding up to kKeyBlock.
+// and in the padding up to kKeyBlock. Meanwhile prefetches the rows ahead.
 template <class T>
 void BlockLogits(const float* HWY_RESTRICT q, std::int64_t ld_q, std::int64_t R, const T* const* k_rows,
-                 std::int64_t kb, std::int64_t d_k, float scale, const std::int64_t* visible, float* HWY_RESTRICT s) {
+                 std::int64_t kb, std::int64_t d_k, float scale, const std::int64_t* visible, const RowsAhead<T>& ahead,
+                 float* HWY_RESTRICT s) {
   constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
   float dots[4];
   for (std::int64_t j = 0; j < kb; ++j) {
+    if (j < ahead.count) {
+      PrefetchRow(ahead.k[j], ahead.k_bytes);
+      PrefetchRow(ahead.v[j], ahead.v_bytes);
+    }
     std::int64_t r = 0;
     for (; r + 4 <= R; r += 4) {
       DotTile<4>(q + r * ld_q, ld_q, k_rows[j], d_k, dots);

@@ -30,6 +30,11 @@ inline constexpr std::int64_t kItemsPerSequence = 64;
 // Positions per block inside a chunk: the logits tile of a block is R x kKeyBlock floats, and its
 // K and V rows (32 x 512 B each at d = 128 in float32) stay in L1 between the two products.
 inline constexpr std::int64_t kKeyBlock = 32;
+// How many blocks ahead the kernel prefetches the rows it will read. A head's rows in a page are
+// contiguous (P x d elements), but consecutive pages lie anywhere in the pool, so the hardware's
+// stream prefetchers stop at every page: without software prefetch the loads of each block waited on
+// memory (one core read 4 GB/s of the cache against 25 GB/s of a plain stream).
+inline constexpr std::int64_t kPrefetchBlocks = 2;
 
 // Pages per chunk for a sequence of `length` positions: from the sequence's own size and the cache's
 // shape only, so a sequence's result does not depend on the rest of the batch.

@@ -151,22 +151,32 @@ inline void BlockOnlineSoftmax(float* HWY_RESTRICT s, std::int64_t R, float* m, 
 
 // acc [rows, ld_acc] (rows <= 4) += P V over the keys of a block, columns [c, c + N): each row's sum
 // runs over the keys in order; a weight of exactly 0 adds nothing (its value is not read, so a NaN
-// there cannot reach the row). all_weighted[j]: no row of the item has weight 0 at key j.
+// there cannot reach the row). all_weighted[j]: no row of the item has weight 0 at key j; when every
+// key of the block is so (`block_weighted`, the usual case), the loop runs without a test per key.
 template <int kRows, class T>
 HWY_INLINE void AccumulateTile(const float* HWY_RESTRICT p, const T* const* v_rows, std::int64_t kb,
-                               const std::uint8_t* all_weighted, std::int64_t c, float* HWY_RESTRICT acc,
-                               std::int64_t ld_acc) {
+                               const std::uint8_t* all_weighted, bool block_weighted, std::int64_t c,
+                               float* HWY_RESTRICT acc, std::int64_t ld_acc) {
   const hn::ScalableTag<float> d;
   auto a0 = hn::Load(d, acc + c), a1 = a0, a2 = a0, a3 = a0;
   if constexpr (kRows > 1) a1 = hn::Load(d, acc + ld_acc + c);
   if constexpr (kRows > 2) a2 = hn::Load(d, acc + 2 * ld_acc + c);
   if constexpr (kRows > 3) a3 = hn::Load(d, acc + 3 * ld_acc + c);
-  for (std::int64_t j = 0; j < kb; ++j) {
-    const float p0 = p[j];  // the rows past kRows are not read: they may lie past the logits
-    const float p1 = kRows > 1 ? p[kKeyBlock + j] : 0.0f, p2 = kRows > 2 ? p[2 * kKeyBlock + j] : 0.0f,
-                p3 = kRows > 3 ? p[3 * kKeyBlock + j] : 0.0f;
-    const bool all = all_weighted[j] != 0;
-    if (all || p0 != 0.0f || (kRows > 1 && p1 != 0.0f) || (kRows > 2 && p2 != 0.0f) || (kRows > 3 && p3 != 0.0f)) {
+  if (block_weighted) {
+    for (std::int64_t j = 0; j < kb; ++j) {
+      const auto v = LoadWidened(d, v_rows[j] + c);
+      a0 = hn::MulAdd(hn::Set(d, p[j]), v, a0);
+      if constexpr (kRows > 1) a1 = hn::MulAdd(hn::Set(d, p[kKeyBlock + j]), v, a1);
+      if constexpr (kRows > 2) a2 = hn::MulAdd(hn::Set(d, p[2 * kKeyBlock + j]), v, a2);
+      if constexpr (kRows > 3) a3 = hn::MulAdd(hn::Set(d, p[3 * kKeyBlock + j]), v, a3);
+    }
+  } else {
+    for (std::int64_t j = 0; j < kb; ++j) {
+      const float p0 = p[j];  // the rows past kRows are not read: they may lie past the logits
+      const float p1 = kRows > 1 ? p[kKeyBlock + j] : 0.0f, p2 = kRows > 2 ? p[2 * kKeyBlock + j] : 0.0f,
+                  p3 = kRows > 3 ? p[3 * kKeyBlock + j] : 0.0f;
+      const bool all = all_weighted[j] != 0;
+      if (!all && p0 == 0.0f && p1 == 0.0f && p2 == 0.0f && p3 == 0.0f) continue;
       const auto v = LoadWidened(d, v_rows[j] + c);
       if (all || p0 != 0.0f) a0 = hn::MulAdd(hn::Set(d, p0), v, a0);
       if constexpr (kRows > 1)
@@ -190,11 +200,14 @@ void BlockAccumulate(const float* HWY_RESTRICT p, std::int64_t R, const T* const
                      std::int64_t d_v, const std::uint8_t* all_weighted, float* HWY_RESTRICT acc, std::int64_t ld_acc) {
   const hn::ScalableTag<float> d;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d)), whole = d_v - d_v % N;
+  bool block_weighted = true;
+  for (std::int64_t j = 0; j < kb; ++j) block_weighted = block_weighted && all_weighted[j] != 0;
   for (std::int64_t c = 0; c < whole; c += N) {
     std::int64_t r = 0;
     for (; r + 4 <= R; r += 4)
-      AccumulateTile<4>(p + r * kKeyBlock, v_rows, kb, all_weighted, c, acc + r * ld_acc, ld_acc);
-    for (; r < R; ++r) AccumulateTile<1>(p + r * kKeyBlock, v_rows, kb, all_weighted, c, acc + r * ld_acc, ld_acc);
+      AccumulateTile<4>(p + r * kKeyBlock, v_rows, kb, all_weighted, block_weighted, c, acc + r * ld_acc, ld_acc);
+    for (; r < R; ++r)
+      AccumulateTile<1>(p + r * kKeyBlock, v_rows, kb, all_weighted, block_weighted, c, acc + r * ld_acc, ld_acc);
   }
   for (std::int64_t r = 0; r < R; ++r)
     for (std::int64_t c = whole; c < d_v; ++c) {

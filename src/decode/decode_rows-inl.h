@@ -45,6 +45,33 @@ HWY_INLINE hn::Vec<D> LoadWidened(D d, const bfloat16* HWY_RESTRICT p) {
   return hn::BitCast(d, hn::ShiftLeft<16>(bits));
 }
 
+// The lane sums of a0..a3 into out[0..3], four at once: per 128-bit block, two interleaving adds leave
+// [sum a0, sum a1, sum a2, sum a3] of the block's lanes, and the blocks are added in order. Every row goes
+// through the same tree whichever slot it has, so its sum does not depend on its neighbours (a tile of
+// one row passes zeros for the others).
+#if HWY_TARGET == HWY_SCALAR  // one lane: nothing to interleave
+template <class D, class V>
+HWY_INLINE void SumOfLanes4(D /* one lane */, V a0, V a1, V a2, V a3, float* out) {
+  out[0] = hn::GetLane(a0), out[1] = hn::GetLane(a1), out[2] = hn::GetLane(a2), out[3] = hn::GetLane(a3);
+}
+#else
+template <class D, class V>
+HWY_INLINE void SumOfLanes4(D d, V a0, V a1, V a2, V a3, float* out) {
+  const hn::Repartition<double, D> dd;  // pairs of floats moved as one 64-bit lane
+  const V s01 = hn::Add(hn::InterleaveLower(d, a0, a1), hn::InterleaveUpper(d, a0, a1));
+  const V s23 = hn::Add(hn::InterleaveLower(d, a2, a3), hn::InterleaveUpper(d, a2, a3));
+  const auto x = hn::BitCast(dd, s01), y = hn::BitCast(dd, s23);
+  const V sums = hn::Add(hn::BitCast(d, hn::InterleaveLower(dd, x, y)), hn::BitCast(d, hn::InterleaveUpper(dd, x, y)));
+  HWY_ALIGN float lanes[hn::MaxLanes(d)];
+  hn::Store(sums, d, lanes);
+  const std::size_t N = hn::Lanes(d);
+  for (std::size_t r = 0; r < 4; ++r) {
+    out[r] = lanes[r];
+    for (std::size_t block = 4; block < N; block += 4) out[r] += lanes[block + r];
+  }
+}
+#endif
+
 // The dot products of one key row k [d_k] with query rows q [rows, ld_q] (rows <= 4, a tile): each
 // row's vector sum over whole vectors, reduced, plus its scalar tail; the same for any tile size.
 template <int kRows, class T>
@@ -60,11 +87,12 @@ HWY_INLINE void DotTile(const float* HWY_RESTRICT q, std::int64_t ld_q, const T*
     if constexpr (kRows > 2) a2 = hn::MulAdd(hn::Load(d, q + 2 * ld_q + c), kv, a2);
     if constexpr (kRows > 3) a3 = hn::MulAdd(hn::Load(d, q + 3 * ld_q + c), kv, a3);
   }
-  const decltype(a0) acc[4] = {a0, a1, a2, a3};
+  float sums[4];
+  SumOfLanes4(d, a0, a1, a2, a3, sums);
   for (int r = 0; r < kRows; ++r) {
     float tail = 0.0f;
     for (std::int64_t c = whole; c < d_k; ++c) tail += q[r * ld_q + c] * static_cast<float>(k[c]);
-    dots[r] = hn::GetLane(hn::SumOfLanes(d, acc[r])) + tail;
+    dots[r] = sums[r] + tail;
   }
 }
 

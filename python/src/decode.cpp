@@ -3,6 +3,7 @@
 #include "mha/decode.hpp"
 
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include <pybind11/stl.h>

@@ -35,15 +35,7 @@ struct DecodeParams {
   std::vector<const T*> v_pages;         // likewise: values [h_kv, P, d_v]
 
   std::int64_t group_size() const { return h / h_kv; }
-  // Key row of sequence s, kv head `head`, position t: [d_k] elements.
-  const T* key_row(std::int64_t s, std::int64_t head, std::int64_t t) const {
-    return k_pages[static_cast<std::size_t>(first_page[static_cast<std::size_t>(s)] + t / page_size)] +
-           (head * page_size + t % page_size) * d_k;
-  }
-  const T* value_row(std::int64_t s, std::int64_t head, std::int64_t t) const {
-    return v_pages[static_cast<std::size_t>(first_page[static_cast<std::size_t>(s)] + t / page_size)] +
-           (head * page_size + t % page_size) * d_v;
-  }
+  // Query row (s, i, head): [d_k] elements, q_stride[3] apart.
   const T* query_row(std::int64_t s, std::int64_t i, std::int64_t head) const {
     return q + s * q_stride[0] + i * q_stride[1] + head * q_stride[2];
   }

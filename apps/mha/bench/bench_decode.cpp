@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -216,6 +217,14 @@ int run_bench_decode(const BenchOptions& options, const std::string& command) {
   report["targets"] = check_targets(rows, llc);
   report["load_end"] = load_average();
   fmt::print("load average at the end: {}\n", load_average());
+  double load = 0;
+  for (const std::string& at : {report["load_start"].get<std::string>(), report["load_end"].get<std::string>()})
+    load = std::max(load, std::atof(at.c_str()));  // the 1-minute average, first of the three
+  if (m.logical_cpus > 0 && load > m.logical_cpus + 0.5)
+    fmt::print("warning: the 1-minute load average reached {:.1f} on {} logical CPUs: other work shared the cores "
+               "and the memory, so the rates (above all at {} threads) are low and the targets unreliable; repeat on "
+               "a quiet machine\n",
+               load, m.logical_cpus, options.threads.back());
   std::filesystem::create_directories(options.out_dir);
   const std::filesystem::path path = std::filesystem::path(options.out_dir) / "bench-decode.json";
   std::ofstream(path) << report.dump(2) << "\n";

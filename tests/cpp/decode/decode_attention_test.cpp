@@ -163,6 +163,7 @@ TEST_P(DecodeVsReference, RaggedBatchesEveryQueryCount) {
   const std::int64_t widths[][2] = {{19, 19}, {5, 33}, {64, 48}, {128, 128}};
   const std::int64_t long_length = kUnderSanitizers ? 300 : 1100;  // several chunks for h_kv = 1, 2
   for (const auto& [d_k, d_v] : widths) {
+    if (kUnderSanitizers && d_k != 5 && d_k != 64) continue;  // a tail and whole vectors, in ~1/3 of the time
     const Shape5 s{h, h_kv, d_k, d_v, P};
     const Batch b = make_batch(dtype, s, {1 + rng.integer(0, 6), 37, long_length, 5 + rng.integer(0, 90)}, rng);
     for (std::int64_t Lq = 1; Lq <= 5; ++Lq) {

@@ -7,7 +7,8 @@
 //     S = scale Q K_blk^T   (-inf where the row may not see the key)    [R, kKeyBlock]
 //     m' = max(m, rowmax S);  P = exp(S - m');  a = exp(m - m')
 //     l = a l + rowsum P;  acc = a acc + P V_blk;  m = m'
-// leaving (m, l, acc) in the item's slot; decode_driver.hpp merges the slots by log-sum-exp. Both
+// leaving (m, l, acc) in the item's slot; decode_driver.hpp merges the slots by log-sum-exp. While a
+// block is computed, the rows kPrefetchBlocks blocks ahead are prefetched (split_kv.hpp says why). Both
 // products and the softmax are float32 in Highway vectors (bfloat16 rows widened as they are loaded),
 // dispatched once per call to the best SIMD target of the machine.
 //

@@ -243,6 +243,27 @@ TEST(DecodeAttention, DuplicateIdsGiveTheSameRows) {
                         std::vector<double>(out.begin() + half, out.end())));
 }
 
+// q through strides (its rows laid out [n, h, Lq, d_k] in memory, read as [n, Lq, h, d_k]): bitwise what
+// the contiguous q gives.
+TEST(DecodeAttention, TakesStridedQueries) {
+  Rng rng(8);
+  const Shape5 s{4, 2, 24, 8, 3};
+  const Batch b = make_batch(DType::Float32, s, {20, 9}, rng);
+  const std::int64_t n = 2, Lq = 3;
+  const Tensor q = random_q(DType::Float32, n, Lq, s.h, s.d_k, rng);
+  const std::vector<double> values = to_doubles(q);
+  Tensor transposed(DType::Float32, {n, s.h, Lq, s.d_k});
+  for (std::int64_t i = 0; i < n * Lq * s.h * s.d_k; ++i) {
+    const std::int64_t c = i % s.d_k, head = i / s.d_k % s.h, t = i / (s.d_k * s.h) % Lq, seq = i / (s.d_k * s.h * Lq);
+    transposed.data_as<float>()[((seq * s.h + head) * Lq + t) * s.d_k + c] =
+        static_cast<float>(values[static_cast<std::size_t>(i)]);
+  }
+  const TensorView strided(transposed.data(), DType::Float32, {n, Lq, s.h, s.d_k},
+                           {s.h * Lq * s.d_k, s.d_k, Lq * s.d_k, 1});
+  const mha::DecodeResult r = mha::decode_attention(strided, b.cache, b.ids);
+  EXPECT_TRUE(same_bits(to_doubles(r.out), decode(q, b, b.ids)));
+}
+
 // Forked at every position inside a page (and on its edges), the child and the parent then appended
 // differently: the parent's result is bitwise what it was before the fork, the child's the reference's.
 TEST(DecodeAttention, ForksAtEveryPositionInsideAPageLeaveTheParentUnchanged) {

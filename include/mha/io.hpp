@@ -92,7 +92,7 @@ std::vector<std::byte> serialize_safetensors(const std::map<std::string, TensorV
 
 /// Writes the layer's parameters under PyTorch's state_dict names ("in_proj_weight", "out_proj.bias",
 /// ...; see multi_head_attention.hpp) in the layer's dtype, and its config in "__metadata__" as strings:
-/// "format": "mha", d_model, num_heads, d_k, d_v, kdim, vdim (integers), bias, add_bias_kv,
+/// "format": "mha", d_model, num_heads, num_kv_heads, d_k, d_v, kdim, vdim (integers), bias, add_bias_kv,
 /// add_zero_attn, batch_first ("true" / "false"), dropout (a decimal that reads back exactly) and dtype
 /// ("float32" / "float64" / "bfloat16"; a bfloat16 layer's tensors are stored as BF16). The file loads in PyTorch's
 /// nn.MultiheadAttention (via the safetensors package) whenever the config is one PyTorch has (d_k == d_v == d_model /
@@ -101,7 +101,8 @@ std::vector<std::byte> serialize_safetensors(const std::map<std::string, TensorV
 void save_safetensors(const MultiHeadAttention& layer, const std::string& path);
 
 /// The config in `metadata` as save_safetensors writes it: "format" must be "mha", every other key
-/// present, integers in decimal, booleans exactly "true" or "false", dropout a decimal number, dtype
+/// present (num_kv_heads may be absent, in files written before it: num_heads then), integers in
+/// decimal, booleans exactly "true" or "false", dropout a decimal number, dtype
 /// "float32", "float64" or "bfloat16". Anything else is an mha::Error naming `name` (the file), the key and the
 /// value. The values are checked against each other by the layer's constructor, not here.
 MultiHeadAttentionConfig config_from_metadata(const std::map<std::string, std::string>& metadata,

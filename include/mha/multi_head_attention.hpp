@@ -34,6 +34,11 @@ namespace mha {
 struct MultiHeadAttentionConfig {
   std::int64_t d_model = 0;    ///< E
   std::int64_t num_heads = 0;  ///< h
+  /// h_kv key/value heads, dividing h (grouped-query attention: query head i attends with key/value
+  /// head i / (h / h_kv); 1 is multi-query attention); 0: num_heads, the paper's multi-head attention.
+  /// W^K and W^V then project to h_kv d_k and h_kv d_v: the layer keeps them as k_proj_weight and
+  /// v_proj_weight (never packed into in_proj_weight), in_proj_bias is [h d_k + h_kv d_k + h_kv d_v].
+  std::int64_t num_kv_heads = 0;
   std::int64_t d_k = 0;        ///< 0: d_model / num_heads
   std::int64_t d_v = 0;        ///< 0: d_model / num_heads
   std::int64_t kdim = 0;       ///< 0: d_model
@@ -163,7 +168,7 @@ class KeyValueCache {
   Tensor values_;  // [B, capacity, h*d_v]: projected values, likewise
   std::int64_t batch_ = 0, length_ = 0, capacity_ = 0;
   // The layer that appended: per-head widths, dtype and the positions it appends after the keys.
-  std::int64_t num_heads_ = 0, d_k_ = 0, d_v_ = 0;
+  std::int64_t num_heads_ = 0, num_kv_heads_ = 0, d_k_ = 0, d_v_ = 0;  // rows hold num_kv_heads_ heads
   DType dtype_ = DType::Float32;
   bool add_bias_kv_ = false, add_zero_attn_ = false;
   mutable std::atomic<int> users_{0};  // readers in forward_cached(), or -1 while one call writes

@@ -307,6 +307,10 @@ class MultiheadAttention:
         batch_first: inputs are [B, L, E] (True) or [L, B, E] (False, PyTorch's default).
         d_k, d_v: per-head query/key and value widths (None: embed_dim // num_heads). Unlike
             PyTorch, h * d_k need not equal embed_dim and d_k need not equal d_v.
+        num_kv_heads: key/value heads h_kv, a divisor of num_heads (None: num_heads). Fewer is
+            grouped-query attention (1: multi-query attention): query head i attends with key/value
+            head i // (num_heads // num_kv_heads), and k_proj_weight / v_proj_weight project to
+            num_kv_heads * d_k / d_v (the projections are never packed into in_proj_weight then).
         dtype: numpy.float32 or numpy.float64, for the parameters and the inputs; or "bfloat16":
             parameters, activations and gradients held in bfloat16 (products accumulate in float32,
             softmax in float32). NumPy has no bfloat16, so such a layer takes float32 or float64
@@ -347,11 +351,12 @@ class MultiheadAttention:
 
     def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False,
                  add_zero_attn=False, kdim=None, vdim=None, batch_first=False, d_k=None, d_v=None,
-                 dtype=np.float32, seed=None):
+                 dtype=np.float32, seed=None, num_kv_heads=None):
         self._dtype, core_dtype = _as_dtype(dtype)
         config = _core.MultiHeadAttentionConfig()
         config.d_model = _int64_arg(embed_dim, "embed_dim")
         config.num_heads = _int64_arg(num_heads, "num_heads")
+        config.num_kv_heads = 0 if num_kv_heads is None else _int64_arg(num_kv_heads, "num_kv_heads")
         config.d_k = 0 if d_k is None else _int64_arg(d_k, "d_k")
         config.d_v = 0 if d_v is None else _int64_arg(d_v, "d_v")
         config.kdim = 0 if kdim is None else _int64_arg(kdim, "kdim")
@@ -376,6 +381,7 @@ class MultiheadAttention:
     # ---- hyper-parameters (read-only: they are fixed in the C++ module) -------------------------
     embed_dim = property(lambda self: self._config.d_model, doc="E")
     num_heads = property(lambda self: self._config.num_heads, doc="h")
+    num_kv_heads = property(lambda self: self._config.num_kv_heads, doc="h_kv, key/value heads")
     d_k = property(lambda self: self._config.d_k, doc="per-head query/key width")
     d_v = property(lambda self: self._config.d_v, doc="per-head value width")
     head_dim = property(lambda self: self._config.d_k,
@@ -489,7 +495,8 @@ class MultiheadAttention:
         c = self._config
         config = dict(embed_dim=c.d_model, num_heads=c.num_heads, dropout=c.dropout, bias=c.bias,
                       add_bias_kv=c.add_bias_kv, add_zero_attn=c.add_zero_attn, kdim=c.kdim, vdim=c.vdim,
-                      batch_first=c.batch_first, d_k=c.d_k, d_v=c.d_v, dtype=_dtype_name(self._dtype), seed=self.seed)
+                      batch_first=c.batch_first, d_k=c.d_k, d_v=c.d_v, dtype=_dtype_name(self._dtype), seed=self.seed,
+                      num_kv_heads=c.num_kv_heads)
         own = {k: v for k, v in self.__dict__.items() if k not in ("_module", "_config", "_dtype", "seed")}
         return {"config": config, "state_dict": self.state_dict(), "training": self.training,
                 "kernel": self.kernel.name, "attributes": own}
@@ -613,7 +620,8 @@ class MultiheadAttention:
 
     def __repr__(self):
         c = self._config
-        return (f"MultiheadAttention(embed_dim={c.d_model}, num_heads={c.num_heads}, d_k={c.d_k}, "
+        grouped = f", num_kv_heads={c.num_kv_heads}" if c.num_kv_heads != c.num_heads else ""
+        return (f"MultiheadAttention(embed_dim={c.d_model}, num_heads={c.num_heads}{grouped}, d_k={c.d_k}, "
                 f"d_v={c.d_v}, kdim={c.kdim}, vdim={c.vdim}, bias={c.bias}, "
                 f"add_bias_kv={c.add_bias_kv}, add_zero_attn={c.add_zero_attn}, "
                 f"dropout={c.dropout}, batch_first={c.batch_first}, dtype={_dtype_name(self._dtype)})")
@@ -669,7 +677,7 @@ def load(path, **overrides):
         raise Error(f"{name}: no mha metadata; build the layer yourself and load_state_dict("
                     "mha.read_safetensors(path)[0])")
     c = _core.config_from_metadata(meta, name)
-    config = dict(embed_dim=c.d_model, num_heads=c.num_heads, d_k=c.d_k, d_v=c.d_v, kdim=c.kdim,
+    config = dict(embed_dim=c.d_model, num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, d_k=c.d_k, d_v=c.d_v, kdim=c.kdim,
                   vdim=c.vdim, bias=c.bias, add_bias_kv=c.add_bias_kv, add_zero_attn=c.add_zero_attn,
                   batch_first=c.batch_first, dropout=c.dropout,
                   dtype={_core.DType.float64: np.float64, _core.DType.bfloat16: _BFLOAT16}.get(c.dtype, np.float32))

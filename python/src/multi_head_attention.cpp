@@ -211,6 +211,7 @@ void register_multi_head_attention(py::module_& m) {
       .def(py::init<>())
       .def_readwrite("d_model", &Config::d_model)
       .def_readwrite("num_heads", &Config::num_heads)
+      .def_readwrite("num_kv_heads", &Config::num_kv_heads)
       .def_readwrite("d_k", &Config::d_k)
       .def_readwrite("d_v", &Config::d_v)
       .def_readwrite("kdim", &Config::kdim)

@@ -192,6 +192,10 @@ RingMultiHeadAttention::RingMultiHeadAttention(MultiHeadAttention& layer, MPI_Co
   if (layer.config().dtype == DType::BFloat16)
     throw Error("RingMultiHeadAttention: the layer is bfloat16; the ring takes float32 or float64 layers (bfloat16 "
                 "across ranks is not built yet)");
+  if (layer.config().num_kv_heads != layer.config().num_heads)
+    throw Error("RingMultiHeadAttention: the layer has num_kv_heads = " + std::to_string(layer.config().num_kv_heads) +
+                " < num_heads = " + std::to_string(layer.config().num_heads) +
+                "; the ring takes one key/value head per head (grouped-query attention across ranks is not built yet)");
 }
 RingMultiHeadAttention::~RingMultiHeadAttention() = default;
 RingMultiHeadAttention::RingMultiHeadAttention(RingMultiHeadAttention&&) noexcept = default;

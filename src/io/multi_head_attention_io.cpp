@@ -28,6 +28,7 @@ std::map<std::string, std::string> config_metadata(const MultiHeadAttentionConfi
   return {{"format", kFormat},
           {"d_model", std::to_string(c.d_model)},
           {"num_heads", std::to_string(c.num_heads)},
+          {"num_kv_heads", std::to_string(c.num_kv_heads)},
           {"d_k", std::to_string(c.d_k)},
           {"d_v", std::to_string(c.d_v)},
           {"kdim", std::to_string(c.kdim)},
@@ -100,6 +101,8 @@ MultiHeadAttentionConfig config_from_metadata(const std::map<std::string, std::s
   MultiHeadAttentionConfig c;
   c.d_model = m.integer("d_model");
   c.num_heads = m.integer("num_heads");
+  // Files written before grouped-query attention have no num_kv_heads: one key/value head per head.
+  c.num_kv_heads = metadata.count("num_kv_heads") ? m.integer("num_kv_heads") : 0;
   c.d_k = m.integer("d_k");
   c.d_v = m.integer("d_v");
   c.kdim = m.integer("kdim");

@@ -121,8 +121,8 @@ HeadViews head_views(const SavedForward& f, const MultiHeadAttentionConfig& c) {
   const std::int64_t h = c.num_heads, S2 = f.S + f.extra;
   HeadViews v;
   v.q = heads_view(f.q_proj, f.B, h, f.L, c.d_k, f.q_rows);
-  v.k = heads_view(f.k_proj, f.B, h, S2, c.d_k, f.kv_rows);
-  v.v = heads_view(f.v_proj, f.B, h, S2, c.d_v, f.kv_rows);
+  v.k = heads_view(f.k_proj, f.B, c.num_kv_heads, S2, c.d_k, f.kv_rows);
+  v.v = heads_view(f.v_proj, f.B, c.num_kv_heads, S2, c.d_v, f.kv_rows);
   v.context = heads_view(f.context, f.B, h, f.L, c.d_v, f.q_rows);
   return v;
 }
@@ -161,6 +161,7 @@ MultiHeadAttentionOutput MultiHeadAttention::forward(const TensorView& query, co
                                                      const TensorView& value, const MultiHeadAttentionInputs& in) {
   const auto& c = config_;
   const std::int64_t qk = c.num_heads * c.d_k, vw = c.num_heads * c.d_v;
+  const std::int64_t kk = c.num_kv_heads * c.d_k, kv = c.num_kv_heads * c.d_v;  // key and value widths
   const auto [dims, B, L, S] = check_forward_inputs(query, key, value, c);
 
   // ---- masks, in kernel terms [B, h, L, S'] ---------------------------------------------------
@@ -195,8 +196,8 @@ MultiHeadAttentionOutput MultiHeadAttention::forward(const TensorView& query, co
   // Every element of these is written below (the kernel writes 0 for a query with no allowed key).
   f.q_proj = pool.take(c.dtype, {B * L, qk});   // [rows of query, h*d_k]
   f.context = pool.take(c.dtype, {B * L, vw});  // [rows of query, h*d_v]: the concatenated heads
-  f.k_proj = pool.take(c.dtype, {B * S2, qk});  // [rows of key (+ extra per batch), h*d_k]
-  f.v_proj = pool.take(c.dtype, {B * S2, vw});  // [rows of value (+ extra per batch), h*d_v]
+  f.k_proj = pool.take(c.dtype, {B * S2, kk});  // [rows of key (+ extra per batch), h_kv*d_k]
+  f.v_proj = pool.take(c.dtype, {B * S2, kv});  // [rows of value (+ extra per batch), h_kv*d_v]
   // The gated heads: in a buffer of their own in training mode (the backward reads both), else in place.
   if (f.gate.given && training_) f.gated_context = pool.take(c.dtype, {B * L, vw});
   Tensor& gated = f.gated_context.defined() ? f.gated_context : f.context;
@@ -208,8 +209,8 @@ MultiHeadAttentionOutput MultiHeadAttention::forward(const TensorView& query, co
   dispatch_floating(c.dtype, [&]<class T>(T) {
     const ProjectionWeights<T> w = projection_weights<T>(*this);
     project<T>(f.x_view[0], f.q_rows, B, L, 0, w.q, qk, w.q_bias, f.q_proj);
-    project<T>(f.x_view[1], f.kv_input_rows, B, S, extra, w.k, qk, w.k_bias, f.k_proj);
-    project<T>(f.x_view[2], f.kv_input_rows, B, S, extra, w.v, vw, w.v_bias, f.v_proj);
+    project<T>(f.x_view[1], f.kv_input_rows, B, S, extra, w.k, kk, w.k_bias, f.k_proj);
+    project<T>(f.x_view[2], f.kv_input_rows, B, S, extra, w.v, kv, w.v_bias, f.v_proj);
     if (extra) write_extra_positions<T>(*this, f.k_proj.data_as<T>(), f.v_proj.data_as<T>(), B, S2, S);
     Tensor weights;
     attend_and_project_out<T>(head_views(f, c), o, w, f.gate, f.context, gated.data_as<T>(), result.out, weights,
@@ -237,6 +238,7 @@ MultiHeadAttentionGradients MultiHeadAttention::backward(const TensorView& dout)
          "its saved state no longer matches them; call forward() again before backward()");
   const auto& c = config_;
   const std::int64_t E = c.d_model, qk = c.num_heads * c.d_k, vw = c.num_heads * c.d_v;
+  const std::int64_t kk = c.num_kv_heads * c.d_k, kv = c.num_kv_heads * c.d_v;  // key and value widths
   const std::int64_t B = f.B, L = f.L, S = f.S, S2 = f.S + f.extra;
   check_borrowed_inputs(f);
   if (dout.dtype() != c.dtype)
@@ -256,9 +258,9 @@ MultiHeadAttentionGradients MultiHeadAttention::backward(const TensorView& dout)
     (i == 0 ? g.query : i == 1 ? g.key : g.value) = Tensor::uninitialized(c.dtype, f.x_view[i].shape());
   BufferPool& pool = buffer_pool();
   Tensor dcontext = pool.take(c.dtype, {B * L, vw});  // [rows of query, h*d_v], overwritten below
-  // The kernel's gradients, written whole by it: [rows of query, h*d_k], [rows of key (+ extra), h*d_k], ...
-  Tensor dq_proj = pool.take(c.dtype, {B * L, qk}), dk_proj = pool.take(c.dtype, {B * S2, qk});
-  Tensor dv_proj = pool.take(c.dtype, {B * S2, vw});
+  // The kernel's gradients, written whole by it: [rows of query, h*d_k], [rows of key (+ extra), h_kv*d_k], ...
+  Tensor dq_proj = pool.take(c.dtype, {B * L, qk}), dk_proj = pool.take(c.dtype, {B * S2, kk});
+  Tensor dv_proj = pool.take(c.dtype, {B * S2, kv});
 
   auto run = [&]<class T>(T) {
     const ProjectionWeights<T> w = projection_weights<T>(*this);
@@ -287,18 +289,19 @@ MultiHeadAttentionGradients MultiHeadAttention::backward(const TensorView& dout)
           dbias[n] = T(sum);
         }
       };
-      sum_over_batches(dk_proj, qk, dbias_k);
-      sum_over_batches(dv_proj, vw, dbias_v);
+      sum_over_batches(dk_proj, kk, dbias_k);
+      sum_over_batches(dv_proj, kv, dbias_v);
     }
 
-    // Input projections. Forward: q_proj = query W_q^T + b_q (likewise k, v).
+    // Input projections. Forward: q_proj = query W_q^T + b_q (likewise k, v). Packed: rows [q | k | v] of one
+    // weight and of in_proj_bias (the weights are packed only without grouping, kk = qk).
     T* dw = packed_in_proj() ? grad("in_proj_weight") : nullptr;
     T* db = c.bias ? grad("in_proj_bias") : nullptr;
     project_backward<T>(dq_proj, f.x_view[0], f.q_rows, B, L, 0, w.q, qk, dw ? dw : grad("q_proj_weight"), db, g.query);
-    project_backward<T>(dk_proj, f.x_view[1], f.kv_input_rows, B, S, f.extra, w.k, qk,
+    project_backward<T>(dk_proj, f.x_view[1], f.kv_input_rows, B, S, f.extra, w.k, kk,
                         dw ? dw + qk * E : grad("k_proj_weight"), db ? db + qk : nullptr, g.key);
-    project_backward<T>(dv_proj, f.x_view[2], f.kv_input_rows, B, S, f.extra, w.v, vw,
-                        dw ? dw + 2 * qk * E : grad("v_proj_weight"), db ? db + 2 * qk : nullptr, g.value);
+    project_backward<T>(dv_proj, f.x_view[2], f.kv_input_rows, B, S, f.extra, w.v, kv,
+                        dw ? dw + 2 * qk * E : grad("v_proj_weight"), db ? db + qk + kk : nullptr, g.value);
   };
   dispatch_floating(c.dtype, run);
   for (Tensor* t : {&dcontext, &dq_proj, &dk_proj, &dv_proj}) pool.give(std::move(*t));

@@ -31,11 +31,12 @@ std::string str(std::int64_t v) { return std::to_string(v); }
 // regrow at every step; beyond it the capacity doubles.
 constexpr std::int64_t kMinCacheCapacity = 16;
 
-// "h = 2, d_k = 4, d_v = 4, float64, add_bias_kv": what a cache and its layer must agree on.
-std::string cache_signature(std::int64_t h, std::int64_t d_k, std::int64_t d_v, DType dtype, bool add_bias_kv,
-                            bool add_zero_attn) {
-  return "h = " + str(h) + ", d_k = " + str(d_k) + ", d_v = " + str(d_v) + ", " + dtype_name(dtype) +
-         (add_bias_kv ? ", add_bias_kv" : "") + (add_zero_attn ? ", add_zero_attn" : "");
+// "h = 2, d_k = 4, d_v = 4, float64, add_bias_kv": what a cache and its layer must agree on (h_kv named
+// when it differs from h).
+std::string cache_signature(std::int64_t h, std::int64_t h_kv, std::int64_t d_k, std::int64_t d_v, DType dtype,
+                            bool add_bias_kv, bool add_zero_attn) {
+  return "h = " + str(h) + (h_kv != h ? ", h_kv = " + str(h_kv) : "") + ", d_k = " + str(d_k) + ", d_v = " + str(d_v) +
+         ", " + dtype_name(dtype) + (add_bias_kv ? ", add_bias_kv" : "") + (add_zero_attn ? ", add_zero_attn" : "");
 }
 
 }  // namespace
@@ -62,7 +63,8 @@ KeyValueCache& KeyValueCache::operator=(KeyValueCache&& other) {
   const Use replaced(*this, /*write=*/true), moving(other, /*write=*/true);
   keys_ = std::move(other.keys_), values_ = std::move(other.values_);
   batch_ = other.batch_, length_ = other.length_, capacity_ = other.capacity_;
-  num_heads_ = other.num_heads_, d_k_ = other.d_k_, d_v_ = other.d_v_, dtype_ = other.dtype_;
+  num_heads_ = other.num_heads_, num_kv_heads_ = other.num_kv_heads_, d_k_ = other.d_k_, d_v_ = other.d_v_,
+  dtype_ = other.dtype_;
   add_bias_kv_ = other.add_bias_kv_, add_zero_attn_ = other.add_zero_attn_;
   other.batch_ = other.length_ = other.capacity_ = 0;
   return *this;
@@ -76,7 +78,7 @@ void KeyValueCache::clear() {
 void KeyValueCache::reserve(std::int64_t positions) {
   if (positions <= capacity_) return;
   const std::int64_t capacity = std::max({positions, 2 * capacity_, kMinCacheCapacity});
-  const std::int64_t qk = num_heads_ * d_k_, vw = num_heads_ * d_v_;
+  const std::int64_t qk = num_kv_heads_ * d_k_, vw = num_kv_heads_ * d_v_;  // a row's key and value widths
   Tensor keys(dtype_, {batch_, capacity, qk}), values(dtype_, {batch_, capacity, vw});
   if (length_ > 0) {  // copy the rows held, batch by batch (the extra positions are rewritten by append)
     const std::size_t elem = dtype_size(dtype_);
@@ -96,17 +98,19 @@ void KeyValueCache::reserve(std::int64_t positions) {
 
 void MultiHeadAttention::check_cache_layer(const KeyValueCache& cache) const {
   const auto& c = config_;
-  if (cache.num_heads_ != c.num_heads || cache.d_k_ != c.d_k || cache.d_v_ != c.d_v || cache.dtype_ != c.dtype ||
-      cache.add_bias_kv_ != c.add_bias_kv || cache.add_zero_attn_ != c.add_zero_attn)
+  if (cache.num_heads_ != c.num_heads || cache.num_kv_heads_ != c.num_kv_heads || cache.d_k_ != c.d_k ||
+      cache.d_v_ != c.d_v || cache.dtype_ != c.dtype || cache.add_bias_kv_ != c.add_bias_kv ||
+      cache.add_zero_attn_ != c.add_zero_attn)
     fail("cache: filled by a layer with " +
-         cache_signature(cache.num_heads_, cache.d_k_, cache.d_v_, cache.dtype_, cache.add_bias_kv_,
-                         cache.add_zero_attn_) +
-         ", but this layer has " + cache_signature(c.num_heads, c.d_k, c.d_v, c.dtype, c.add_bias_kv, c.add_zero_attn) +
+         cache_signature(cache.num_heads_, cache.num_kv_heads_, cache.d_k_, cache.d_v_, cache.dtype_,
+                         cache.add_bias_kv_, cache.add_zero_attn_) +
+         ", but this layer has " +
+         cache_signature(c.num_heads, c.num_kv_heads, c.d_k, c.d_v, c.dtype, c.add_bias_kv, c.add_zero_attn) +
          "; use one cache per layer");
   if (c.add_bias_kv && cache.length_ > 0) {  // position `length` of batch 0 holds the appending layer's bias_k / bias_v
     const std::size_t elem = dtype_size(c.dtype);
-    const std::size_t qk = static_cast<std::size_t>(c.num_heads * c.d_k),
-                      vw = static_cast<std::size_t>(c.num_heads * c.d_v);
+    const std::size_t qk = static_cast<std::size_t>(c.num_kv_heads * c.d_k),
+                      vw = static_cast<std::size_t>(c.num_kv_heads * c.d_v);
     const auto* k_row =
         static_cast<const std::byte*>(cache.keys_.data()) + static_cast<std::size_t>(cache.length_) * qk * elem;
     const auto* v_row =
@@ -121,7 +125,7 @@ void MultiHeadAttention::check_cache_layer(const KeyValueCache& cache) const {
 void MultiHeadAttention::append_to_cache(KeyValueCache& cache, const TensorView& key, const TensorView& value) const {
   const KeyValueCache::Use writing(cache, /*write=*/true);
   const auto& c = config_;
-  const std::int64_t h = c.num_heads, qk = h * c.d_k, vw = h * c.d_v;
+  const std::int64_t h = c.num_heads, qk = c.num_kv_heads * c.d_k, vw = c.num_kv_heads * c.d_v;  // row widths
 
   // ---- validate (nothing changes before this is done) ------------------------------------------
   check_input_rank(key, "key", c.batch_first, "S_new", "kdim");
@@ -144,10 +148,11 @@ void MultiHeadAttention::append_to_cache(KeyValueCache& cache, const TensorView&
       fail("key: expected batch size " + str(cache.batch_) + " like the cache's (cache.batch()), got shape " +
            shape_str(key.shape()));
   } else {  // an empty cache (new or cleared) starts over with this layer and batch size
-    const bool storage_fits = cache.batch_ == B && cache.dtype_ == c.dtype && cache.num_heads_ * cache.d_k_ == qk &&
-                              cache.num_heads_ * cache.d_v_ == vw;
+    const bool storage_fits = cache.batch_ == B && cache.dtype_ == c.dtype && cache.num_kv_heads_ * cache.d_k_ == qk &&
+                              cache.num_kv_heads_ * cache.d_v_ == vw;
     if (!storage_fits) cache.keys_ = Tensor(), cache.values_ = Tensor(), cache.capacity_ = 0;
-    cache.batch_ = B, cache.num_heads_ = h, cache.d_k_ = c.d_k, cache.d_v_ = c.d_v, cache.dtype_ = c.dtype;
+    cache.batch_ = B, cache.num_heads_ = h, cache.num_kv_heads_ = c.num_kv_heads, cache.d_k_ = c.d_k,
+    cache.d_v_ = c.d_v, cache.dtype_ = c.dtype;
     cache.add_bias_kv_ = c.add_bias_kv, cache.add_zero_attn_ = c.add_zero_attn;
   }
 
@@ -159,8 +164,8 @@ void MultiHeadAttention::append_to_cache(KeyValueCache& cache, const TensorView&
   const RowLayout rows = dims.rows(B, S_new);
   auto run = [&]<class T>(T) {
     const ProjectionWeights<T> w = projection_weights<T>(*this);
-    T* keys = cache.keys_.data_as<T>();      // [B, capacity, h*d_k]
-    T* values = cache.values_.data_as<T>();  // [B, capacity, h*d_v]
+    T* keys = cache.keys_.data_as<T>();      // [B, capacity, h_kv*d_k]
+    T* values = cache.values_.data_as<T>();  // [B, capacity, h_kv*d_v]
     project_per_batch<T>(k_in, rows, B, S_new, w.k, qk, w.k_bias, keys + S0 * qk, cache.capacity_);
     project_per_batch<T>(v_in, rows, B, S_new, w.v, vw, w.v_bias, values + S0 * vw, cache.capacity_);
     write_extra_positions<T>(*this, keys, values, B, cache.capacity_, S1);
@@ -210,10 +215,10 @@ MultiHeadAttentionOutput MultiHeadAttention::forward_cached(const TensorView& qu
     const ProjectionWeights<T> w = projection_weights<T>(*this);
     project<T>(q_in, q_rows, B, L, 0, w.q, qk, w.q_bias, q_proj);
     HeadViews heads;
-    heads.q = heads_view(q_proj, B, h, L, c.d_k, q_rows);              // [B, h, L, d_k]
-    heads.k = heads_view(cache.keys_, B, h, S2, c.d_k, cache_rows);    // [B, h, S', d_k]
-    heads.v = heads_view(cache.values_, B, h, S2, c.d_v, cache_rows);  // [B, h, S', d_v]
-    heads.context = heads_view(context, B, h, L, c.d_v, q_rows);       // [B, h, L, d_v]
+    heads.q = heads_view(q_proj, B, h, L, c.d_k, q_rows);                           // [B, h, L, d_k]
+    heads.k = heads_view(cache.keys_, B, c.num_kv_heads, S2, c.d_k, cache_rows);    // [B, h_kv, S', d_k]
+    heads.v = heads_view(cache.values_, B, c.num_kv_heads, S2, c.d_v, cache_rows);  // [B, h_kv, S', d_v]
+    heads.context = heads_view(context, B, h, L, c.d_v, q_rows);                    // [B, h, L, d_v]
     Tensor weights, lse;
     attend_and_project_out<T>(heads, o, w, gate, context, context.data_as<T>(), result.out, weights, lse);
     if (in.need_weights) result.weights = output_weights<T>(std::move(weights), in.average_attn_weights, dims.batched);

@@ -66,6 +66,10 @@ MultiHeadAttentionConfig resolve(MultiHeadAttentionConfig c) {
     if (*value < 0) fail(std::string(name) + ": expected a positive width or 0 for d_model, got " + str(*value));
     if (*value == 0) *value = c.d_model;
   }
+  if (c.num_kv_heads < 0 || c.num_kv_heads > c.num_heads || (c.num_kv_heads > 0 && c.num_heads % c.num_kv_heads != 0))
+    fail("num_kv_heads: expected a divisor of num_heads = " + str(c.num_heads) +
+         " (or 0 for num_heads: one key/value head per query head), got " + str(c.num_kv_heads));
+  if (c.num_kv_heads == 0) c.num_kv_heads = c.num_heads;
   check_parameter_sizes(c);
   if (!(c.dropout >= 0.0 && c.dropout < 1.0))
     fail("dropout: expected a probability in [0, 1), got " + std::to_string(c.dropout));
@@ -94,6 +98,7 @@ MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionConfig& config, s
     : config_(resolve(config)), dropout_seed_(detail::mix64(seed ^ 0x6d68612d64726f70ULL)) {
   const auto& c = config_;
   const std::int64_t E = c.d_model, qk = c.num_heads * c.d_k, vw = c.num_heads * c.d_v;
+  const std::int64_t kk = c.num_kv_heads * c.d_k, kv = c.num_kv_heads * c.d_v;  // key and value widths
   detail::InitRng rng(seed);
   auto add = [&](const std::string& name, Shape shape) -> Tensor& {
     return parameters_[name] = Tensor(c.dtype, std::move(shape));
@@ -103,13 +108,13 @@ MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionConfig& config, s
     xavier_uniform(add("in_proj_weight", {2 * qk + vw, E}), rng);
   } else {
     xavier_uniform(add("q_proj_weight", {qk, E}), rng);
-    xavier_uniform(add("k_proj_weight", {qk, c.kdim}), rng);
-    xavier_uniform(add("v_proj_weight", {vw, c.vdim}), rng);
+    xavier_uniform(add("k_proj_weight", {kk, c.kdim}), rng);
+    xavier_uniform(add("v_proj_weight", {kv, c.vdim}), rng);
   }
-  if (c.bias) add("in_proj_bias", {2 * qk + vw});  // zeros
+  if (c.bias) add("in_proj_bias", {qk + kk + kv});  // zeros
   if (c.add_bias_kv) {
     // xavier_normal_ of a [1, 1, n] tensor: fan_in = fan_out = n, so std = sqrt(2 / 2n).
-    for (auto [name, n] : {std::pair{"bias_k", qk}, std::pair{"bias_v", vw}}) {
+    for (auto [name, n] : {std::pair{"bias_k", kk}, std::pair{"bias_v", kv}}) {
       const double std_dev = std::sqrt(1.0 / static_cast<double>(n));
       fill(add(name, {1, 1, n}), [&] { return std_dev * rng.normal(); });
     }
@@ -121,7 +126,8 @@ MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionConfig& config, s
 }
 
 bool MultiHeadAttention::packed_in_proj() const {
-  return config_.kdim == config_.d_model && config_.vdim == config_.d_model && config_.d_k == config_.d_v;
+  return config_.kdim == config_.d_model && config_.vdim == config_.d_model && config_.d_k == config_.d_v &&
+         config_.num_kv_heads == config_.num_heads;
 }
 
 std::vector<std::string> MultiHeadAttention::parameter_names() const {

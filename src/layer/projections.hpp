@@ -29,7 +29,7 @@ inline TensorView heads_view(const Tensor& projected, std::int64_t B, std::int64
 // The layer's projection weights and biases, by role.
 template <class T>
 struct ProjectionWeights {
-  const T *q, *k, *v, *out;                      // [h*d_k, E], [h*d_k, kdim], [h*d_v, vdim], [E, h*d_v]
+  const T *q, *k, *v, *out;                      // [h*d_k, E], [h_kv*d_k, kdim], [h_kv*d_v, vdim], [E, h*d_v]
   const T *q_bias, *k_bias, *v_bias, *out_bias;  // null without bias
 };
 
@@ -49,7 +49,7 @@ ProjectionWeights<T> projection_weights(const MultiHeadAttention& layer) {
   w.out = layer.parameter("out_proj.weight").data_as<T>();
   if (c.bias) {
     const T* in_b = layer.parameter("in_proj_bias").data_as<T>();
-    w.q_bias = in_b, w.k_bias = in_b + qk, w.v_bias = in_b + 2 * qk;
+    w.q_bias = in_b, w.k_bias = in_b + qk, w.v_bias = in_b + qk + c.num_kv_heads * c.d_k;
     w.out_bias = layer.parameter("out_proj.bias").data_as<T>();
   }
   return w;
@@ -120,13 +120,13 @@ void project_backward(const Tensor& dy, const TensorView& x, RowLayout rows, std
 }
 
 // Writes the extra key / value positions after the S keys of each batch: bias_k / bias_v at position S
-// (add_bias_kv), then a zero position (add_zero_attn). k: [B, batch_rows, h*d_k], v: [B, batch_rows,
-// h*d_v], row b * batch_rows + t for position t of batch b; batch_rows >= S + extra.
+// (add_bias_kv), then a zero position (add_zero_attn). k: [B, batch_rows, h_kv*d_k], v: [B, batch_rows,
+// h_kv*d_v], row b * batch_rows + t for position t of batch b; batch_rows >= S + extra.
 template <class T>
 void write_extra_positions(const MultiHeadAttention& layer, T* k, T* v, std::int64_t B, std::int64_t batch_rows,
                            std::int64_t S) {
   const auto& c = layer.config();
-  const std::int64_t qk = c.num_heads * c.d_k, vw = c.num_heads * c.d_v;
+  const std::int64_t qk = c.num_kv_heads * c.d_k, vw = c.num_kv_heads * c.d_v;  // the key and value widths
   for (std::int64_t b = 0; b < B; ++b) {
     std::int64_t row = b * batch_rows + S;
     if (c.add_bias_kv) {

@@ -94,3 +94,96 @@ def test_key_value_heads_that_do_not_divide_the_query_heads_are_refused(k_heads,
     k, v = np.zeros((1, k_heads, 3, 8), np.float32), np.zeros((1, v_heads, 3, 8), np.float32)
     with pytest.raises(ValueError, match="h_kv|v: expected"):
         mha.scaled_dot_product_attention(q, k, v)
+
+
+# ---- the layer: mha.MultiheadAttention(..., num_kv_heads=h_kv) -------------------------------------
+
+def torch_grouped_layer(params, q_in, k_in, v_in, dout, h, h_kv, d_k, d_v, causal, dtype):
+    """The layer written out in torch: q = x W_q^T + b_q (k, v likewise, h_kv heads), each key/value
+    head repeated for its group, softmax(q k^T / sqrt(d_k)) v per head, concatenated, W_o. Returns
+    out and the gradients of sum(out * dout) for the inputs and every parameter."""
+    t = {n: torch.tensor(p, dtype=dtype, requires_grad=True) for n, p in params.items()}
+    xs = [torch.tensor(x, dtype=dtype, requires_grad=True) for x in (q_in, k_in, v_in)]
+    B, L, S = q_in.shape[0], q_in.shape[1], k_in.shape[1]
+    qk, kk = h * d_k, h_kv * d_k
+    b = t.get("in_proj_bias")
+    q = xs[0] @ t["q_proj_weight"].T + (b[:qk] if b is not None else 0)
+    k = xs[1] @ t["k_proj_weight"].T + (b[qk:qk + kk] if b is not None else 0)
+    v = xs[2] @ t["v_proj_weight"].T + (b[qk + kk:] if b is not None else 0)
+    q = q.reshape(B, L, h, d_k).transpose(1, 2)
+    k = k.reshape(B, S, h_kv, d_k).transpose(1, 2).repeat_interleave(h // h_kv, dim=1)
+    v = v.reshape(B, S, h_kv, d_v).transpose(1, 2).repeat_interleave(h // h_kv, dim=1)
+    logits = q @ k.transpose(-1, -2) / np.sqrt(d_k)
+    if causal:
+        logits = logits + torch.tensor(np.where(np.triu(np.ones((L, S)), S - L + 1) > 0, -np.inf, 0.0), dtype=dtype)
+    context = (torch.softmax(logits, dim=-1) @ v).transpose(1, 2).reshape(B, L, h * d_v)
+    out = context @ t["out_proj.weight"].T + (t["out_proj.bias"] if "out_proj.bias" in t else 0)
+    (out * torch.tensor(dout, dtype=dtype)).sum().backward()
+    grads = {"query": xs[0].grad, "key": xs[1].grad, "value": xs[2].grad}
+    grads.update({n: p.grad for n, p in t.items()})
+    return out.detach().numpy(), {n: g.numpy() for n, g in grads.items()}
+
+
+@st.composite
+def grouped_layer_cases(draw):
+    h_kv = draw(st.integers(1, 3))
+    h = h_kv * draw(st.sampled_from([1, 2, 4]))
+    return dict(h=h, h_kv=h_kv, d_k=draw(st.sampled_from([2, 4])), d_v=draw(st.sampled_from([2, 3])),
+                E=draw(st.sampled_from([6, 8])), B=draw(st.integers(1, 2)), L=draw(st.integers(1, 6)),
+                S=draw(st.integers(1, 6)), bias=draw(st.booleans()), causal=draw(st.booleans()),
+                seed=draw(st.integers(0, 2**31)))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(grouped_layer_cases())
+def test_grouped_query_layer_matches_torch(c):
+    h, h_kv, d_k, d_v, E, B, L, S = (c[n] for n in ("h", "h_kv", "d_k", "d_v", "E", "B", "L", "S"))
+    if c["causal"]:
+        S = max(S, L)  # every row sees a key
+    r = np.random.default_rng(c["seed"])
+    results = {}
+    for dtype in (np.float64, np.float32):
+        layer = mha.MultiheadAttention(E, h, num_kv_heads=h_kv, d_k=d_k, d_v=d_v, bias=c["bias"],
+                                       batch_first=True, dtype=dtype, seed=c["seed"])
+        assert layer.num_kv_heads == h_kv
+        state = layer.state_dict()
+        assert "in_proj_weight" not in state or h_kv == h
+        if dtype == np.float64:
+            params = {n: p.astype(np.float64) for n, p in state.items()}
+            if "in_proj_weight" in params:  # packed (h_kv == h): split as the torch formulation reads it
+                w = params.pop("in_proj_weight")
+                params["q_proj_weight"], params["k_proj_weight"], params["v_proj_weight"] = np.split(w, 3)
+            inputs = [r.normal(size=(B, T, E)) for T in (L, S, S)]
+            dout = r.normal(size=(B, L, E))
+        else:
+            layer.load_state_dict({n: p.astype(np.float32) for n, p in results[np.float64][2].items()})
+        xs = [x.astype(dtype) for x in inputs]
+        out, _ = layer(*xs, need_weights=False, is_causal=c["causal"])
+        grads = layer.backward(dout.astype(dtype))
+        results[dtype] = (out, grads, layer.state_dict())
+    want64, g64 = torch_grouped_layer(params, *inputs, dout, h, h_kv, d_k, d_v, c["causal"], torch.float64)
+    want32, g32 = torch_grouped_layer({n: p.astype(np.float32) for n, p in params.items()},
+                                      *[x.astype(np.float32) for x in inputs], dout.astype(np.float32),
+                                      h, h_kv, d_k, d_v, c["causal"], torch.float32)
+    out64, grads64, _ = results[np.float64]
+    out32, grads32, _ = results[np.float32]
+    assert max_diff(out64, want64) <= 1e-10
+    assert max_diff(out32, want64) <= 2 * max_diff(want32, want64) + 1e-6
+    for name, g in grads64.items():
+        if name == "in_proj_weight":
+            want = np.concatenate([g64["q_proj_weight"], g64["k_proj_weight"], g64["v_proj_weight"]])
+            want32_ = np.concatenate([g32["q_proj_weight"], g32["k_proj_weight"], g32["v_proj_weight"]])
+        else:
+            want, want32_ = g64[name], g32[name]
+        scale = max(1.0, float(np.abs(want).max()))
+        assert max_diff(g, want) <= 1e-10 * scale, name
+        assert max_diff(grads32[name], want) <= 2 * max_diff(want32_, want) + 1e-5 * scale, name
+
+
+def test_grouped_query_layer_refuses_num_kv_heads_that_do_not_divide():
+    for bad in (3, 5, -1):
+        with pytest.raises(ValueError, match="num_kv_heads"):
+            mha.MultiheadAttention(8, 4, num_kv_heads=bad)
+    layer = mha.MultiheadAttention(8, 4, num_kv_heads=2)
+    assert "num_kv_heads=2" in repr(layer)
+    assert layer.state_dict()["k_proj_weight"].shape == (4, 8)

@@ -102,7 +102,9 @@ TEST(GroupedReferenceSweep, CoversMultiQueryTwoGroupsAndWiderGroups) {
     causal |= c.causal && c.L != c.S;
   }
   EXPECT_TRUE(multi_query && two && causal);
-  if (!kSanitized) EXPECT_TRUE(other);
+  if (!kSanitized) {
+    EXPECT_TRUE(other);
+  }
 }
 
 // ---- (b) the fused kernel on awkward grouped shapes ------------------------------------------------

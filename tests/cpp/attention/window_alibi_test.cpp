@@ -63,7 +63,9 @@ TEST_P(WindowAlibiReference, MatchesTheOracle) {
   };
   EXPECT_TRUE(close(got.out, want.out)) << "out";
   EXPECT_TRUE(close(got.lse, want.lse)) << "lse";
-  if (c.need_weights) EXPECT_TRUE(close(got.weights, want.weights)) << "weights";
+  if (c.need_weights) {
+    EXPECT_TRUE(close(got.weights, want.weights)) << "weights";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Sweep, WindowAlibiReference, ::testing::ValuesIn(variant_cases()),
@@ -80,7 +82,9 @@ TEST(WindowAlibiSweep, CoversNarrowWideOneSidedAndCombinedWindows) {
     alibi |= c.alibi;
   }
   EXPECT_TRUE(narrow && left_only && right_only && with_causal && alibi);
-  if (!kSanitized) EXPECT_TRUE(wide);
+  if (!kSanitized) {
+    EXPECT_TRUE(wide);
+  }
 }
 
 // ---- (b) the fused kernel where window edges meet block edges ----------------------------------

@@ -85,6 +85,14 @@ struct MultiHeadAttentionInputs {
   /// backward() then also returns dLoss/dg) and forward_cached(). Not given: no extra work; a gate of
   /// ones gives bitwise the results of no gate.
   std::optional<TensorView> head_gate;
+  /// A sliding window over the S input keys, ALiBi slopes [h] and logit soft-capping, as
+  /// AttentionOptions has them (attention.hpp): forward, backward and forward_cached (whose positions are
+  /// the cache's). A layer with add_bias_kv / add_zero_attn refuses the window and ALiBi (its appended
+  /// positions have no place in the sequence); soft-capping applies to every logit.
+  std::int64_t window_left = -1;
+  std::int64_t window_right = -1;          ///< see window_left
+  std::optional<TensorView> alibi_slopes;  ///< see window_left
+  double softcap = 0.0;                    ///< see window_left
 };
 
 struct MultiHeadAttentionOutput {

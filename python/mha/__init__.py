@@ -169,8 +169,23 @@ def _refuse_autograd_tensors(**arrays):
                         "or pass tensor.detach() when no gradient is wanted")
 
 
+def _variants(window, alibi_slopes, softcap):
+    """Keyword arguments for the attention variants: window=(left, right) with -1 for an unbounded
+    side, alibi_slopes [h] (float32 / float64), softcap (0: none)."""
+    options = dict(softcap=float(softcap))
+    if window is not None:
+        try:
+            left, right = window
+            options["window"] = (operator.index(left), operator.index(right))
+        except (TypeError, ValueError):
+            raise Error(f"window: expected (left, right), two integers >= -1 (-1: unbounded), got {window!r}") from None
+    if alibi_slopes is not None:
+        options["alibi_slopes"] = np.asarray(alibi_slopes)
+    return options
+
+
 def _attention_options(q, k, attn_mask, is_causal, scale, key_padding_mask, key_lengths, dropout_p,
-                       dropout_seed, kernel):
+                       dropout_seed, kernel, window=None, alibi_slopes=None, softcap=0.0):
     """Keyword arguments for _core's attention calls; q and k are batched [B, h, *, d] arrays."""
     # Float masks in q's dtype; with bfloat16 q in float32, the dtype its logits are computed in.
     mask_dtype = np.dtype(np.float32) if isinstance(q, BFloat16Bits) else q.dtype
@@ -183,7 +198,8 @@ def _attention_options(q, k, attn_mask, is_causal, scale, key_padding_mask, key_
     key_padding_mask = _mask_to_dtype(key_padding_mask, mask_dtype)  # a float one is added per key, O(B S)
     options = dict(attn_mask=attn_mask, is_causal=bool(is_causal), scale=scale,
                    key_padding_mask=key_padding_mask, key_lengths=_key_lengths(key_lengths),
-                   dropout_p=float(dropout_p), dropout_seed=int(dropout_seed))
+                   dropout_p=float(dropout_p), dropout_seed=int(dropout_seed),
+                   **_variants(window, alibi_slopes, softcap))
     kernel = _kernel_arg(kernel)
     if kernel is not None:
         options["kernel"] = kernel
@@ -192,7 +208,8 @@ def _attention_options(q, k, attn_mask, is_causal, scale, key_padding_mask, key_
 
 def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, scale=None,
                                  key_padding_mask=None, need_weights=False, *, key_lengths=None,
-                                 dropout_p=0.0, dropout_seed=0, kernel=None, need_lse=False):
+                                 dropout_p=0.0, dropout_seed=0, kernel=None, need_lse=False, window=None,
+                                 alibi_slopes=None, softcap=0.0):
     """softmax(q k^T * scale + mask) v, per batch entry and head.
 
     Args:
@@ -221,6 +238,12 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, scale
             reference kernel).
         need_lse: also return the log-sum-exp of each row's logits [B, h, L] (-inf for a row with
             no allowed key), which scaled_dot_product_attention_backward needs.
+        window: a sliding window (left, right), FlashAttention-2's window_size: query i, at position
+            i' = i + S - L, sees key j only when i' - left <= j <= i' + right; -1 leaves a side
+            unbounded. Key blocks outside it are skipped.
+        alibi_slopes: ALiBi, [h] float slopes: -slope[head] * |i' - j| is added to each logit.
+        softcap: logit soft-capping (> 0): each scaled logit x becomes softcap * tanh(x / softcap)
+            before ALiBi and the masks are added; 0 (default) leaves logits alone.
 
     Masks combine: a position is allowed only if every mask allows it. A query row with no allowed
     key gets output 0 and weights 0.
@@ -240,7 +263,7 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, scale
         if key_padding_mask is not None:
             key_padding_mask = np.asarray(key_padding_mask)[None]
     options = _attention_options(q, k, attn_mask, is_causal, scale, key_padding_mask, key_lengths,
-                                 dropout_p, dropout_seed, kernel)
+                                 dropout_p, dropout_seed, kernel, window, alibi_slopes, softcap)
     results = _core.scaled_dot_product_attention(q, k, v, need_weights=bool(need_weights),
                                                  need_lse=bool(need_lse), **options)
     if unbatched:
@@ -253,7 +276,8 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, scale
 
 def scaled_dot_product_attention_backward(dout, q, k, v, out, lse, attn_mask=None, is_causal=False,
                                           scale=None, key_padding_mask=None, *, key_lengths=None,
-                                          dropout_p=0.0, dropout_seed=0, kernel=None):
+                                          dropout_p=0.0, dropout_seed=0, kernel=None, window=None,
+                                          alibi_slopes=None, softcap=0.0):
     """The gradients of scaled_dot_product_attention: returns (dq, dk, dv).
 
     dout is dLoss/dout [B, h, L, d_v]; out and lse come from the forward
@@ -271,7 +295,7 @@ def scaled_dot_product_attention_backward(dout, q, k, v, out, lse, attn_mask=Non
         if key_padding_mask is not None:
             key_padding_mask = np.asarray(key_padding_mask)[None]
     options = _attention_options(q, k, attn_mask, is_causal, scale, key_padding_mask, key_lengths,
-                                 dropout_p, dropout_seed, kernel)
+                                 dropout_p, dropout_seed, kernel, window, alibi_slopes, softcap)
     grads = _core.scaled_dot_product_attention_backward(dout, q, k, v, out, lse, **options)
     return tuple(_unbatched(g) for g in grads) if unbatched else grads
 
@@ -511,7 +535,8 @@ class MultiheadAttention:
 
     # ---- forward -------------------------------------------------------------------------------
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
-                average_attn_weights=True, is_causal=False, *, key_lengths=None, head_gate=None):
+                average_attn_weights=True, is_causal=False, *, key_lengths=None, head_gate=None, window=None,
+                alibi_slopes=None, softcap=0.0):
         """Multi-head attention of query over key/value; returns (out, weights or None).
 
         Args:
@@ -534,6 +559,9 @@ class MultiheadAttention:
                 + b_O. A gate of 0 switches a head off; the weights returned are not gated. After a
                 training-mode forward with a gate, backward() also returns dLoss/dg under
                 "head_gate" (the head-importance score of Michel et al. 2019).
+            window, alibi_slopes, softcap: a sliding window (left, right) over the S input keys,
+                ALiBi slopes [h] and logit soft-capping, as scaled_dot_product_attention takes them
+                (not with add_bias_kv / add_zero_attn, except softcap).
 
         Returns:
             (out like query, weights or None); unbatched input gives weights [L, S'] or [h, L, S'].
@@ -550,7 +578,8 @@ class MultiheadAttention:
             query, key, value, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
             head_gate=None if head_gate is None else _as_array(head_gate),
             key_lengths=_key_lengths(key_lengths), is_causal=bool(is_causal),
-            need_weights=bool(need_weights), average_attn_weights=bool(average_attn_weights))
+            need_weights=bool(need_weights), average_attn_weights=bool(average_attn_weights),
+            **_variants(window, alibi_slopes, softcap))
 
     # ---- incremental decoding --------------------------------------------------------------------
     def append_to_cache(self, cache, key, value):
@@ -561,13 +590,14 @@ class MultiheadAttention:
         self._module.append_to_cache(cache, key, key if value is key else _as_array(value))
 
     def forward_cached(self, query, cache, key_padding_mask=None, need_weights=True, attn_mask=None,
-                       average_attn_weights=True, is_causal=False, *, key_lengths=None, head_gate=None):
+                       average_attn_weights=True, is_causal=False, *, key_lengths=None, head_gate=None,
+                       window=None, alibi_slopes=None, softcap=0.0):
         """Attends query to every position in `cache`: forward(query, K, V) where K and V are all the
         keys and values appended so far, in evaluation mode (no dropout, nothing kept for backward).
         Masks and key_lengths refer to cache positions. is_causal is aligned to the bottom right, so
         appending a step's key and value and then attending with is_causal=True gives what a causal
-        forward over the whole sequence gives for those queries. head_gate as in forward. Returns
-        (out like query, weights or None)."""
+        forward over the whole sequence gives for those queries. head_gate, window, alibi_slopes and
+        softcap as in forward (positions are the cache's). Returns (out like query, weights or None)."""
         _refuse_autograd_tensors(query=query, head_gate=head_gate)
         query = _as_array(query)
         attn_mask = _mask_to_dtype(attn_mask, self._mask_dtype)
@@ -577,7 +607,7 @@ class MultiheadAttention:
             head_gate=None if head_gate is None else _as_array(head_gate),
             key_lengths=_key_lengths(key_lengths),
             is_causal=bool(is_causal), need_weights=bool(need_weights),
-            average_attn_weights=bool(average_attn_weights))
+            average_attn_weights=bool(average_attn_weights), **_variants(window, alibi_slopes, softcap))
 
     def save(self, path):
         """Writes the layer as safetensors: parameters under state_dict names, the config in the

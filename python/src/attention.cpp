@@ -21,12 +21,26 @@ struct HeldOptions {
   AttentionOptions options;
   std::optional<ArrayView> attn_mask;
   std::optional<ArrayView> key_padding_mask;
+  std::optional<ArrayView> alibi_slopes;
+};
+
+// The attention variants of AttentionOptions as Python passes them: window (left, right) or None,
+// alibi_slopes [h] or None, softcap (0: none).
+struct Variants {
+  std::optional<std::pair<std::int64_t, std::int64_t>> window;
+  py::handle alibi_slopes;
+  double softcap = 0.0;
 };
 
 HeldOptions attention_options(py::handle attn_mask, bool is_causal, std::optional<double> scale,
                               py::handle key_padding_mask, std::vector<std::int64_t> key_lengths, double dropout_p,
-                              std::uint64_t dropout_seed, Kernel kernel) {
+                              std::uint64_t dropout_seed, Kernel kernel, const Variants& variants) {
   HeldOptions held;
+  held.alibi_slopes = optional_view_of(variants.alibi_slopes, "alibi_slopes", Accept::Float);
+  if (held.alibi_slopes) held.options.alibi_slopes = held.alibi_slopes->view;
+  if (variants.window)
+    held.options.window_left = variants.window->first, held.options.window_right = variants.window->second;
+  held.options.softcap = variants.softcap;
   held.attn_mask = optional_view_of(attn_mask, "attn_mask", Accept::Mask);
   held.key_padding_mask = optional_view_of(key_padding_mask, "key_padding_mask", Accept::Mask);
   AttentionOptions& o = held.options;
@@ -46,12 +60,13 @@ HeldOptions attention_options(py::handle attn_mask, bool is_causal, std::optiona
 // BFloat16Bits when q is one.
 py::tuple sdpa(py::handle q, py::handle k, py::handle v, py::handle attn_mask, bool is_causal,
                std::optional<double> scale, py::handle key_padding_mask, std::vector<std::int64_t> key_lengths,
-               double dropout_p, std::uint64_t dropout_seed, bool need_weights, bool need_lse, Kernel kernel) {
+               double dropout_p, std::uint64_t dropout_seed, bool need_weights, bool need_lse, Kernel kernel,
+               std::optional<std::pair<std::int64_t, std::int64_t>> window, py::handle alibi_slopes, double softcap) {
   const ArrayView q_view = view_of(q, "q", Accept::Float);
   const ArrayView k_view = view_of(k, "k", Accept::Float);
   const ArrayView v_view = view_of(v, "v", Accept::Float);
   HeldOptions held = attention_options(attn_mask, is_causal, scale, key_padding_mask, std::move(key_lengths), dropout_p,
-                                       dropout_seed, kernel);
+                                       dropout_seed, kernel, {window, alibi_slopes, softcap});
   held.options.need_weights = need_weights;
   held.options.need_lse = need_lse;
 
@@ -71,7 +86,8 @@ py::tuple sdpa(py::handle q, py::handle k, py::handle v, py::handle attn_mask, b
 py::tuple sdpa_backward(py::handle dout, py::handle q, py::handle k, py::handle v, py::handle out, py::handle lse,
                         py::handle attn_mask, bool is_causal, std::optional<double> scale, py::handle key_padding_mask,
                         std::vector<std::int64_t> key_lengths, double dropout_p, std::uint64_t dropout_seed,
-                        Kernel kernel) {
+                        Kernel kernel, std::optional<std::pair<std::int64_t, std::int64_t>> window,
+                        py::handle alibi_slopes, double softcap) {
   const ArrayView dout_view = view_of(dout, "dout", Accept::Float);
   const ArrayView q_view = view_of(q, "q", Accept::Float);
   const ArrayView k_view = view_of(k, "k", Accept::Float);
@@ -79,7 +95,7 @@ py::tuple sdpa_backward(py::handle dout, py::handle q, py::handle k, py::handle 
   const ArrayView out_view = view_of(out, "out", Accept::Float);
   const ArrayView lse_view = view_of(lse, "lse", Accept::Float);
   const HeldOptions held = attention_options(attn_mask, is_causal, scale, key_padding_mask, std::move(key_lengths),
-                                             dropout_p, dropout_seed, kernel);
+                                             dropout_p, dropout_seed, kernel, {window, alibi_slopes, softcap});
 
   AttentionGradients grads;
   {
@@ -104,15 +120,17 @@ void register_attention(py::module_& m) {
         py::arg("attn_mask") = py::none(), py::arg("is_causal") = false, py::arg("scale") = py::none(),
         py::arg("key_padding_mask") = py::none(), py::arg("key_lengths") = std::vector<std::int64_t>{},
         py::arg("dropout_p") = 0.0, py::arg("dropout_seed") = 0, py::arg("need_weights") = false,
-        py::arg("need_lse") = false, py::arg("kernel") = default_kernel,
-        "softmax(q k^T * scale + mask) v. q: [B, h, L, d_k], k: [B, h, S, d_k], v: [B, h, S, d_v].\n"
+        py::arg("need_lse") = false, py::arg("kernel") = default_kernel, py::arg("window") = py::none(),
+        py::arg("alibi_slopes") = py::none(), py::arg("softcap") = 0.0,
+        "softmax(q k^T * scale + mask) v. q: [B, h, L, d_k], k: [B, h_kv, S, d_k], v: [B, h_kv, S, d_v].\n"
         "Returns (out [B, h, L, d_v], weights [B, h, L, S] or None, lse [B, h, L] or None).");
 
   m.def("scaled_dot_product_attention_backward", &sdpa_backward, py::arg("dout"), py::arg("q"), py::arg("k"),
         py::arg("v"), py::arg("out"), py::arg("lse"), py::kw_only(), py::arg("attn_mask") = py::none(),
         py::arg("is_causal") = false, py::arg("scale") = py::none(), py::arg("key_padding_mask") = py::none(),
         py::arg("key_lengths") = std::vector<std::int64_t>{}, py::arg("dropout_p") = 0.0, py::arg("dropout_seed") = 0,
-        py::arg("kernel") = default_kernel,
+        py::arg("kernel") = default_kernel, py::arg("window") = py::none(), py::arg("alibi_slopes") = py::none(),
+        py::arg("softcap") = 0.0,
         "The gradients (dq, dk, dv) of scaled_dot_product_attention, given dout = dLoss/dout and the\n"
         "forward's out and lse (need_lse=True), with the forward's options. New arrays, nothing accumulated.");
 

@@ -44,14 +44,27 @@ using Lock = std::lock_guard<std::mutex>;
 
 // The masks, head gate and flags of forward / forward_cached, with the arrays they view kept alive.
 struct HeldInputs {
-  std::optional<ArrayView> key_padding_mask, attn_mask, head_gate;
+  std::optional<ArrayView> key_padding_mask, attn_mask, head_gate, alibi_slopes;
   MultiHeadAttentionInputs inputs;
+};
+
+// The attention variants as Python passes them: window (left, right) or None, alibi_slopes [h] or
+// None, softcap (0: none).
+struct Variants {
+  std::optional<std::pair<std::int64_t, std::int64_t>> window;
+  py::handle alibi_slopes;
+  double softcap = 0.0;
 };
 
 HeldInputs inputs_of(py::handle key_padding_mask, py::handle attn_mask, py::handle head_gate,
                      std::vector<std::int64_t> key_lengths, bool is_causal, bool need_weights,
-                     bool average_attn_weights) {
+                     bool average_attn_weights, const Variants& variants) {
   HeldInputs held;
+  held.alibi_slopes = optional_view_of(variants.alibi_slopes, "alibi_slopes", Accept::Float);
+  if (held.alibi_slopes) held.inputs.alibi_slopes = held.alibi_slopes->view;
+  if (variants.window)
+    held.inputs.window_left = variants.window->first, held.inputs.window_right = variants.window->second;
+  held.inputs.softcap = variants.softcap;
   held.key_padding_mask = optional_view_of(key_padding_mask, "key_padding_mask", Accept::Mask);
   held.attn_mask = optional_view_of(attn_mask, "attn_mask", Accept::Mask);
   held.head_gate = optional_view_of(head_gate, "head_gate", Accept::Float);  // float32 / float64, as it is
@@ -93,10 +106,12 @@ QueryKeyValue layer_inputs(py::handle query, py::handle key, py::handle value, D
 // for backward, which raises mha.Error if one was modified in between.
 py::tuple forward(LockedModule& self, py::handle query, py::handle key, py::handle value, py::handle key_padding_mask,
                   py::handle attn_mask, py::handle head_gate, std::vector<std::int64_t> key_lengths, bool is_causal,
-                  bool need_weights, bool average_attn_weights) {
+                  bool need_weights, bool average_attn_weights,
+                  std::optional<std::pair<std::int64_t, std::int64_t>> window, py::handle alibi_slopes,
+                  double softcap) {
   const auto [query_view, key_view, value_view] = layer_inputs(query, key, value, self.module.config().dtype);
   HeldInputs held = inputs_of(key_padding_mask, attn_mask, head_gate, std::move(key_lengths), is_causal, need_weights,
-                              average_attn_weights);
+                              average_attn_weights, {window, alibi_slopes, softcap});
   held.inputs.borrow_inputs = true;  // backward() reads the arrays themselves, kept alive by self.lent
   // References taken here, with the GIL; after the call `lent` holds what the module no longer needs
   // (the previous forward's arrays, or these after an eval-mode forward), released with the GIL.
@@ -158,10 +173,12 @@ void append_to_cache(LockedModule& self, KeyValueCache& cache, py::handle key, p
 // refer to cache positions. Returns (out like query, weights or None).
 py::tuple forward_cached(LockedModule& self, py::handle query, const KeyValueCache& cache, py::handle key_padding_mask,
                          py::handle attn_mask, py::handle head_gate, std::vector<std::int64_t> key_lengths,
-                         bool is_causal, bool need_weights, bool average_attn_weights) {
+                         bool is_causal, bool need_weights, bool average_attn_weights,
+                         std::optional<std::pair<std::int64_t, std::int64_t>> window, py::handle alibi_slopes,
+                         double softcap) {
   const ArrayView query_view = layer_input(query, "query", self.module.config().dtype);
   const HeldInputs held = inputs_of(key_padding_mask, attn_mask, head_gate, std::move(key_lengths), is_causal,
-                                    need_weights, average_attn_weights);
+                                    need_weights, average_attn_weights, {window, alibi_slopes, softcap});
   MultiHeadAttentionOutput output;
   {
     py::gil_scoped_release release;
@@ -292,6 +309,7 @@ void register_multi_head_attention(py::module_& m) {
            py::arg("key_padding_mask") = py::none(), py::arg("attn_mask") = py::none(),
            py::arg("head_gate") = py::none(), py::arg("key_lengths") = std::vector<std::int64_t>{},
            py::arg("is_causal") = false, py::arg("need_weights") = true, py::arg("average_attn_weights") = true,
+           py::arg("window") = py::none(), py::arg("alibi_slopes") = py::none(), py::arg("softcap") = 0.0,
            "Returns (out like query, weights or None)")
       .def(
           "save_safetensors",
@@ -308,6 +326,7 @@ void register_multi_head_attention(py::module_& m) {
            py::arg("key_padding_mask") = py::none(), py::arg("attn_mask") = py::none(),
            py::arg("head_gate") = py::none(), py::arg("key_lengths") = std::vector<std::int64_t>{},
            py::arg("is_causal") = false, py::arg("need_weights") = true, py::arg("average_attn_weights") = true,
+           py::arg("window") = py::none(), py::arg("alibi_slopes") = py::none(), py::arg("softcap") = 0.0,
            "Attends query to every cached position (evaluation mode); returns (out like query, weights or None)")
       .def(
           "saved_bytes",

@@ -4,6 +4,7 @@
 #include "layer/masks.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <string>
 #include <utility>
@@ -17,7 +18,8 @@ namespace mha::detail {
 
 void KernelMasks::own_views() {
   for (auto [view, storage] :
-       {std::pair{&options.key_padding_mask, &key_padding_mask}, std::pair{&options.attn_mask, &attn_mask}}) {
+       {std::pair{&options.key_padding_mask, &key_padding_mask}, std::pair{&options.attn_mask, &attn_mask},
+        std::pair{&options.alibi_slopes, &alibi_slopes}}) {
     if (*view && (*view)->data() != storage->data()) {
       *storage = Tensor::copy_of(**view);
       *view = storage->view();
@@ -127,6 +129,15 @@ KernelMasks kernel_masks(const MultiHeadAttentionInputs& in, const MultiHeadAtte
       o.attn_mask = am;
     }
   }
+  o.window_left = in.window_left, o.window_right = in.window_right;
+  o.alibi_slopes = in.alibi_slopes;
+  o.softcap = in.softcap;
+  if (!(in.softcap >= 0.0 && std::isfinite(in.softcap)))
+    fail("softcap: expected a finite number > 0 (or 0 for none), got " + std::to_string(in.softcap));
+  if (extra_positions(c) && (in.window_left >= 0 || in.window_right >= 0 || in.alibi_slopes))
+    fail(std::string(in.alibi_slopes ? "alibi_slopes" : "window") +
+         ": not available with add_bias_kv / add_zero_attn (the appended key positions have no place in the "
+         "sequence)");
   validate_attention_masks(o, c.dtype, B, h, L, S);
   if (const std::int64_t extra = extra_positions(c)) {
     dispatch_float32_or_float64(mask_dtype, [&]<class T>(T) { pad_masks_for_extra_keys<T>(masks, B, h, L, S, extra); });

@@ -13,7 +13,7 @@ namespace mha::detail {
 // The masks in kernel terms, owning any tensor built for them.
 struct KernelMasks {
   AttentionOptions options;
-  Tensor attn_mask, key_padding_mask;  // storage for masks built here
+  Tensor attn_mask, key_padding_mask, alibi_slopes;  // storage for masks built here
 
   // Points the options at copies owned here, so the masks outlive the caller's arrays.
   void own_views();

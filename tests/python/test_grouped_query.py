@@ -1,4 +1,5 @@
-"""Grouped-query attention through mha.scaled_dot_product_attention and its backward: k and v with
+"""Grouped-query attention (and the window, ALiBi and soft-capping variants) through
+mha.scaled_dot_product_attention and its backward, and MultiheadAttention(num_kv_heads=...): k and v with
 h_kv heads (h_kv divides h; 1 is multi-query attention), query head i reading key/value head
 i // (h // h_kv). Checked against torch autograd on k and v repeated per group
 (repeat_interleave), whose gradients sum over each group, in float64 (the truth) and float32 (the
@@ -16,13 +17,21 @@ import mha
 from mha_reference import additive_mask
 
 
-def torch_grouped(q, k, v, additive, scale, dout, dtype):
-    """out, dq, dk, dv of sum(out * dout), with k and v repeated for each group in torch."""
+def torch_grouped(q, k, v, additive, scale, dout, dtype, alibi=None, softcap=0.0):
+    """out, dq, dk, dv of sum(out * dout), with k and v repeated for each group in torch; the
+    logits soft-capped, then ALiBi's bias (slopes [h]) and the additive masks added."""
     g = q.shape[1] // k.shape[1]
+    L, S = q.shape[2], k.shape[2]
     dead = np.isneginf(additive).all(axis=-1, keepdims=True)
     tq, tk, tv = (torch.tensor(x, dtype=dtype, requires_grad=True) for x in (q, k, v))
     k_all, v_all = tk.repeat_interleave(g, dim=1), tv.repeat_interleave(g, dim=1)
-    logits = tq @ k_all.transpose(-1, -2) * scale + torch.tensor(np.where(dead, 0.0, additive), dtype=dtype)
+    logits = tq @ k_all.transpose(-1, -2) * scale
+    if softcap > 0:
+        logits = softcap * torch.tanh(logits / softcap)
+    if alibi is not None:
+        distance = np.abs(np.arange(L)[:, None] + S - L - np.arange(S)[None, :])
+        logits = logits - torch.tensor(np.asarray(alibi)[:, None, None] * distance, dtype=dtype)
+    logits = logits + torch.tensor(np.where(dead, 0.0, additive), dtype=dtype)
     weights = torch.softmax(logits, dim=-1) * torch.tensor(~dead, dtype=dtype)
     out = weights @ v_all
     (out * torch.tensor(dout, dtype=dtype)).sum().backward()
@@ -43,7 +52,9 @@ def grouped_cases(draw):
                 S=draw(st.one_of(st.integers(1, 40), st.integers(250, 300))),
                 d_k=draw(st.sampled_from([1, 5, 16])), d_v=draw(st.sampled_from([1, 7, 16])),
                 causal=draw(st.booleans()), mask=draw(st.sampled_from(["none", "bool2d", "float4d", "kpm"])),
-                kernel=draw(st.sampled_from(["flash", "reference"])), seed=draw(st.integers(0, 2**31)))
+                kernel=draw(st.sampled_from(["flash", "reference"])), seed=draw(st.integers(0, 2**31)),
+                window=draw(st.sampled_from([None, (0, 0), (3, -1), (-1, 2), (40, 5), (1000, 1000)])),
+                alibi=draw(st.booleans()), softcap=draw(st.sampled_from([0.0, 0.5, 4.0])))
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -64,11 +75,19 @@ def test_grouped_query_matches_torch_on_repeated_heads(c):
     elif c["mask"] == "kpm":
         kpm = r.random((B, S)) < 0.3
     additive = additive_mask(B, h, L, S, mask, kpm, c["causal"])
+    if c["window"] is not None:  # the window as a mask: position i' = i + S - L sees i' - left .. i' + right
+        distance = np.arange(L)[:, None] + S - L - np.arange(S)[None, :]
+        left, right = c["window"]
+        additive = additive + np.where(((left >= 0) & (distance > left)) | ((right >= 0) & (-distance > right)),
+                                       -np.inf, 0.0)
+    alibi = r.uniform(0.05, 1.0, h).astype(np.float32) if c["alibi"] else None
     scale = 1.0 / np.sqrt(d_k)
-    out64, dq64, dk64, dv64 = torch_grouped(q, k, v, additive, scale, dout, torch.float64)
-    out32, dq32, dk32, dv32 = torch_grouped(q, k, v, additive, scale, dout, torch.float32)
+    variants = dict(alibi=alibi, softcap=c["softcap"])
+    out64, dq64, dk64, dv64 = torch_grouped(q, k, v, additive, scale, dout, torch.float64, **variants)
+    out32, dq32, dk32, dv32 = torch_grouped(q, k, v, additive, scale, dout, torch.float32, **variants)
 
-    opts = dict(attn_mask=mask, key_padding_mask=kpm, is_causal=c["causal"], kernel=c["kernel"])
+    opts = dict(attn_mask=mask, key_padding_mask=kpm, is_causal=c["causal"], kernel=c["kernel"],
+                window=c["window"], alibi_slopes=alibi, softcap=c["softcap"])
     out, lse = mha.scaled_dot_product_attention(q, k, v, need_lse=True, **opts)
     assert out.shape == (B, h, L, d_v)
     assert max_diff(out, out64) <= 2 * max_diff(out32, out64) + 1e-6
@@ -80,7 +99,8 @@ def test_grouped_query_matches_torch_on_repeated_heads(c):
 
     # float64 is the verification dtype: within float64 rounding of torch's float64
     q64, k64, v64, d64 = (x.astype(np.float64) for x in (q, k, v, dout))
-    opts64 = dict(opts, attn_mask=None if mask is None else (mask if mask.dtype == bool else mask.astype(np.float64)))
+    opts64 = dict(opts, attn_mask=None if mask is None else (mask if mask.dtype == bool else mask.astype(np.float64)),
+                  alibi_slopes=None if alibi is None else alibi.astype(np.float64))
     out_f64, lse64 = mha.scaled_dot_product_attention(q64, k64, v64, need_lse=True, **opts64)
     assert max_diff(out_f64, out64) <= 1e-10
     grads64 = mha.scaled_dot_product_attention_backward(d64, q64, k64, v64, out_f64, lse64, **opts64)
@@ -98,10 +118,12 @@ def test_key_value_heads_that_do_not_divide_the_query_heads_are_refused(k_heads,
 
 # ---- the layer: mha.MultiheadAttention(..., num_kv_heads=h_kv) -------------------------------------
 
-def torch_grouped_layer(params, q_in, k_in, v_in, dout, h, h_kv, d_k, d_v, causal, dtype):
+def torch_grouped_layer(params, q_in, k_in, v_in, dout, h, h_kv, d_k, d_v, causal, dtype, window=(-1, -1),
+                        alibi=None, softcap=0.0):
     """The layer written out in torch: q = x W_q^T + b_q (k, v likewise, h_kv heads), each key/value
-    head repeated for its group, softmax(q k^T / sqrt(d_k)) v per head, concatenated, W_o. Returns
-    out and the gradients of sum(out * dout) for the inputs and every parameter."""
+    head repeated for its group, softmax(cap(q k^T / sqrt(d_k)) + ALiBi + masks) v per head,
+    concatenated, W_o. Returns out and the gradients of sum(out * dout) for the inputs and every
+    parameter."""
     t = {n: torch.tensor(p, dtype=dtype, requires_grad=True) for n, p in params.items()}
     xs = [torch.tensor(x, dtype=dtype, requires_grad=True) for x in (q_in, k_in, v_in)]
     B, L, S = q_in.shape[0], q_in.shape[1], k_in.shape[1]
@@ -114,8 +136,20 @@ def torch_grouped_layer(params, q_in, k_in, v_in, dout, h, h_kv, d_k, d_v, causa
     k = k.reshape(B, S, h_kv, d_k).transpose(1, 2).repeat_interleave(h // h_kv, dim=1)
     v = v.reshape(B, S, h_kv, d_v).transpose(1, 2).repeat_interleave(h // h_kv, dim=1)
     logits = q @ k.transpose(-1, -2) / np.sqrt(d_k)
+    if softcap > 0:
+        logits = softcap * torch.tanh(logits / softcap)
+    position = np.arange(L)[:, None] + S - L  # query i's position, as causal aligns it
+    distance = position - np.arange(S)[None, :]
+    if alibi is not None:
+        logits = logits - torch.tensor(np.asarray(alibi)[:, None, None] * np.abs(distance), dtype=dtype)
+    hidden = np.zeros((L, S), bool)
     if causal:
-        logits = logits + torch.tensor(np.where(np.triu(np.ones((L, S)), S - L + 1) > 0, -np.inf, 0.0), dtype=dtype)
+        hidden |= distance < 0
+    if window[0] >= 0:
+        hidden |= distance > window[0]
+    if window[1] >= 0:
+        hidden |= -distance > window[1]
+    logits = logits + torch.tensor(np.where(hidden, -np.inf, 0.0), dtype=dtype)
     context = (torch.softmax(logits, dim=-1) @ v).transpose(1, 2).reshape(B, L, h * d_v)
     out = context @ t["out_proj.weight"].T + (t["out_proj.bias"] if "out_proj.bias" in t else 0)
     (out * torch.tensor(dout, dtype=dtype)).sum().backward()
@@ -131,15 +165,18 @@ def grouped_layer_cases(draw):
     return dict(h=h, h_kv=h_kv, d_k=draw(st.sampled_from([2, 4])), d_v=draw(st.sampled_from([2, 3])),
                 E=draw(st.sampled_from([6, 8])), B=draw(st.integers(1, 2)), L=draw(st.integers(1, 6)),
                 S=draw(st.integers(1, 6)), bias=draw(st.booleans()), causal=draw(st.booleans()),
+                window=draw(st.sampled_from([(-1, -1), (1, -1), (0, 2), (2, 0), (-1, 1)])),
+                alibi=draw(st.booleans()), softcap=draw(st.sampled_from([0.0, 0.7, 3.0])),
                 seed=draw(st.integers(0, 2**31)))
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(grouped_layer_cases())
-def test_grouped_query_layer_matches_torch(c):
+def test_grouped_query_layer_with_window_alibi_softcap_matches_torch(c):
     h, h_kv, d_k, d_v, E, B, L, S = (c[n] for n in ("h", "h_kv", "d_k", "d_v", "E", "B", "L", "S"))
-    if c["causal"]:
-        S = max(S, L)  # every row sees a key
+    S = max(S, L)  # every row sees a key (its own position), whatever the window
+    alibi = np.random.default_rng(c["seed"] + 1).uniform(0.1, 1.0, h) if c["alibi"] else None
+    variants = dict(window=c["window"], softcap=c["softcap"], alibi_slopes=alibi)
     r = np.random.default_rng(c["seed"])
     results = {}
     for dtype in (np.float64, np.float32):
@@ -158,13 +195,15 @@ def test_grouped_query_layer_matches_torch(c):
         else:
             layer.load_state_dict({n: p.astype(np.float32) for n, p in results[np.float64][2].items()})
         xs = [x.astype(dtype) for x in inputs]
-        out, _ = layer(*xs, need_weights=False, is_causal=c["causal"])
+        out, _ = layer(*xs, need_weights=False, is_causal=c["causal"], **variants)
         grads = layer.backward(dout.astype(dtype))
         results[dtype] = (out, grads, layer.state_dict())
-    want64, g64 = torch_grouped_layer(params, *inputs, dout, h, h_kv, d_k, d_v, c["causal"], torch.float64)
+    torch_variants = dict(window=c["window"], alibi=alibi, softcap=c["softcap"])
+    want64, g64 = torch_grouped_layer(params, *inputs, dout, h, h_kv, d_k, d_v, c["causal"], torch.float64,
+                                      **torch_variants)
     want32, g32 = torch_grouped_layer({n: p.astype(np.float32) for n, p in params.items()},
                                       *[x.astype(np.float32) for x in inputs], dout.astype(np.float32),
-                                      h, h_kv, d_k, d_v, c["causal"], torch.float32)
+                                      h, h_kv, d_k, d_v, c["causal"], torch.float32, **torch_variants)
     out64, grads64, _ = results[np.float64]
     out32, grads32, _ = results[np.float32]
     assert max_diff(out64, want64) <= 1e-10

@@ -78,15 +78,16 @@ MultiHeadAttention repeated_layer(const MultiHeadAttention& grouped, const Group
   const std::int64_t g = gc.num_heads / gc.num_kv_heads, qk = gc.num_heads * gc.d_k;
   const std::int64_t kk = gc.num_kv_heads * gc.d_k, vk = gc.num_kv_heads * gc.d_v;
   const std::vector<double> wq = to_doubles(grouped.parameter("q_proj_weight"));
-  const std::vector<double> wk = repeat_row_blocks(to_doubles(grouped.parameter("k_proj_weight")), gc.num_kv_heads, g,
-                                                   gc.d_k, gc.kdim);
-  const std::vector<double> wv = repeat_row_blocks(to_doubles(grouped.parameter("v_proj_weight")), gc.num_kv_heads, g,
-                                                   gc.d_v, gc.vdim);
+  const std::vector<double> wk =
+      repeat_row_blocks(to_doubles(grouped.parameter("k_proj_weight")), gc.num_kv_heads, g, gc.d_k, gc.kdim);
+  const std::vector<double> wv =
+      repeat_row_blocks(to_doubles(grouped.parameter("v_proj_weight")), gc.num_kv_heads, g, gc.d_v, gc.vdim);
   if (plain.packed_in_proj()) {
     std::vector<double> packed = wq;
     packed.insert(packed.end(), wk.begin(), wk.end());
     packed.insert(packed.end(), wv.begin(), wv.end());
-    plain.set_parameter("in_proj_weight", make_tensor(DType::Float64, plain.parameter("in_proj_weight").shape(), packed));
+    plain.set_parameter("in_proj_weight",
+                        make_tensor(DType::Float64, plain.parameter("in_proj_weight").shape(), packed));
   } else {
     plain.set_parameter("q_proj_weight", make_tensor(DType::Float64, {qk, gc.d_model}, wq));
     plain.set_parameter("k_proj_weight", make_tensor(DType::Float64, {gc.num_heads * gc.d_k, gc.kdim}, wk));
@@ -95,7 +96,8 @@ MultiHeadAttention repeated_layer(const MultiHeadAttention& grouped, const Group
   if (gc.bias) {
     const std::vector<double> b = to_doubles(grouped.parameter("in_proj_bias"));
     std::vector<double> packed(b.begin(), b.begin() + qk);
-    const std::vector<double> bk = repeat_row_blocks({b.begin() + qk, b.begin() + qk + kk}, gc.num_kv_heads, g, gc.d_k, 1);
+    const std::vector<double> bk =
+        repeat_row_blocks({b.begin() + qk, b.begin() + qk + kk}, gc.num_kv_heads, g, gc.d_k, 1);
     const std::vector<double> bv = repeat_row_blocks({b.begin() + qk + kk, b.end()}, gc.num_kv_heads, g, gc.d_v, 1);
     packed.insert(packed.end(), bk.begin(), bk.end());
     packed.insert(packed.end(), bv.begin(), bv.end());
@@ -140,7 +142,9 @@ TEST_P(GroupedLayer, EqualsTheLayerWithRepeatedKeyValueHeads) {
 
   Rng rng(name_seed(c.name) + 1);
   const std::int64_t B = 2, L = 5, S = 7;
-  auto shape = [&](std::int64_t T, std::int64_t width) { return c.batch_first ? Shape{B, T, width} : Shape{T, B, width}; };
+  auto shape = [&](std::int64_t T, std::int64_t width) {
+    return c.batch_first ? Shape{B, T, width} : Shape{T, B, width};
+  };
   const Tensor query = random_tensor(DType::Float64, shape(L, c.E), rng);
   const Tensor key = random_tensor(DType::Float64, shape(S, gc.kdim), rng);
   const Tensor value = random_tensor(DType::Float64, shape(S, gc.vdim), rng);
@@ -203,7 +207,9 @@ TEST_P(GroupedLayer, CachedDecodingFloat32AndSaveLoad) {
   Rng rng(name_seed(c.name) + 3);
   const MultiHeadAttentionConfig& gc = layer.config();
   const std::int64_t B = 2, L = 3, S = 6;
-  auto shape = [&](std::int64_t T, std::int64_t width) { return c.batch_first ? Shape{B, T, width} : Shape{T, B, width}; };
+  auto shape = [&](std::int64_t T, std::int64_t width) {
+    return c.batch_first ? Shape{B, T, width} : Shape{T, B, width};
+  };
   const Tensor query = random_tensor(DType::Float64, shape(L, c.E), rng);
   const Tensor key = random_tensor(DType::Float64, shape(S, gc.kdim), rng);
   const Tensor value = random_tensor(DType::Float64, shape(S, gc.vdim), rng);
@@ -221,7 +227,8 @@ TEST_P(GroupedLayer, CachedDecodingFloat32AndSaveLoad) {
   const std::vector<double> a = to_doubles(out32.out), b = to_doubles(full.out);
   for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5) << "float32 out " << i;
 
-  const std::string path = (std::filesystem::temp_directory_path() / (std::string(c.name) + "_gqa.safetensors")).string();
+  const std::string path =
+      (std::filesystem::temp_directory_path() / (std::string(c.name) + "_gqa.safetensors")).string();
   mha::save_safetensors(layer, path);
   MultiHeadAttention loaded = mha::load_multi_head_attention(path);
   std::remove(path.c_str());
@@ -231,7 +238,9 @@ TEST_P(GroupedLayer, CachedDecodingFloat32AndSaveLoad) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, GroupedLayer, ::testing::ValuesIn(kCases),
-                         [](const ::testing::TestParamInfo<GroupedLayerCase>& info) { return std::string(info.param.name); });
+                         [](const ::testing::TestParamInfo<GroupedLayerCase>& info) {
+                           return std::string(info.param.name);
+                         });
 
 TEST(GroupedLayerConfig, NumKvHeadsMustDivideNumHeads) {
   for (std::int64_t bad : {-1, 3, 5, 8}) {

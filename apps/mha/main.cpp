@@ -347,14 +347,14 @@ int main(int argc, char** argv) {
   add_demo_command(app, demo_options);
   mha_cli::TranslateOptions translate_options;
   add_translate_command(app, translate_options);
-  mha_cli::ExploreOptions explore_options;
-  add_explore_command(app, explore_options);
   mha_cli::HeadsOptions heads_options;
   add_heads_command(app, heads_options);
   mha_cli::BenchOptions bench_options;
   add_bench_command(app, bench_options);
   mha_cli::RunOptions run_options;
   add_run_command(app, run_options);
+  mha_cli::ExploreOptions explore_options;
+  add_explore_command(app, explore_options);
   mha_cli::BenchOneOptions bench_one_options;
   add_bench_one_command(app, bench_one_options);
   mha_cli::BenchGridOptions bench_grid_options;

@@ -71,6 +71,10 @@ def test_type_hover_switch_a_head_off_and_see_errors(server, browser, tmp_path):
     assert text_of(browser, "confidence") == f"{expected['confidence']:.4f}"
     assert not browser.find_element("id", "error").is_displayed()
     wait_for(lambda: accuracy_shown(browser), what="the held-out accuracy")
+    status, every = request(server, "POST", "/api/accuracy", {})
+    assert status == 200 and accuracy_shown(browser).startswith(f"{100 * every['accuracy']:.1f}% ")
+    wait_for(lambda: text_of(browser, "accuracy-baseline") == f"(every head on: {100 * every['accuracy']:.1f}%)",
+             what="the accuracy with every head on")
     before = checksums(browser)
     assert all(before.values()) and len(before) == 12
 

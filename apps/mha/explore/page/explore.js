@@ -195,8 +195,8 @@ function headsChanged() {
 async function start() {
   const response = await fetch("/api/model");
   state.model = await response.json();
-  $("accuracy-note").textContent = `exact matches on the ${state.model.held_out_examples} held-out dates ` +
-    "`mha demo` measured (dates never seen in training), with the heads switched off as they are now.";
+  $("accuracy-note").textContent = `Exact matches on the ${state.model.held_out_examples} held-out dates ` +
+    "mha demo measured the model on (dates never seen in training), with the heads switched off as they are now.";
   buildMaps(state.model);
   let timer = 0;
   $("date-input").addEventListener("input", () => {
@@ -213,6 +213,9 @@ async function start() {
   });
   translate();
   updateAccuracy();
+  postJson("/api/accuracy", {heads_off: []}).then((every) => {
+    $("accuracy-baseline").textContent = `(every head on: ${(100 * every.accuracy).toFixed(1)}%)`;
+  }, () => {});
 }
 
 document.addEventListener("DOMContentLoaded", () => start().catch((error) => showError(String(error))));

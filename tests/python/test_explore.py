@@ -160,6 +160,15 @@ def test_accuracy_with_every_head_on_is_the_demos_and_is_cached(server, explore_
     assert off_again["correct"] == off["correct"] and 0 <= off["accuracy"] <= 1
 
 
+def test_clients_asking_at_once_for_one_new_head_set_share_one_computation(server):
+    heads = [[1, "encoder_self", 0], [1, "cross", 1]]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: post(server, "/api/accuracy", {"heads_off": heads}), range(8)))
+    assert all(status == 200 for status, _ in answers)
+    assert sorted(a["cached"] for _, a in answers) == [False] + [True] * 7  # computed once, the others waited
+    assert len({a["correct"] for _, a in answers}) == 1
+
+
 # ---- bad requests ----------------------------------------------------------------------------------
 
 BAD_BODIES = [

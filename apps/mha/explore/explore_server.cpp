@@ -21,6 +21,7 @@ namespace mha_cli::explore {
 
 namespace {
 
+constexpr std::size_t kKeepAliveRequests = 1000;  // requests per connection before httplib closes it
 constexpr int kNotFound = 404, kMethodNotAllowed = 405, kPayloadTooLarge = 413, kServerError = 500;
 
 // JSON text safe for any message: bytes that are not UTF-8 (from a request) become U+FFFD.
@@ -97,6 +98,10 @@ void serve(ExploreApi& api, const ServerOptions& options, const std::function<vo
   httplib::Server server;
   server.new_task_queue = [workers = options.workers] { return new httplib::ThreadPool(workers); };
   server.set_payload_max_length(kMaxBodyBytes);
+  // httplib closes a keep-alive connection after 5 requests by default; every reconnect then goes
+  // through the listen queue, which Debian's build sizes at 5 (CPPHTTPLIB_LISTEN_BACKLOG), and a
+  // connection refused there waits a second for its SYN to be sent again.
+  server.set_keep_alive_max_count(kKeepAliveRequests);
   add_routes(server, api);
   add_error_handlers(server);
   const int port = options.port == 0 ? server.bind_to_any_port(options.host)

@@ -254,6 +254,13 @@ def test_another_host_than_loopback_is_warned_about(explore_checkpoint):
     assert "not on loopback" in process.stderr_text
 
 
+def test_a_port_in_use_is_named(server, explore_checkpoint):
+    port = server.rsplit(":", 1)[1]
+    result = subprocess.run([str(MHA), "explore", "--checkpoint", str(explore_checkpoint), "--port", port],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in result.stderr, result.stderr
+
+
 def test_a_missing_checkpoint_is_named_with_what_to_do(tmp_path):
     result = subprocess.run([str(MHA), "explore", "--checkpoint", str(tmp_path / "none.safetensors"), "--port", "0"],
                             capture_output=True, text=True, timeout=60)

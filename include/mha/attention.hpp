@@ -3,7 +3,14 @@
 ///
 ///     Attention(Q, K, V) = softmax(Q K^T * scale + mask) V,   scale = 1 / sqrt(d_k) by default
 ///
-/// Legend: B batch, h heads, L queries, S keys, d_k query/key width, d_v value width.
+/// Legend: B batch, h (query) heads, h_kv key/value heads, L queries, S keys, d_k query/key width, d_v
+/// value width.
+///
+/// Grouped-query attention (Ainslie et al., 2023): k and v may have fewer heads than q, h_kv dividing
+/// h; query head i attends with key/value head i / (h / h_kv) (h_kv = 1 is multi-query attention,
+/// Shazeer 2019; h_kv = h is the paper's multi-head attention). The gradients of k and v then sum the
+/// contributions of their group's query heads, in a fixed order. The fused kernel takes each K/V
+/// block through all the query heads of its group while it is in cache.
 ///
 /// Masking rules (PyTorch's nn.MultiheadAttention conventions):
 ///   - a boolean mask element `true` means "may not attend" (the logit becomes -inf);
@@ -67,8 +74,20 @@ struct AttentionOptions {
   std::optional<TensorView> key_padding_mask;  ///< bool [B, S], true = padding; or q's dtype, added
   std::vector<std::int64_t> key_lengths;       ///< alternative to key_padding_mask: B lengths in [0, S]
   std::optional<TensorView> attn_mask;         ///< bool or float, [L, S] or [B*h, L, S]
-  double dropout_p = 0.0;                      ///< probability of zeroing a weight, in [0, 1)
-  std::uint64_t dropout_seed = 0;              ///< keys the counter-based dropout mask
+  /// A sliding window (FlashAttention-2's window_size): query i, at position i' = i + S - L (as causal
+  /// aligns it), may see key j only when i' - window_left <= j <= i' + window_right; -1 leaves that side
+  /// unbounded. Combines with causal and every mask; key blocks wholly outside it are skipped.
+  std::int64_t window_left = -1;
+  std::int64_t window_right = -1;  ///< see window_left
+  /// ALiBi (Press et al., 2022): [h] slopes, float32 or float64; adds -slope[head] * |i' - j| to logit
+  /// (i, j), after the scale (and after softcap), like an additive mask.
+  std::optional<TensorView> alibi_slopes;
+  /// Logit soft-capping (Gemma 2's, in FlashAttention-2's order): > 0 replaces each scaled logit x by
+  /// softcap * tanh(x / softcap) before ALiBi and the masks are added; 0 (the default) leaves logits
+  /// alone. IEEE arithmetic decides infinite logits (+inf caps to softcap).
+  double softcap = 0.0;
+  double dropout_p = 0.0;          ///< probability of zeroing a weight, in [0, 1)
+  std::uint64_t dropout_seed = 0;  ///< keys the counter-based dropout mask
   /// Positions of q's first row and k's first row in the whole sequence (>= 0), used only by dropout's
   /// hash: a shard of a longer sequence (mha::distributed) draws the mask the whole sequence would.
   std::int64_t dropout_query_offset = 0;
@@ -84,8 +103,8 @@ struct AttentionResult {
   Tensor lse;      ///< [B, h, L] when need_lse: log(sum_j exp(logit_j)) over allowed keys, before dropout
 };
 
-/// q: [B, h, L, d_k], k: [B, h, S, d_k], v: [B, h, S, d_v], all float32, all float64 or all bfloat16,
-/// any strides.
+/// q: [B, h, L, d_k], k: [B, h_kv, S, d_k], v: [B, h_kv, S, d_v] (h_kv dividing h), all float32, all
+/// float64 or all bfloat16, any strides.
 /// Dropout (dropout_p > 0) zeroes weight (b, h, i, j) when a hash of (dropout_seed, b, h,
 /// i + dropout_query_offset, j + dropout_key_offset) falls
 /// below dropout_p and scales the kept ones by 1 / (1 - dropout_p); the result does not depend on the
@@ -95,8 +114,8 @@ AttentionResult scaled_dot_product_attention(const TensorView& q, const TensorVi
 
 struct AttentionGradients {
   Tensor dq;  ///< [B, h, L, d_k]
-  Tensor dk;  ///< [B, h, S, d_k]
-  Tensor dv;  ///< [B, h, S, d_v]
+  Tensor dk;  ///< [B, h_kv, S, d_k]: for grouped heads, summed over each group's query heads
+  Tensor dv;  ///< [B, h_kv, S, d_v], likewise
 };
 
 /// The backward of scaled_dot_product_attention (Vaswani et al., in FlashAttention-2's formulation):

@@ -70,6 +70,16 @@ struct MultiHeadAttentionInputs {
   /// free once forward() returns. Either way, inputs that are one array (same data, dtype, shape and
   /// strides: self-attention, or key is value) are kept once, not once per role.
   bool borrow_inputs = false;
+  /// Per-head gate g: multiplies head i's attention output (head_i = softmax(...) V_i, [L, d_v]) before
+  /// the concatenation that W^O projects, out = Concat(g_1 head_1, ..., g_h head_h) W^O + b_O. Shape [h]
+  /// (one gate for every batch) or [B, h]; unbatched inputs take [h] only. Float32 or float64, converted
+  /// to the layer's compute dtype (float32 for a bfloat16 layer); any strides; read during the call
+  /// (the layer keeps its own copy for backward()). A gate of 0 removes that head's contribution (the
+  /// head ablation of Michel et al. 2019); any value is allowed, and NaN or Inf propagate as the
+  /// product says. The returned attention weights are not gated. Taken by forward() (a training-mode
+  /// backward() then also returns dLoss/dg) and forward_cached(). Not given: no extra work; a gate of
+  /// ones gives bitwise the results of no gate.
+  std::optional<TensorView> head_gate;
 };
 
 struct MultiHeadAttentionOutput {
@@ -81,6 +91,11 @@ struct MultiHeadAttentionOutput {
 struct MultiHeadAttentionGradients {
   Tensor query, key, value;                  ///< shaped like the forward's inputs
   std::map<std::string, Tensor> parameters;  ///< by parameter name, shaped like the parameters
+  /// dLoss/dg when the forward had a head_gate (else undefined), shaped like the gate and of its dtype:
+  /// dLoss/dg_i = sum over (b, l, c) of dConcat[b, l, i*d_v + c] head_i[b, l, c] (a [B, h] gate: not
+  /// summed over b), the head-importance score of Michel et al. 2019 ("Are Sixteen Heads Really
+  /// Better than One?"). Summed in float64 in a fixed order (the same for any thread count).
+  Tensor head_gate;
 };
 
 namespace detail {
@@ -212,7 +227,8 @@ class MultiHeadAttention {
 
   /// Bytes the last training-mode forward keeps for backward(): the copies of its inputs (none for
   /// borrowed or eval-mode inputs; one for an array passed in several roles), the projections, the
-  /// concatenated heads, the log-sum-exps and the masks. 0 when nothing is kept (evaluation mode).
+  /// concatenated heads (and the gated heads, with a head_gate), the log-sum-exps and the masks. 0 when nothing is kept
+  /// (evaluation mode).
   std::int64_t saved_bytes() const;
 
   // ---- incremental decoding (see KeyValueCache) ------------------------------------------------
@@ -230,7 +246,7 @@ class MultiHeadAttention {
   /// of the L_new sees cache positions j <= length - L_new + i), so appending a step's key / value and
   /// then attending with causal = true (or false with L_new = 1) equals causal full recomputation.
   /// inputs.key_padding_mask [B, length] ([length] unbatched) and inputs.key_lengths (B values) refer
-  /// to cache positions; attn_mask [L_new, length] or [B*h, L_new, length]; need_weights /
+  /// to cache positions; attn_mask [L_new, length] or [B*h, L_new, length]; head_gate, need_weights /
   /// average_attn_weights as in forward (weights [B, L_new, length + extra] or per head). The
   /// add_bias_kv / add_zero_attn positions come after the cached ones and every query sees them, as in
   /// forward; a layer with add_bias_kv must be the one that appended (its bias_k / bias_v are checked).

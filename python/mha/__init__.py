@@ -198,8 +198,10 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, scale
         q: queries [B, h, L, d_k] (or unbatched [h, L, d_k]), float32 or float64, or bfloat16 as a
             BFloat16Bits (``mha.to_bfloat16(array)``; the results then come back as BFloat16Bits,
             ``mha.from_bfloat16`` makes float32 arrays of them, and the lse is float32).
-        k: keys [B, h, S, d_k] (or [h, S, d_k]), same dtype as q.
-        v: values [B, h, S, d_v] (or [h, S, d_v]), same dtype as q.
+        k: keys [B, h_kv, S, d_k] (or [h_kv, S, d_k]), same dtype as q. h_kv = h is multi-head
+            attention; fewer key/value heads (h_kv dividing h) is grouped-query attention, query
+            head i reading key/value head i // (h // h_kv) (h_kv = 1: multi-query attention).
+        v: values [B, h_kv, S, d_v] (or [h_kv, S, d_v]), same dtype as q.
         attn_mask: optional boolean (True = forbidden) or float (added to the logits) mask,
             [L, S], [B*h, L, S] or [B, h, L, S].
         is_causal: apply a causal mask, aligned to the bottom right: query i may see key j only
@@ -257,7 +259,8 @@ def scaled_dot_product_attention_backward(dout, q, k, v, out, lse, attn_mask=Non
     (``scaled_dot_product_attention(..., need_lse=True)``) with the same q, k, v and the same
     options (masks, scale, dropout_p and dropout_seed, which regenerate the dropout mask).
     Unbatched arrays ([h, ...]) work as in the forward. The gradients are new arrays (nothing is
-    accumulated); masks get no gradient. Raises ValueError (mha.Error) naming the argument.
+    accumulated); with grouped-query attention dk and dv have k's and v's h_kv heads, each the sum
+    over its group of query heads. Masks get no gradient. Raises ValueError (mha.Error) naming the argument.
     """
     _refuse_autograd_tensors(dout=dout, q=q, k=k, v=v, out=out, lse=lse)
     dout, q, k, v, out, lse = (_array(x) for x in (dout, q, k, v, out, lse))
@@ -500,7 +503,7 @@ class MultiheadAttention:
 
     # ---- forward -------------------------------------------------------------------------------
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
-                average_attn_weights=True, is_causal=False, *, key_lengths=None):
+                average_attn_weights=True, is_causal=False, *, key_lengths=None, head_gate=None):
         """Multi-head attention of query over key/value; returns (out, weights or None).
 
         Args:
@@ -518,13 +521,18 @@ class MultiheadAttention:
                 (query i may see key j only when j <= i + S - L). Combines with attn_mask.
             key_lengths: alternative to a boolean key_padding_mask: B lengths in [0, S] (a
                 sequence or 1-D integer array).
+            head_gate: optional float32 / float64 gate g, [h] or [B, h] ([h] unbatched), multiplying
+                head i's attention output before W^O: out = Concat(g_1 head_1, ..., g_h head_h) W^O
+                + b_O. A gate of 0 switches a head off; the weights returned are not gated. After a
+                training-mode forward with a gate, backward() also returns dLoss/dg under
+                "head_gate" (the head-importance score of Michel et al. 2019).
 
         Returns:
             (out like query, weights or None); unbatched input gives weights [L, S'] or [h, L, S'].
             A bfloat16 layer takes float32 / float64 inputs (rounded to bfloat16) and returns float32
             arrays; given BFloat16Bits it returns BFloat16Bits.
         """
-        _refuse_autograd_tensors(query=query, key=key, value=value)
+        _refuse_autograd_tensors(query=query, key=key, value=value, head_gate=head_gate)
         query = _as_array(query)
         key = query if key is query else _as_array(key)
         value = key if value is key else _as_array(value)
@@ -532,6 +540,7 @@ class MultiheadAttention:
         key_padding_mask = _mask_to_dtype(key_padding_mask, self._mask_dtype)
         return self._module.forward(
             query, key, value, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
+            head_gate=None if head_gate is None else _as_array(head_gate),
             key_lengths=_key_lengths(key_lengths), is_causal=bool(is_causal),
             need_weights=bool(need_weights), average_attn_weights=bool(average_attn_weights))
 
@@ -544,19 +553,20 @@ class MultiheadAttention:
         self._module.append_to_cache(cache, key, key if value is key else _as_array(value))
 
     def forward_cached(self, query, cache, key_padding_mask=None, need_weights=True, attn_mask=None,
-                       average_attn_weights=True, is_causal=False, *, key_lengths=None):
+                       average_attn_weights=True, is_causal=False, *, key_lengths=None, head_gate=None):
         """Attends query to every position in `cache`: forward(query, K, V) where K and V are all the
         keys and values appended so far, in evaluation mode (no dropout, nothing kept for backward).
         Masks and key_lengths refer to cache positions. is_causal is aligned to the bottom right, so
         appending a step's key and value and then attending with is_causal=True gives what a causal
-        forward over the whole sequence gives for those queries. Returns (out like query, weights or
-        None)."""
-        _refuse_autograd_tensors(query=query)
+        forward over the whole sequence gives for those queries. head_gate as in forward. Returns
+        (out like query, weights or None)."""
+        _refuse_autograd_tensors(query=query, head_gate=head_gate)
         query = _as_array(query)
         attn_mask = _mask_to_dtype(attn_mask, self._mask_dtype)
         key_padding_mask = _mask_to_dtype(key_padding_mask, self._mask_dtype)
         return self._module.forward_cached(
             query, cache, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
+            head_gate=None if head_gate is None else _as_array(head_gate),
             key_lengths=_key_lengths(key_lengths),
             is_causal=bool(is_causal), need_weights=bool(need_weights),
             average_attn_weights=bool(average_attn_weights))
@@ -575,7 +585,8 @@ class MultiheadAttention:
         """The gradients of the last training-mode forward, given grad_out = dLoss/d out.
 
         Returns a dict: "query", "key", "value" (new arrays shaped like that forward's inputs),
-        then every parameter under its state_dict name, in state_dict order. Nothing is
+        then every parameter under its state_dict name, in state_dict order, then "head_gate"
+        (shaped and typed like the gate) when that forward had one. Nothing is
         accumulated: when query, key and value were one array, add the three gradients. A bfloat16
         layer's gradients are bfloat16, returned as float32 arrays (BFloat16Bits when grad_out is one). No gradient
         flows through the returned attention weights. A training-mode forward keeps what this
@@ -584,8 +595,11 @@ class MultiheadAttention:
         arrays themselves, not copies), or grad_out has the wrong shape or dtype.
         """
         _refuse_autograd_tensors(grad_out=grad_out)
-        query, key, value, parameters = self._module.backward(grad_out)
-        return {"query": query, "key": key, "value": value, **parameters}
+        query, key, value, parameters, head_gate = self._module.backward(grad_out)
+        grads = {"query": query, "key": key, "value": value, **parameters}
+        if head_gate is not None:
+            grads["head_gate"] = head_gate
+        return grads
 
     def saved_bytes(self):
         """Bytes the last training-mode forward keeps for backward(): the projections, concatenated

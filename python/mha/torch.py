@@ -63,6 +63,7 @@ class MultiheadAttention(_torch.nn.Module):
             must divide exactly, as torch requires). With them, h * d_k need not equal E and d_k
             need not equal d_v; the projection shapes follow (q_proj_weight [h*d_k, E], ...,
             out_proj.weight [E, h*d_v]).
+    Extra forward arg: head_gate, a per-head gate before out_proj, differentiable (see forward).
 
     Parameters (``torch.nn.Parameter``, torch's names, shapes and initialisation; with the same
     ``torch.manual_seed`` a new module holds the same numbers as a new torch module):
@@ -200,7 +201,7 @@ class MultiheadAttention(_torch.nn.Module):
         raise RuntimeError(_NOT_SCRIPTABLE)
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
-                average_attn_weights=True, is_causal=False):
+                average_attn_weights=True, is_causal=False, *, head_gate=None):
         """Multi-head attention of query over key/value; returns (attn_output, attn_output_weights or None).
 
         Args:
@@ -216,6 +217,11 @@ class MultiheadAttention(_torch.nn.Module):
             average_attn_weights: average the weights over heads ([B, L, S']) instead of returning
                 them per head ([B, h, L, S']).
             is_causal: also apply a causal mask over the S keys (query i sees key j <= i + S - L).
+            head_gate (extra, keyword only): a float32 / float64 tensor g, [h] or [B, h] ([h]
+                unbatched), multiplying head i's attention output before out_proj:
+                Concat(g_1 head_1, ..., g_h head_h) W^O + b_O (0 switches a head off; the weights
+                returned are not gated). When it requires grad, autograd gives its gradient, the
+                head-importance score of Michel et al. 2019.
 
         Returns:
             attn_output shaped like query with width E; attn_output_weights [B, L, S'] or
@@ -232,17 +238,20 @@ class MultiheadAttention(_torch.nn.Module):
         arrays = [views.setdefault(id(t), _array_of(t)) for t in tensors]
         masks = {name: _mask_array(m, name) for name, m in
                  (("key_padding_mask", key_padding_mask), ("attn_mask", attn_mask))}
+        gate = _check_head_gate(head_gate)
 
         dropout = float(self.dropout) if self.training else 0.0
-        needs_grad = _torch.is_grad_enabled() and any(t.requires_grad for t in tensors + params)
+        differentiable = tensors + params + ([] if gate is None else [gate])
+        needs_grad = _torch.is_grad_enabled() and any(t.requires_grad for t in differentiable)
         call = _Call(
             worker=self._workers.checkout(self._layer_config(dtype, dropout)),
             names=names, params=params, arrays=arrays, masks=masks,
+            head_gate=None if gate is None else _array_of(gate),
             training=needs_grad or dropout > 0.0,
             need_weights=bool(need_weights), average_attn_weights=bool(average_attn_weights),
             is_causal=bool(is_causal))
         if needs_grad:
-            results = _MultiheadAttentionFunction.apply(call, *tensors, *params)
+            results = _MultiheadAttentionFunction.apply(call, *tensors, gate, *params)
             out, weights = (results if need_weights else (results, None))
         else:
             out, weights = call.forward()
@@ -321,13 +330,14 @@ class _Worker:
 class _Call:
     """One forward in mha terms: the internal layer, NumPy views of the inputs and masks, the flags."""
 
-    def __init__(self, worker, names, params, arrays, masks, training, need_weights,
+    def __init__(self, worker, names, params, arrays, masks, head_gate, training, need_weights,
                  average_attn_weights, is_causal):
         self.worker = worker            # _Worker: the internal mha layer
         self.names = names              # state_dict names of params
         self.params = params            # parameter tensors (read at forward)
         self.arrays = arrays            # NumPy views (or BFloat16Bits) of query, key, value
         self.masks = masks              # {"key_padding_mask": ..., "attn_mask": ...}, NumPy or None
+        self.head_gate = head_gate      # NumPy view of the gate [h] or [B, h], or None
         self.training = training        # mha's training mode: dropout, and keep what backward needs
         self.need_weights = need_weights
         self.average_attn_weights = average_attn_weights
@@ -343,18 +353,18 @@ class _Call:
         query, key, value = self.arrays
         result = layer.forward(query, key, value, need_weights=self.need_weights,
                                average_attn_weights=self.average_attn_weights,
-                               is_causal=self.is_causal, **self.masks)
-        self.params = self.arrays = self.masks = None
+                               is_causal=self.is_causal, head_gate=self.head_gate, **self.masks)
+        self.params = self.arrays = self.masks = self.head_gate = None
         return result
 
 
 class _MultiheadAttentionFunction(_torch.autograd.Function):
-    """autograd's view of one mha forward: inputs (query, key, value, *parameters) -> out (and
-    the weights, marked non-differentiable); backward asks the layer that ran the forward."""
+    """autograd's view of one mha forward: inputs (query, key, value, head_gate or None, *parameters)
+    -> out (and the weights, marked non-differentiable); backward asks the layer that ran the forward."""
 
     @staticmethod
-    def forward(ctx, call, query, key, value, *params):
-        # query, key, value, params are here for autograd's bookkeeping; call holds their views.
+    def forward(ctx, call, query, key, value, head_gate, *params):
+        # query, key, value, head_gate, params are here for autograd's bookkeeping; call holds their views.
         out, weights = call.forward()
         ctx.worker, ctx.names = call.worker, call.names  # the layer stays with this graph
         out = _tensor_of(out)  # shares mha's memory
@@ -371,13 +381,14 @@ class _MultiheadAttentionFunction(_torch.autograd.Function):
         if _torch.is_grad_enabled():
             raise RuntimeError(_NO_DOUBLE_BACKWARD)
         grads = ctx.worker.layer.backward(_array_of(grad_out.detach()))
-        wanted = ctx.needs_input_grad  # (call, query, key, value, *params)
+        wanted = ctx.needs_input_grad  # (call, query, key, value, head_gate, *params)
         inputs = [_tensor_of(grads[n]) if wanted[1 + i] else None
                   for i, n in enumerate(("query", "key", "value"))]
-        params = [_tensor_of(grads[n]) if wanted[4 + i] else None
+        gate = _tensor_of(grads["head_gate"]) if wanted[4] else None
+        params = [_tensor_of(grads[n]) if wanted[5 + i] else None
                   for i, n in enumerate(ctx.names)]
         # query is key is value (self-attention): autograd sums the three gradients.
-        return (None, *inputs, *params)
+        return (None, *inputs, gate, *params)
 
 
 def _array_of(t):
@@ -418,6 +429,18 @@ def _check_input(t, name, dtype):
     if t.dtype != dtype:
         raise _mha.Error(f"{name}: expected {dtype} (the layer's dtype), got {t.dtype} {list(t.shape)}")
     return t
+
+
+def _check_head_gate(gate):
+    """The head gate tensor itself (or None), once checked to be a dense CPU tensor; its dtype and
+    shape are checked by mha (float32 or float64, [h] or [B, h])."""
+    if gate is None:
+        return None
+    if not isinstance(gate, _torch.Tensor):
+        raise _mha.Error(f"head_gate: expected a torch.Tensor, got {type(gate).__name__}")
+    if gate.device.type != "cpu" or gate.layout != _torch.strided:
+        raise _mha.Error(f"head_gate: mha runs on dense CPU tensors only, got {gate.device} {gate.layout}")
+    return gate
 
 
 def _mask_array(mask, name):

@@ -42,19 +42,22 @@ struct LockedModule {
 
 using Lock = std::lock_guard<std::mutex>;
 
-// The masks and flags of forward / forward_cached, with the arrays the masks view kept alive.
+// The masks, head gate and flags of forward / forward_cached, with the arrays they view kept alive.
 struct HeldInputs {
-  std::optional<ArrayView> key_padding_mask, attn_mask;
+  std::optional<ArrayView> key_padding_mask, attn_mask, head_gate;
   MultiHeadAttentionInputs inputs;
 };
 
-HeldInputs inputs_of(py::handle key_padding_mask, py::handle attn_mask, std::vector<std::int64_t> key_lengths,
-                     bool is_causal, bool need_weights, bool average_attn_weights) {
+HeldInputs inputs_of(py::handle key_padding_mask, py::handle attn_mask, py::handle head_gate,
+                     std::vector<std::int64_t> key_lengths, bool is_causal, bool need_weights,
+                     bool average_attn_weights) {
   HeldInputs held;
   held.key_padding_mask = optional_view_of(key_padding_mask, "key_padding_mask", Accept::Mask);
   held.attn_mask = optional_view_of(attn_mask, "attn_mask", Accept::Mask);
+  held.head_gate = optional_view_of(head_gate, "head_gate", Accept::Float);  // float32 / float64, as it is
   MultiHeadAttentionInputs& inputs = held.inputs;
   if (held.key_padding_mask) inputs.key_padding_mask = held.key_padding_mask->view;
+  if (held.head_gate) inputs.head_gate = held.head_gate->view;
   inputs.key_lengths = std::move(key_lengths);
   if (held.attn_mask) inputs.attn_mask = held.attn_mask->view;
   inputs.causal = is_causal;
@@ -89,11 +92,11 @@ QueryKeyValue layer_inputs(py::handle query, py::handle key, py::handle value, D
 // when query is one. A training-mode forward keeps the arrays (not copies)
 // for backward, which raises mha.Error if one was modified in between.
 py::tuple forward(LockedModule& self, py::handle query, py::handle key, py::handle value, py::handle key_padding_mask,
-                  py::handle attn_mask, std::vector<std::int64_t> key_lengths, bool is_causal, bool need_weights,
-                  bool average_attn_weights) {
+                  py::handle attn_mask, py::handle head_gate, std::vector<std::int64_t> key_lengths, bool is_causal,
+                  bool need_weights, bool average_attn_weights) {
   const auto [query_view, key_view, value_view] = layer_inputs(query, key, value, self.module.config().dtype);
-  HeldInputs held =
-      inputs_of(key_padding_mask, attn_mask, std::move(key_lengths), is_causal, need_weights, average_attn_weights);
+  HeldInputs held = inputs_of(key_padding_mask, attn_mask, head_gate, std::move(key_lengths), is_causal, need_weights,
+                              average_attn_weights);
   held.inputs.borrow_inputs = true;  // backward() reads the arrays themselves, kept alive by self.lent
   // References taken here, with the GIL; after the call `lent` holds what the module no longer needs
   // (the previous forward's arrays, or these after an eval-mode forward), released with the GIL.
@@ -117,8 +120,9 @@ py::tuple forward(LockedModule& self, py::handle query, py::handle key, py::hand
 }
 
 // The gradients of the last training-mode forward, given dout = dLoss/dout (shaped like its out).
-// Returns (d query, d key, d value, {name: d parameter} in state_dict order); bfloat16 gradients are
-// float32 arrays, or BFloat16Bits when dout is one.
+// Returns (d query, d key, d value, {name: d parameter} in state_dict order, d head_gate or None);
+// bfloat16 gradients are float32 arrays, or BFloat16Bits when dout is one (the gate's gradient has the
+// gate's dtype, float32 or float64).
 py::tuple backward(LockedModule& self, py::handle dout) {
   const ArrayView dout_view = layer_input(dout, "dout", self.module.config().dtype);
   MultiHeadAttentionGradients grads;
@@ -136,7 +140,8 @@ py::tuple backward(LockedModule& self, py::handle dout) {
     if (it != grads.parameters.end()) parameters[py::str(name)] = to_python(std::move(it->second), bfloat16_out);
   }
   return py::make_tuple(to_python(std::move(grads.query), bfloat16_out), to_python(std::move(grads.key), bfloat16_out),
-                        to_python(std::move(grads.value), bfloat16_out), parameters);
+                        to_python(std::move(grads.value), bfloat16_out), parameters,
+                        to_numpy_or_none(std::move(grads.head_gate)));
 }
 
 // Projects key and value (the layout forward takes) and appends them to `cache`.
@@ -152,11 +157,11 @@ void append_to_cache(LockedModule& self, KeyValueCache& cache, py::handle key, p
 // query (the layout forward takes) attended to every position in `cache`, in evaluation mode; masks
 // refer to cache positions. Returns (out like query, weights or None).
 py::tuple forward_cached(LockedModule& self, py::handle query, const KeyValueCache& cache, py::handle key_padding_mask,
-                         py::handle attn_mask, std::vector<std::int64_t> key_lengths, bool is_causal, bool need_weights,
-                         bool average_attn_weights) {
+                         py::handle attn_mask, py::handle head_gate, std::vector<std::int64_t> key_lengths,
+                         bool is_causal, bool need_weights, bool average_attn_weights) {
   const ArrayView query_view = layer_input(query, "query", self.module.config().dtype);
-  const HeldInputs held =
-      inputs_of(key_padding_mask, attn_mask, std::move(key_lengths), is_causal, need_weights, average_attn_weights);
+  const HeldInputs held = inputs_of(key_padding_mask, attn_mask, head_gate, std::move(key_lengths), is_causal,
+                                    need_weights, average_attn_weights);
   MultiHeadAttentionOutput output;
   {
     py::gil_scoped_release release;
@@ -284,8 +289,8 @@ void register_multi_head_attention(py::module_& m) {
           })
       .def("forward", &forward, py::arg("query"), py::arg("key"), py::arg("value"), py::kw_only(),
            py::arg("key_padding_mask") = py::none(), py::arg("attn_mask") = py::none(),
-           py::arg("key_lengths") = std::vector<std::int64_t>{}, py::arg("is_causal") = false,
-           py::arg("need_weights") = true, py::arg("average_attn_weights") = true,
+           py::arg("head_gate") = py::none(), py::arg("key_lengths") = std::vector<std::int64_t>{},
+           py::arg("is_causal") = false, py::arg("need_weights") = true, py::arg("average_attn_weights") = true,
            "Returns (out like query, weights or None)")
       .def(
           "save_safetensors",
@@ -300,8 +305,8 @@ void register_multi_head_attention(py::module_& m) {
            "Projects key and value and appends them to the cache")
       .def("forward_cached", &forward_cached, py::arg("query"), py::arg("cache"), py::kw_only(),
            py::arg("key_padding_mask") = py::none(), py::arg("attn_mask") = py::none(),
-           py::arg("key_lengths") = std::vector<std::int64_t>{}, py::arg("is_causal") = false,
-           py::arg("need_weights") = true, py::arg("average_attn_weights") = true,
+           py::arg("head_gate") = py::none(), py::arg("key_lengths") = std::vector<std::int64_t>{},
+           py::arg("is_causal") = false, py::arg("need_weights") = true, py::arg("average_attn_weights") = true,
            "Attends query to every cached position (evaluation mode); returns (out like query, weights or None)")
       .def(
           "saved_bytes",
@@ -310,8 +315,9 @@ void register_multi_head_attention(py::module_& m) {
             return self.module.saved_bytes();
           },
           "Bytes the last training-mode forward keeps for backward (the inputs are borrowed, not copied)")
-      .def("backward", &backward, py::arg("dout"),
-           "Gradients of the last training-mode forward: (d query, d key, d value, {name: d parameter})");
+      .def(
+          "backward", &backward, py::arg("dout"),
+          "Gradients of the last training-mode forward: (d query, d key, d value, {name: d parameter}, d head_gate or None)");
 }
 
 }  // namespace mha::python

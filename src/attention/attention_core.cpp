@@ -1,6 +1,6 @@
 // Validation of attention arguments and dispatch to a kernel.
 //
-// Legend: B batch, h heads, L queries, S keys, d_k query/key width, d_v value width.
+// Legend: B batch, h query heads, h_kv key/value heads, L queries, S keys, d_k query/key width, d_v value width.
 #include "attention/attention_core.hpp"
 
 #include <cmath>
@@ -43,6 +43,17 @@ void expect_rank(const TensorView& t, const char* name, std::int64_t rank, const
 
 void validate_attention_masks(const AttentionOptions& o, DType dtype, std::int64_t B, std::int64_t h, std::int64_t L,
                               std::int64_t S) {
+  if (o.window_left < -1 || o.window_right < -1)
+    fail("window: expected extents >= 0, or -1 for unbounded, got window_left = " + std::to_string(o.window_left) +
+         ", window_right = " + std::to_string(o.window_right));
+  if (o.alibi_slopes) {
+    const TensorView& a = *o.alibi_slopes;
+    if (a.dtype() != DType::Float32 && a.dtype() != DType::Float64)
+      fail("alibi_slopes: expected float32 or float64 [h], got " + describe(a));
+    if (a.shape() != Shape{h})
+      fail("alibi_slopes: expected one slope per query head, [h] = " + shape_str({h}) + ", got " +
+           shape_str(a.shape()));
+  }
   if (o.key_padding_mask) {
     const TensorView& m = *o.key_padding_mask;
     if (m.dtype() != DType::Bool && !additive_mask_dtype_ok(m.dtype(), dtype))
@@ -72,22 +83,29 @@ void validate_attention_masks(const AttentionOptions& o, DType dtype, std::int64
 
 void validate_attention(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionOptions& o) {
   expect_rank(q, "q", 4, "[B, h, L, d_k]");
-  expect_rank(k, "k", 4, "[B, h, S, d_k]");
-  expect_rank(v, "v", 4, "[B, h, S, d_v]");
+  expect_rank(k, "k", 4, "[B, h_kv, S, d_k]");
+  expect_rank(v, "v", 4, "[B, h_kv, S, d_v]");
   if (!is_floating(q.dtype())) fail(std::string("q: expected ") + floating_dtype_names() + ", got " + describe(q));
   if (k.dtype() != q.dtype()) fail(std::string("k: expected ") + dtype_name(q.dtype()) + " like q, got " + describe(k));
   if (v.dtype() != q.dtype()) fail(std::string("v: expected ") + dtype_name(q.dtype()) + " like q, got " + describe(v));
 
   const std::int64_t B = q.size(0), h = q.size(1), L = q.size(2), d_k = q.size(3), S = k.size(2);
-  if (k.size(0) != B || k.size(1) != h || k.size(3) != d_k)
-    fail("k: expected [B, h, S, d_k] = [" + std::to_string(B) + ", " + std::to_string(h) + ", S, " +
-         std::to_string(d_k) + "] to match q " + shape_str(q.shape()) + ", got " + shape_str(k.shape()));
-  if (v.size(0) != B || v.size(1) != h || v.size(2) != S)
-    fail("v: expected [B, h, S, d_v] = [" + std::to_string(B) + ", " + std::to_string(h) + ", " + std::to_string(S) +
-         ", d_v] to match q and k, got " + shape_str(v.shape()));
+  const std::int64_t h_kv = k.size(1);
+  if (k.size(0) != B || k.size(3) != d_k)
+    fail("k: expected [B, h_kv, S, d_k] = [" + std::to_string(B) + ", h_kv, S, " + std::to_string(d_k) +
+         "] to match q " + shape_str(q.shape()) + ", got " + shape_str(k.shape()));
+  if (h_kv < 1 ? h != 0 : (h_kv > h || h % h_kv != 0))
+    fail("k: expected a number of key/value heads h_kv that divides q's h = " + std::to_string(h) +
+         " (h_kv = h; fewer for grouped-query attention, 1 for multi-query), got h_kv = " + std::to_string(h_kv) +
+         " in k " + shape_str(k.shape()));
+  if (v.size(0) != B || v.size(1) != h_kv || v.size(2) != S)
+    fail("v: expected [B, h_kv, S, d_v] = [" + std::to_string(B) + ", " + std::to_string(h_kv) + ", " +
+         std::to_string(S) + ", d_v] to match q and k, got " + shape_str(v.shape()));
   if (d_k < 1) fail("q: expected d_k >= 1, got shape " + shape_str(q.shape()));
 
   if (o.scale && !std::isfinite(*o.scale)) fail("scale: expected a finite number, got " + std::to_string(*o.scale));
+  if (!(o.softcap >= 0.0 && std::isfinite(o.softcap)))
+    fail("softcap: expected a finite number > 0 (or 0 for none), got " + std::to_string(o.softcap));
   if (!(o.dropout_p >= 0.0 && o.dropout_p < 1.0))
     fail("dropout_p: expected a probability in [0, 1), got " + std::to_string(o.dropout_p));
   if (o.dropout_query_offset < 0 || o.dropout_key_offset < 0)
@@ -127,7 +145,8 @@ Strided4<const U> mask4(const TensorView& m, std::int64_t h) {
 template <class T>
 void fill_common(AttentionInputs<T>& p, const TensorView& q, const TensorView& k, const TensorView& v,
                  const AttentionOptions& o) {
-  p.B = q.size(0), p.h = q.size(1), p.L = q.size(2), p.d_k = q.size(3), p.S = k.size(2), p.d_v = v.size(3);
+  p.B = q.size(0), p.h = q.size(1), p.h_kv = k.size(1), p.L = q.size(2), p.d_k = q.size(3), p.S = k.size(2),
+  p.d_v = v.size(3);
   p.q = strided4<T>(q);
   p.k = strided4<T>(k);
   p.v = strided4<T>(v);
@@ -144,6 +163,9 @@ void fill_common(AttentionInputs<T>& p, const TensorView& q, const TensorView& k
     else p.key_bias.data = m.data_as<Acc>(), columns(p.key_bias);
   }
   if (!o.key_lengths.empty()) p.key_lengths = o.key_lengths.data();
+  p.window_left = o.window_left, p.window_right = o.window_right;
+  p.softcap = static_cast<Acc>(o.softcap);
+  if (o.alibi_slopes) p.alibi_slopes = o.alibi_slopes->data_as<Acc>();  // contiguous (with_compute_masks)
   if (o.attn_mask) {
     if (o.attn_mask->dtype() == DType::Bool) p.bool_mask = mask4<std::uint8_t>(*o.attn_mask, p.h);
     else p.additive_mask = mask4<Acc>(*o.attn_mask, p.h);
@@ -166,8 +188,8 @@ Strided4<T> strided_output(const StridedOutput& o) {
 DType compute_dtype(DType dtype) { return dtype == DType::BFloat16 ? DType::Float32 : dtype; }
 
 // The options with their float masks in the compute dtype: converted copies (in `storage`) of those
-// that are not (bfloat16 masks of bfloat16 inputs).
-AttentionOptions with_compute_masks(const AttentionOptions& o, DType compute, Tensor (&storage)[2]) {
+// that are not (bfloat16 masks of bfloat16 inputs), and the ALiBi slopes contiguous in it.
+AttentionOptions with_compute_masks(const AttentionOptions& o, DType compute, Tensor (&storage)[3]) {
   AttentionOptions converted = o;
   auto convert = [&](std::optional<TensorView>& mask, Tensor& copy) {
     if (!mask || mask->dtype() == DType::Bool || mask->dtype() == compute) return;
@@ -176,6 +198,10 @@ AttentionOptions with_compute_masks(const AttentionOptions& o, DType compute, Te
   };
   convert(converted.key_padding_mask, storage[0]);
   convert(converted.attn_mask, storage[1]);
+  if (o.alibi_slopes) {
+    storage[2] = Tensor::copy_of(*o.alibi_slopes, compute);
+    converted.alibi_slopes = storage[2].view();
+  }
   return converted;
 }
 
@@ -334,7 +360,7 @@ void run_attention_backward(const TensorView& dout_in, const TensorView& q_in, c
   const TensorView k = with_readable_rows(k_in, copies[1]);
   const TensorView v = with_readable_rows(v_in, copies[2]);
   const TensorView dout = with_readable_rows(dout_in, copies[3]);
-  Tensor masks[2];
+  Tensor masks[3];
   const AttentionOptions oc = with_compute_masks(o, compute_dtype(q.dtype()), masks);
   dispatch_floating(q.dtype(), [&]<class T>(T) { run_backward_typed<T>(dout, q, k, v, out, lse, oc, dq, dk, dv); });
 }
@@ -345,7 +371,7 @@ void run_attention(const TensorView& q_in, const TensorView& k_in, const TensorV
   const TensorView q = with_readable_rows(q_in, copies[0]);
   const TensorView k = with_readable_rows(k_in, copies[1]);
   const TensorView v = with_readable_rows(v_in, copies[2]);
-  Tensor masks[2];
+  Tensor masks[3];
   const AttentionOptions oc = with_compute_masks(o, compute_dtype(q.dtype()), masks);
   dispatch_floating(q.dtype(), [&]<class T>(T) { run_typed<T>(q, k, v, oc, out, weights, lse); });
 }

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "attention/dropout.hpp"
+#include "attention/flash_backward_rows-inl.h"
 #include "attention/flash_tiles-inl.h"
 #include "attention/masks.hpp"
 #include "attention/nonfinite.hpp"
@@ -32,8 +33,10 @@ namespace mha::detail::HWY_NAMESPACE {
 
 // ---- backward -------------------------------------------------------------------------------------
 // The FlashAttention-2 backward, without atomics and deterministic: five products per tile, in one
-// pass over key blocks. Each work item is one group of key blocks of one (b, head); it owns their dK
-// and dV, and adds its share of dQ into a dQ of its own (float32 inputs, group 0: the output itself;
+// pass over key blocks. Each work item is one group of key blocks of one (b, key/value head); it owns
+// their dK and dV, summed over the query heads that read that key/value head (all g = h / h_kv of
+// them, in order, while the K/V block is in cache: grouped-query attention reads each block once per
+// group), and adds its share of each query head's dQ into a dQ of its own (float32 inputs, group 0: the output itself;
 // otherwise a float32 scratch copy), summed into the output after the pass in the order of the groups. The groups are a
 // function of the shape only (dq_groups), so the result is the same for every thread count.
 //   D_i = dO_i . O_i
@@ -63,6 +66,7 @@ void SoftmaxBackwardTile(const AttentionInputs<T>& p, std::int64_t b, std::int64
 template <class T>
 struct BackwardTiles {
   float *s, *dp, *pd;                        // [kBlockQ, kBlockK] each
+  float* cap_slope;                          // [kBlockQ, kBlockK]: d cap / d logit (softcap only)
   T *k_copy, *v_copy, *q_copy, *do_copy;     // [kBlockK, max(d_k, d_v)] x 2, [kBlockQ, max(d_k, d_v)] x 2
   float *dk_block, *dv_block;                // [kBlockK, d_k], [kBlockK, d_v]: a key block's dK and dV
   bfloat16 *pd_rounded, *ds_rounded;         // [kBlockQ, kBlockK] each: dropout(P) and dS in bfloat16 (bfloat16 only)
@@ -70,7 +74,8 @@ struct BackwardTiles {
   std::int64_t *nonfinite_q, *nonfinite_do;  // [kBlockQ] each
   const T* q_head = nullptr;                 // [L, d_k] of the item's (b, head), adjacent (the caller's rows or a copy)
   const T* do_head = nullptr;                // [L, d_v], likewise
-  float* dq_head = nullptr;  // [L, d_k]: group 0's dQ, where the output's rows are not adjacent (float32)
+  float* dq_head = nullptr;      // [g, L, d_k]: group 0's dQ, where the output's rows are not adjacent (float32)
+  std::int64_t query_head = -1;  // the (b * h + head) q_head and do_head point at, -1 for none yet
 };
 
 // The K and V blocks of keys j0.., safe for whole-block products (nonfinite.hpp).
@@ -89,10 +94,10 @@ struct DqTarget {
 // contiguous ([B*h*L] each), the non-finite flags of the query rows ([B*h*L]: kQueryRow, kDoutRow) and
 // of the key rows ([B*h*S]: kKeyRow, kValueRow), and the per-thread workspace.
 //
-// Per thread, in `floats`: the three tiles, then dK and dV of a key block (kv_size each) and group 0's
-// dQ rows where the output's are not adjacent (dq_head_size); in `elements` (of T): the K, V block and
-// Q, dO block copies, then the Q and dO rows of a head where they are not adjacent (head_copy_size); in
-// `rounded` (bfloat16 inputs only): the two rounded tiles.
+// Per thread, in `floats`: the three tiles (four with softcap), then dK and dV of a key block (kv_size each) and group
+// 0's dQ rows where the output's are not adjacent (dq_head_size); in `elements` (of T): the K, V block and Q, dO block
+// copies, then the Q and dO rows of a head where they are not adjacent (head_copy_size); in `rounded` (bfloat16 inputs
+// only): the two rounded tiles.
 template <class T>
 struct BackwardContext {
   const AttentionBackwardParams<T>& p;
@@ -109,7 +114,8 @@ struct BackwardContext {
   static constexpr std::int64_t kListsPerThread = 2 * kBlockK + 2 * kBlockQ;
   static constexpr bool kRounds = std::is_same_v<T, bfloat16>;  // products in bfloat16
 
-  std::int64_t floats_per_thread() const { return 3 * tile + 2 * kv_size + dq_head_size; }
+  std::int64_t tiles_per_thread() const { return p.softcap > 0 ? 4 : 3; }
+  std::int64_t floats_per_thread() const { return tiles_per_thread() * tile + 2 * kv_size + dq_head_size; }
   std::int64_t elements_per_thread() const { return 2 * kv_size + 2 * q_size + head_copy_size; }
   std::int64_t rounded_per_thread() const { return kRounds ? 2 * tile : 0; }
 
@@ -120,7 +126,8 @@ struct BackwardContext {
     bfloat16* r = rounded + thread * rounded_per_thread();
     std::int64_t* lists = nonfinite_lists + thread * kListsPerThread;
     BackwardTiles<T> t;
-    t.s = f, t.dp = f + tile, t.pd = f + 2 * tile, t.dk_block = f + 3 * tile, t.dv_block = t.dk_block + kv_size;
+    t.s = f, t.dp = f + tile, t.pd = f + 2 * tile, t.cap_slope = f + 3 * tile;
+    t.dk_block = f + tiles_per_thread() * tile, t.dv_block = t.dk_block + kv_size;
     t.dq_head = t.dv_block + kv_size;
     t.k_copy = e, t.v_copy = e + kv_size, t.q_copy = e + 2 * kv_size, t.do_copy = t.q_copy + q_size;
     t.pd_rounded = r, t.ds_rounded = r + (kRounds ? tile : 0);
@@ -129,47 +136,25 @@ struct BackwardContext {
     return t;
   }
   // Points t.q_head and t.do_head at the Q and dO rows of (b, head), copied adjacent where they are not
-  // (the layer's [B, L, h, d] layout): once per work item, for all its tiles.
+  // (the layer's [B, L, h, d] layout): once per work item without grouping, for all its tiles; once per
+  // key block and head of the group with it.
   void use_query_head(BackwardTiles<T>& t, std::int64_t b, std::int64_t head) const {
+    if (t.query_head == b * p.h + head) return;
+    t.query_head = b * p.h + head;
     T* q_copy = elements + omp_get_thread_num() * elements_per_thread() + 2 * kv_size + 2 * q_size;
     T* do_copy = q_copy + (p.q.stride[2] != p.d_k ? p.L * p.d_k : 0);
     t.q_head = adjacent_rows(p.q.pointer(b, head, 0, 0), p.q.stride[2], p.L, p.d_k, q_copy);
     t.do_head = adjacent_rows(p.dout.pointer(b, head, 0, 0), p.dout.stride[2], p.L, p.d_v, do_copy);
   }
-  KeyBlocks<T> key_blocks(const BackwardTiles<T>& t, std::int64_t b, std::int64_t head, std::int64_t j0,
+  KeyBlocks<T> key_blocks(const BackwardTiles<T>& t, std::int64_t b, std::int64_t kv, std::int64_t j0,
                           std::int64_t cols) const {
-    const std::uint8_t* flags = key_flags + (b * p.h + head) * p.S;
-    return {safe_block(p, p.k.pointer(b, head, 0, 0), p.k.stride[2], b, head, j0, cols, p.d_k, flags, kKeyRow, t.k_copy,
+    const std::uint8_t* flags = key_flags + (b * p.h_kv + kv) * p.S;
+    return {safe_block(p, p.k.pointer(b, kv, 0, 0), p.k.stride[2], b, kv, j0, cols, p.d_k, flags, kKeyRow, t.k_copy,
                        t.nonfinite_k),
-            safe_block(p, p.v.pointer(b, head, 0, 0), p.v.stride[2], b, head, j0, cols, p.d_v, flags, kValueRow,
-                       t.v_copy, t.nonfinite_v)};
+            safe_block(p, p.v.pointer(b, kv, 0, 0), p.v.stride[2], b, kv, j0, cols, p.d_v, flags, kValueRow, t.v_copy,
+                       t.nonfinite_v)};
   }
 };
-
-// The probabilities of the listed keys below cols (columns of the tile s, row stride kBlockK), whose k rows hold
-// NaN or Inf and were zeroed in the block copy: recomputed one by one from the real k row, so that a
-// logit of -inf (an infinite component against q's sign) gives exactly 0, as the forward had it, and
-// +inf or NaN gives NaN. Forbidden entries stay 0.
-template <class T>
-void ExactProbabilitiesOfNonfiniteKeys(const AttentionInputs<T>& p, std::int64_t b, std::int64_t head, std::int64_t i0,
-                                       std::int64_t rows, std::int64_t j0, std::int64_t cols, const std::int64_t* list,
-                                       std::int64_t count, const float* lse, float* s) {
-  for (std::int64_t n = 0; n < count; ++n) {
-    if (list[n] >= cols) continue;  // past the tile's columns (a causal diagonal tile's hidden keys)
-    const std::int64_t j = j0 + list[n];
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const float added = p.added(b, head, i0 + r, j);
-      float& prob = s[r * kBlockK + list[n]];
-      if (p.forbidden(b, head, i0 + r, j) || lse[r] == kMinusInf) {
-        prob = 0.0f;
-        continue;
-      }
-      float dot = 0.0f;
-      for (std::int64_t e = 0; e < p.d_k; ++e) dot += float(p.q(b, head, i0 + r, e)) * float(p.k(b, head, j, e));
-      prob = std::exp(p.scale * dot + added - lse[r]);
-    }
-  }
-}
 
 // S = scale Q_i K_j^T -> P (in t.s), and dP = dO_i V_j^T -> dS (in t.dp), for query rows i0.. and
 // keys j0... A key whose k holds NaN or Inf gets its exact P (0 for a -inf logit, else NaN); one whose
@@ -181,32 +166,21 @@ void TileGradients(const BackwardContext<T>& ctx, const BackwardTiles<T>& t, std
   const AttentionBackwardParams<T>& p = ctx.p;
   const std::int64_t row0 = (b * p.h + head) * p.L + i0;
   ScaledLogits(p, t.q_head + i0 * p.d_k, p.d_k, rows, kv.k.data, kv.k.ld, cols, t.s);
+  if (p.softcap > 0) SoftcapTile(t.s, rows, cols, p.softcap, t.cap_slope);
   ProbabilitiesFromLse(p, b, head, i0, rows, j0, cols, ctx.lse + row0, t.s);
   ExactProbabilitiesOfNonfiniteKeys(p, b, head, i0, rows, j0, cols, t.nonfinite_k, kv.k.nonfinite_count, ctx.lse + row0,
-                                    t.s);
+                                    t.s, t.cap_slope);
   gemm_tile(rows, cols, p.d_v, plain(t.do_head + i0 * p.d_v, p.d_v), transposed(kv.v.data, kv.v.ld),
             overwrite(t.dp, kBlockK));
   SoftmaxBackwardTile(p, b, head, i0, rows, j0, cols, t.s, ctx.D + row0, t.dp);
+  if (p.softcap > 0)  // dS times d cap / d logit, where dS is not 0 (a NaN slope must not reach a forbidden key)
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t c = 0; c < cols; ++c)
+        if (t.dp[r * kBlockK + c] != 0.0f) t.dp[r * kBlockK + c] *= t.cap_slope[r * kBlockK + c];
   for (std::int64_t n = 0; n < kv.v.nonfinite_count; ++n)  // dP = dO v^T of a zeroed v row was 0
     for (std::int64_t r = 0; r < rows && t.nonfinite_v[n] < cols; ++r)
       if (t.s[r * kBlockK + t.nonfinite_v[n]] != 0.0f)
         t.dp[r * kBlockK + t.nonfinite_v[n]] = std::numeric_limits<float>::quiet_NaN();
-}
-
-// dX_j += alpha coef[r, j] x_r for the listed rows r of query block i0 (their non-finite x rows were
-// zeroed in the block product), keys j0 + [0, cols), where coef (row stride kBlockK) is not 0.
-template <class T>
-void AddNonfiniteRows(const Strided4<const T>& x, std::int64_t b, std::int64_t head, std::int64_t i0,
-                      const std::int64_t* list, std::int64_t count, const float* coef, float alpha, std::int64_t cols,
-                      std::int64_t width, float* dx_block) {
-  for (std::int64_t n = 0; n < count; ++n) {
-    const std::int64_t r = list[n];
-    for (std::int64_t c = 0; c < cols; ++c) {
-      const float weight = coef[r * kBlockK + c];
-      if (weight == 0.0f) continue;
-      for (std::int64_t e = 0; e < width; ++e) dx_block[c * width + e] += alpha * weight * float(x(b, head, i0 + r, e));
-    }
-  }
 }
 
 // dQ_i += scale dS K_j for the query rows i0.. of one tile, into the work item's dQ. The k rows holding
@@ -226,81 +200,81 @@ void AddQueryGradients(const BackwardContext<T>& ctx, const BackwardTiles<T>& t,
       const bool forbidden = p.forbidden(b, head, i0 + r, j);
       if (forbidden || ctx.lse[(b * p.h + head) * p.L + i0 + r] == kMinusInf) continue;
       const float ds = p.scale * t.dp[r * kBlockK + t.nonfinite_k[n]];
-      for (std::int64_t e = 0; e < p.d_k; ++e) dq.data[(i0 + r) * dq.ld + e] += ds * float(p.k(b, head, j, e));
+      const T* k_row = &p.k(b, p.kv_head(head), j, 0);
+      for (std::int64_t e = 0; e < p.d_k; ++e) dq.data[(i0 + r) * dq.ld + e] += ds * float(k_row[e * p.k.stride[3]]);
     }
   }
 }
 
-// Zeroes rows [r0, r1) of x(b, head) [.., width].
+// dK and dV of keys [j0, j0 + kBlockK) of (b, key/value head kv), and their share of dQ, from every
+// query block of the group's query heads (head kv g + m, whose dQ goes to dq[m]) that sees them.
 template <class T>
-void ZeroRows(const Strided4<T>& x, std::int64_t b, std::int64_t head, std::int64_t r0, std::int64_t r1,
-              std::int64_t width) {
-  for (std::int64_t r = r0; r < r1; ++r)
-    for (std::int64_t e = 0; e < width; ++e) x(b, head, r, e) = T(0.0f);
-}
-
-// dK and dV of keys [j0, j0 + kBlockK) of (b, head), and their share of dQ, from every query block
-// that sees them.
-template <class T>
-void KeyBlockGradients(const BackwardContext<T>& ctx, const BackwardTiles<T>& t, std::int64_t b, std::int64_t head,
-                       std::int64_t j0, const DqTarget& dq) {
+void KeyBlockGradients(const BackwardContext<T>& ctx, BackwardTiles<T>& t, std::int64_t b, std::int64_t kv,
+                       std::int64_t j0, const DqTarget* dq) {
   const AttentionBackwardParams<T>& p = ctx.p;
   const std::int64_t key_end = p.key_lengths ? std::min(p.S, p.key_lengths[b]) : p.S;
   const std::int64_t cols = std::clamp<std::int64_t>(key_end - j0, 0, kBlockK);
-  // Causal: query i sees key j only when i >= j - (S - L); earlier query blocks see nothing here.
-  const std::int64_t first_query = p.causal ? std::max<std::int64_t>(0, j0 - (p.S - p.L)) : 0;
+  // Causal (or a window's right bound): query i sees key j only when i >= j - right - (S - L); earlier
+  // query blocks see nothing here. A window's left bound: only when i <= j + left - (S - L).
+  const std::int64_t right = right_extent(p), left = p.window_left;
+  const std::int64_t first_query = right >= 0 ? std::max<std::int64_t>(0, j0 - right - (p.S - p.L)) : 0;
   const std::int64_t first_block = first_query / kBlockQ * kBlockQ;
+  const std::int64_t query_end = left >= 0 ? std::clamp<std::int64_t>(j0 + cols + left - (p.S - p.L), 0, p.L) : p.L;
   // Keys past key_end (padding) and keys no query sees get exactly 0.
-  if (cols == 0 || first_block >= p.L) {
+  if (cols == 0 || first_block >= query_end) {
     const std::int64_t end = std::min(p.S, j0 + kBlockK);
-    ZeroRows(p.dk, b, head, j0, end, p.d_k), ZeroRows(p.dv, b, head, j0, end, p.d_v);
+    ZeroRows(p.dk, b, kv, j0, end, p.d_k), ZeroRows(p.dv, b, kv, j0, end, p.d_v);
     return;
   }
   if (cols < std::min(kBlockK, p.S - j0)) {  // the block straddles key_end
     const std::int64_t end = std::min(p.S, j0 + kBlockK);
-    ZeroRows(p.dk, b, head, j0 + cols, end, p.d_k), ZeroRows(p.dv, b, head, j0 + cols, end, p.d_v);
+    ZeroRows(p.dk, b, kv, j0 + cols, end, p.d_k), ZeroRows(p.dv, b, kv, j0 + cols, end, p.d_v);
   }
-  const KeyBlocks<T> kv = ctx.key_blocks(t, b, head, j0, cols);
-  const std::uint8_t* query_flags = ctx.query_flags + (b * p.h + head) * p.L;
-  for (std::int64_t i0 = first_block; i0 < p.L; i0 += kBlockQ) {
-    const std::int64_t rows = std::min(kBlockQ, p.L - i0);
-    // Causal: the tile's keys that its last (most-seeing) row sees; the rest get nothing from it. Later
-    // query blocks see at least as many, so a diagonal tile's products shrink to this width.
-    const std::int64_t seen = causal_visible(p, i0 + rows - 1, j0, cols);
-    const bool first = i0 == first_block;
-    if (first && seen < cols) {  // rows [seen, cols) of dK and dV are not overwritten below: start at 0
-      std::fill(t.dv_block + seen * p.d_v, t.dv_block + cols * p.d_v, 0.0f);
-      std::fill(t.dk_block + seen * p.d_k, t.dk_block + cols * p.d_k, 0.0f);
+  const KeyBlocks<T> kv_blocks = ctx.key_blocks(t, b, kv, j0, cols);
+  for (std::int64_t m = 0, head = kv * p.group(); m < p.group(); ++m, ++head) {
+    ctx.use_query_head(t, b, head);
+    const std::uint8_t* query_flags = ctx.query_flags + (b * p.h + head) * p.L;
+    for (std::int64_t i0 = first_block; i0 < query_end; i0 += kBlockQ) {
+      const std::int64_t rows = std::min(kBlockQ, p.L - i0);
+      // Causal: the tile's keys that its last (most-seeing) row sees; the rest get nothing from it. Later
+      // query blocks see at least as many, so a diagonal tile's products shrink to this width.
+      const std::int64_t seen = causal_visible(p, i0 + rows - 1, j0, cols);
+      const bool first = m == 0 && i0 == first_block;
+      if (first && seen < cols) {  // rows [seen, cols) of dK and dV are not overwritten below: start at 0
+        std::fill(t.dv_block + seen * p.d_v, t.dv_block + cols * p.d_v, 0.0f);
+        std::fill(t.dk_block + seen * p.d_k, t.dk_block + cols * p.d_k, 0.0f);
+      }
+      TileGradients(ctx, t, b, head, i0, rows, j0, seen, kv_blocks);
+      const float* pd = t.s;  // dropout(P)
+      if (p.dropout_p > 0) {
+        for (std::int64_t r = 0; r < rows; ++r) std::copy_n(t.s + r * kBlockK, seen, t.pd + r * kBlockK);
+        apply_dropout(p, b, head, i0, rows, j0, seen, t.pd, kBlockK);
+        pd = t.pd;
+      }
+      // dV_j += dropout(P)^T dO_i;  dK_j += scale dS^T Q_i (the first tile overwrites), through copies of
+      // dO_i and Q_i whose non-finite rows are zeroed and added apart where their coefficient is not 0
+      // (nonfinite.hpp).
+      const SafeBlock<T> dout_rows =
+          safe_query_rows(t.do_head, p.d_v, i0, rows, p.d_v, query_flags, kDoutRow, t.do_copy, t.nonfinite_do);
+      const SafeBlock<T> q_rows =
+          safe_query_rows(t.q_head, p.d_k, i0, rows, p.d_k, query_flags, kQueryRow, t.q_copy, t.nonfinite_q);
+      if constexpr (BackwardContext<T>::kRounds) {  // the tiles' bfloat16 copies for the three products
+        RoundRowsToBfloat16(pd, kBlockK, rows, round_up(seen, kRowAlign), t.pd_rounded, kBlockK);
+        RoundRowsToBfloat16(t.dp, kBlockK, rows, round_up(seen, kRowAlign), t.ds_rounded, kBlockK);
+      }
+      gemm_tile(seen, p.d_v, rows, transposed_tile<T>(pd, t.pd_rounded), plain(dout_rows.data, dout_rows.ld),
+                first ? overwrite(t.dv_block, p.d_v) : accumulate_into(t.dv_block, p.d_v));
+      gemm_tile(seen, p.d_k, rows, transposed_tile<T>(t.dp, t.ds_rounded), plain(q_rows.data, q_rows.ld),
+                first ? overwrite(t.dk_block, p.d_k) : accumulate_into(t.dk_block, p.d_k), p.scale);
+      AddNonfiniteRows(p.dout, b, head, i0, t.nonfinite_do, dout_rows.nonfinite_count, pd, 1.0f, seen, p.d_v,
+                       t.dv_block);
+      AddNonfiniteRows(p.q, b, head, i0, t.nonfinite_q, q_rows.nonfinite_count, t.dp, p.scale, seen, p.d_k, t.dk_block);
+      AddQueryGradients(ctx, t, b, head, i0, rows, j0, seen, kv_blocks, dq[m]);
     }
-    TileGradients(ctx, t, b, head, i0, rows, j0, seen, kv);
-    const float* pd = t.s;  // dropout(P)
-    if (p.dropout_p > 0) {
-      for (std::int64_t r = 0; r < rows; ++r) std::copy_n(t.s + r * kBlockK, seen, t.pd + r * kBlockK);
-      apply_dropout(p, b, head, i0, rows, j0, seen, t.pd, kBlockK);
-      pd = t.pd;
-    }
-    // dV_j += dropout(P)^T dO_i;  dK_j += scale dS^T Q_i (the first query block overwrites), through
-    // copies of dO_i and Q_i whose non-finite rows are zeroed and added apart where their coefficient
-    // is not 0 (nonfinite.hpp).
-    const SafeBlock<T> dout_rows =
-        safe_query_rows(t.do_head, p.d_v, i0, rows, p.d_v, query_flags, kDoutRow, t.do_copy, t.nonfinite_do);
-    const SafeBlock<T> q_rows =
-        safe_query_rows(t.q_head, p.d_k, i0, rows, p.d_k, query_flags, kQueryRow, t.q_copy, t.nonfinite_q);
-    if constexpr (BackwardContext<T>::kRounds) {  // the tiles' bfloat16 copies for the three products
-      RoundRowsToBfloat16(pd, kBlockK, rows, round_up(seen, kRowAlign), t.pd_rounded, kBlockK);
-      RoundRowsToBfloat16(t.dp, kBlockK, rows, round_up(seen, kRowAlign), t.ds_rounded, kBlockK);
-    }
-    gemm_tile(seen, p.d_v, rows, transposed_tile<T>(pd, t.pd_rounded), plain(dout_rows.data, dout_rows.ld),
-              first ? overwrite(t.dv_block, p.d_v) : accumulate_into(t.dv_block, p.d_v));
-    gemm_tile(seen, p.d_k, rows, transposed_tile<T>(t.dp, t.ds_rounded), plain(q_rows.data, q_rows.ld),
-              first ? overwrite(t.dk_block, p.d_k) : accumulate_into(t.dk_block, p.d_k), p.scale);
-    AddNonfiniteRows(p.dout, b, head, i0, t.nonfinite_do, dout_rows.nonfinite_count, pd, 1.0f, seen, p.d_v, t.dv_block);
-    AddNonfiniteRows(p.q, b, head, i0, t.nonfinite_q, q_rows.nonfinite_count, t.dp, p.scale, seen, p.d_k, t.dk_block);
-    AddQueryGradients(ctx, t, b, head, i0, rows, j0, seen, kv, dq);
   }
   for (std::int64_t c = 0; c < cols; ++c) {  // the block's dK and dV, accumulated adjacent, to the outputs
-    for (std::int64_t e = 0; e < p.d_k; ++e) p.dk(b, head, j0 + c, e) = T(t.dk_block[c * p.d_k + e]);
-    for (std::int64_t e = 0; e < p.d_v; ++e) p.dv(b, head, j0 + c, e) = T(t.dv_block[c * p.d_v + e]);
+    for (std::int64_t e = 0; e < p.d_k; ++e) p.dk(b, kv, j0 + c, e) = T(t.dk_block[c * p.d_k + e]);
+    for (std::int64_t e = 0; e < p.d_v; ++e) p.dv(b, kv, j0 + c, e) = T(t.dv_block[c * p.d_v + e]);
   }
 }
 
@@ -311,7 +285,7 @@ void KeyBlockGradients(const BackwardContext<T>& ctx, const BackwardTiles<T>& t,
 template <class T>
 std::int64_t dq_groups(const AttentionBackwardParams<T>& p, std::int64_t k_blocks) {
   constexpr std::int64_t kTargetItems = 8, kMaxGroups = 8;
-  const std::int64_t wanted = (kTargetItems + p.B * p.h - 1) / (p.B * p.h);
+  const std::int64_t wanted = (kTargetItems + p.B * p.h_kv - 1) / (p.B * p.h_kv);
   return std::clamp<std::int64_t>(wanted, 1, std::min(kMaxGroups, std::max<std::int64_t>(1, k_blocks)));
 }
 
@@ -329,20 +303,21 @@ void GatherRowData(const AttentionBackwardParams<T>& p, float* D_all, float* lse
   }
   FlagNonfiniteRows(p.q, p.B, p.h, p.L, p.d_k, kQueryRow, query_flags);
   FlagNonfiniteRows(p.dout, p.B, p.h, p.L, p.d_v, kDoutRow, query_flags);
-  FlagNonfiniteRows(p.k, p.B, p.h, p.S, p.d_k, kKeyRow, key_flags);
-  FlagNonfiniteRows(p.v, p.B, p.h, p.S, p.d_v, kValueRow, key_flags);
+  FlagNonfiniteRows(p.k, p.B, p.h_kv, p.S, p.d_k, kKeyRow, key_flags);
+  FlagNonfiniteRows(p.v, p.B, p.h_kv, p.S, p.d_v, kValueRow, key_flags);
 }
 
-// The rows of one thread's dQ and where group 0 writes: for float32 inputs the output itself when its
-// rows are adjacent (else t.dq_head, copied out at the end); for bfloat16 inputs always float32 rows
-// (dq_float's part of the group), rounded once when the groups are summed.
+// The rows of one thread's dQ of query head `head` (the m-th of its key/value head's group) and where
+// group 0 writes: for float32 inputs the output itself when its rows are adjacent (else t.dq_head's
+// m-th part, copied out at the end); for bfloat16 inputs always float32 rows (dq_float's part of the
+// group), rounded once when the groups are summed.
 template <class T>
-DqTarget dq_target(const AttentionBackwardParams<T>& p, const BackwardTiles<T>& t, float* dq_float, std::int64_t bh,
-                   std::int64_t group, bool in_place) {
-  const std::int64_t b = bh / p.h, head = bh % p.h;
+DqTarget dq_target(const AttentionBackwardParams<T>& p, const BackwardTiles<T>& t, float* dq_float, std::int64_t b,
+                   std::int64_t head, std::int64_t group, bool in_place) {
+  const std::int64_t bh = b * p.h + head, m = head % p.group();
   if constexpr (std::is_same_v<T, float>) {
     if (in_place) return {p.dq.pointer(b, head, 0, 0), p.d_k};
-    if (group == 0) return {t.dq_head, p.d_k};
+    if (group == 0) return {t.dq_head + m * p.L * p.d_k, p.d_k};
     return {dq_float + ((group - 1) * p.B * p.h + bh) * p.L * p.d_k, p.d_k};
   } else {
     return {dq_float + (group * p.B * p.h + bh) * p.L * p.d_k, p.d_k};
@@ -362,7 +337,8 @@ void FlashBackward(const AttentionBackwardParams<T>& p) {
   const std::int64_t q_size = round_up(max_rows * std::max(p.d_k, p.d_v), kRowAlign);
   const std::int64_t head_copy_size =
       (p.q.stride[2] != p.d_k ? p.L * p.d_k : 0) + (p.dout.stride[2] != p.d_v ? p.L * p.d_v : 0);
-  const std::int64_t dq_head_size = kFloat && p.dq.stride[2] != p.d_k ? round_up(p.L * p.d_k, kRowAlign) : 0;
+  const std::int64_t dq_head_size =
+      kFloat && p.dq.stride[2] != p.d_k ? round_up(p.group() * p.L * p.d_k, kRowAlign) : 0;
   const std::int64_t rows_all = std::max<std::int64_t>(1, p.B * p.h * p.L);
   const auto D_all = AllocateFloats(rows_all), lse_all = AllocateFloats(rows_all);
   // dQ in float32 [groups', B, h, L, d_k]: groups 1.. for float32 inputs (group 0 adds into the output
@@ -370,7 +346,7 @@ void FlashBackward(const AttentionBackwardParams<T>& p) {
   const std::int64_t float_groups = kFloat ? groups - 1 : groups;
   const auto dq_float = AllocateFloats(std::max<std::int64_t>(1, float_groups * p.B * p.h * p.L * p.d_k));
   std::vector<std::uint8_t> query_flags(static_cast<std::size_t>(p.B * p.h * p.L));
-  std::vector<std::uint8_t> key_flags(static_cast<std::size_t>(p.B * p.h * p.S));
+  std::vector<std::uint8_t> key_flags(static_cast<std::size_t>(p.B * p.h_kv * p.S));
   std::vector<std::int64_t> nonfinite_lists(static_cast<std::size_t>(threads * BackwardContext<T>::kListsPerThread));
   GatherRowData(p, D_all.get(), lse_all.get(), query_flags.data(), key_flags.data());
   BackwardContext<T> ctx{
@@ -382,19 +358,21 @@ void FlashBackward(const AttentionBackwardParams<T>& p) {
   ctx.floats = floats.get(), ctx.elements = elements.get(), ctx.rounded = rounded.get();
 
 #pragma omp parallel for schedule(dynamic, 1)
-  for (std::int64_t item = 0; item < p.B * p.h * groups; ++item) {
-    const std::int64_t bh = item / groups, b = bh / p.h, head = bh % p.h, group = item % groups;
+  for (std::int64_t item = 0; item < p.B * p.h_kv * groups; ++item) {
+    const std::int64_t b_kv = item / groups, b = b_kv / p.h_kv, kv = b_kv % p.h_kv, group = item % groups;
     BackwardTiles<T> t = ctx.tiles();
-    ctx.use_query_head(t, b, head);
     const bool dq_in_place = group == 0 && p.dq.stride[2] == p.d_k;
-    const DqTarget dq = dq_target(p, t, dq_float.get(), bh, group, dq_in_place);
-    std::fill_n(dq.data, p.L * p.d_k, 0.0f);
+    std::vector<DqTarget> dq;  // [g]: the dQ of each query head of the group
+    for (std::int64_t head = kv * p.group(); head < (kv + 1) * p.group(); ++head) {
+      dq.push_back(dq_target(p, t, dq_float.get(), b, head, group, dq_in_place));
+      std::fill_n(dq.back().data, p.L * p.d_k, 0.0f);
+    }
     for (std::int64_t block = group; block < k_blocks; block += groups)  // dealt round-robin: balances causal
-      KeyBlockGradients(ctx, t, b, head, block * kBlockK, dq);
+      KeyBlockGradients(ctx, t, b, kv, block * kBlockK, dq.data());
     if constexpr (kFloat) {
-      if (group == 0 && !dq_in_place)
+      for (std::int64_t m = 0; group == 0 && !dq_in_place && m < p.group(); ++m)
         for (std::int64_t i = 0; i < p.L; ++i)
-          for (std::int64_t e = 0; e < p.d_k; ++e) p.dq(b, head, i, e) = dq.data[i * p.d_k + e];
+          for (std::int64_t e = 0; e < p.d_k; ++e) p.dq(b, kv * p.group() + m, i, e) = dq[m].data[i * p.d_k + e];
     }
   }
   if (kFloat && groups == 1) return;

@@ -1,7 +1,7 @@
 // The fused attention kernel's forward: FlashAttention-2 (Dao 2023, "FlashAttention-2: Faster Attention with
 // Better Parallelism and Work Partitioning") on the CPU, float32 or bfloat16, never holding an L x S matrix.
 //
-// Forward, for one (b, head, block of kBlockQ query rows):
+// Forward, for one (b, head, block of query rows):
 //   m = -inf, l = 0, acc = 0                                   per row; acc [rows, d_v]
 //   for each block of kBlockK keys:
 //     S = scale Q_blk K_blk^T (+ masks)                        [rows, cols]
@@ -13,7 +13,14 @@
 // P rounded to bfloat16 for the P V product as FlashAttention does); the online softmax, m, l and the
 // accumulator are float32 for both. The row operations go through Highway, dispatched once per call
 // to the best SIMD target of the machine. Causal masking skips key blocks that lie entirely above the diagonal;
-// key_lengths shortens the key range. Keys outside the range are never read; masked keys inside it get -inf logits
+// key_lengths shortens the key range. Grouped-query attention (h_kv < h key/value heads): a work item
+// takes the query heads that share a key/value head (all g = h / h_kv of them, or a part when there are
+// few items) through each K/V block in turn, so a block is read from memory once per group and its
+// safe copy made once. Each head keeps its own kBlockQ-row tiles, the same as the backward's: stacking
+// the group's rows into one taller product gave logits an ulp away from those the backward recomputes
+// (the sweep caught P = exp(S - lse) off by that much), and decoding, where stacking pays, has a kernel
+// of its own (src/decode).
+// Keys outside the range are never read; masked keys inside it get -inf logits
 // (masks.hpp), and K/V rows of padded keys or holding NaN/Inf are zeroed in a copy of the block
 // (nonfinite.hpp), so a NaN or Inf stored at a masked position cannot leak through the block products.
 #include "attention/flash.hpp"
@@ -41,21 +48,29 @@ namespace mha::detail::HWY_NAMESPACE {
 
 // ---- forward --------------------------------------------------------------------------------------
 
-// One thread's state for one block of query rows; T is the inputs' type (float or bfloat16).
+// One thread's state for one block of query rows of each head of its item; T is the inputs' type (float or
+// bfloat16).
 template <class T>
 struct ForwardBlock {
   float* s;                 // [rows, kBlockK]: logits, then probabilities
   bfloat16* p_rounded;      // [rows, kBlockK]: the probabilities in bfloat16 (bfloat16 inputs only)
-  float* acc;               // [rows, ld_acc]: the unnormalised output
+  float* acc;               // [heads, rows, ld_acc]: the unnormalised output of each head
   T* v_copy;                // [kBlockK, d_v]: a V block made safe (nonfinite.hpp)
-  float* m;                 // [rows]: running max, then the log-sum-exp
-  float* l;                 // [rows]: running sum
-  T* q_copy;                // [rows, d_k]: the Q rows, adjacent
+  float* m;                 // [heads, rows]: running max, then the log-sum-exp
+  float* l;                 // [heads, rows]: running sum
+  T* q_copy;                // [heads, rows, d_k]: the Q rows, adjacent
   std::int64_t* nonfinite;  // [kBlockK]
   std::int64_t ld_acc;
-  const std::uint8_t* key_flags;  // [S] of this (b, head): kValueRow where v holds NaN or Inf
-  const T* k_head;                // [S, d_k] of this (b, head), adjacent rows (the caller's or a copy)
+  const std::uint8_t* key_flags;  // [S] of this (b, key/value head): kValueRow where v holds NaN or Inf
+  const T* k_head;                // [S, d_k] of this (b, key/value head), adjacent rows (the caller's or a copy)
   const T* v_head;                // [S, d_v], likewise
+
+  // The state of the n-th head of the item, of `rows` rows (the logits tile is shared).
+  ForwardBlock head_state(std::int64_t n, std::int64_t rows) const {
+    ForwardBlock part = *this;
+    part.acc += n * rows * ld_acc, part.m += n * rows, part.l += n * rows;
+    return part;
+  }
 };
 
 // The online softmax over one logits tile (data masks applied, cols <= kBlockK) of query rows i0..:
@@ -83,13 +98,12 @@ void OnlineSoftmaxTile(const AttentionInputs<T>& p, const ForwardBlock<T>& w, st
   }
 }
 
-// acc += P V_blk for keys [j0, j0 + cols) (P rounded to bfloat16 first for bfloat16 inputs); rows of V
-// holding NaN or Inf are added apart, only where their weight is not 0.
+// acc += P V_blk for keys [j0, j0 + cols) of key/value head kv, v_block their safe copy (P rounded to
+// bfloat16 first for bfloat16 inputs); rows of V holding NaN or Inf are added apart, only where their
+// weight is not 0.
 template <class T>
-void AccumulateValues(const AttentionParams<T>& p, const ForwardBlock<T>& w, std::int64_t b, std::int64_t head,
-                      std::int64_t rows, std::int64_t j0, std::int64_t cols) {
-  const SafeBlock<T> v_block =
-      safe_block(p, w.v_head, p.d_v, b, head, j0, cols, p.d_v, w.key_flags, kValueRow, w.v_copy, w.nonfinite);
+void AccumulateValues(const AttentionParams<T>& p, const ForwardBlock<T>& w, const SafeBlock<T>& v_block,
+                      std::int64_t b, std::int64_t kv, std::int64_t rows, std::int64_t j0, std::int64_t cols) {
   if constexpr (std::is_same_v<T, bfloat16>)
     RoundRowsToBfloat16(w.s, kBlockK, rows, round_up(cols, kRowAlign), w.p_rounded, kBlockK);
   gemm_tile(rows, p.d_v, cols, tile_operand<T>(w.s, w.p_rounded), plain(v_block.data, v_block.ld),
@@ -99,7 +113,7 @@ void AccumulateValues(const AttentionParams<T>& p, const ForwardBlock<T>& w, std
     for (std::int64_t r = 0; r < rows; ++r) {
       const float weight = w.s[r * kBlockK + c];
       if (weight == 0.0f) continue;
-      for (std::int64_t e = 0; e < p.d_v; ++e) w.acc[r * w.ld_acc + e] += weight * float(p.v(b, head, j0 + c, e));
+      for (std::int64_t e = 0; e < p.d_v; ++e) w.acc[r * w.ld_acc + e] += weight * float(p.v(b, kv, j0 + c, e));
     }
   }
 }
@@ -134,7 +148,9 @@ void WriteWeights(const AttentionParams<T>& p, const ForwardBlock<T>& w, std::in
                   std::int64_t i0, std::int64_t rows, std::int64_t key_end) {
   for (std::int64_t j0 = 0; j0 < key_end; j0 += kBlockK) {
     const std::int64_t cols = std::min(kBlockK, key_end - j0);
-    ScaledLogits(p, &p.q(b, head, i0, 0), p.q.stride[2], rows, &p.k(b, head, j0, 0), p.k.stride[2], cols, w.s);
+    ScaledLogits(p, &p.q(b, head, i0, 0), p.q.stride[2], rows, &p.k(b, p.kv_head(head), j0, 0), p.k.stride[2], cols,
+                 w.s);
+    if (p.softcap > 0) SoftcapTile(w.s, rows, cols, p.softcap, nullptr);
     ProbabilitiesFromLse(p, b, head, i0, rows, j0, cols, w.m, w.s);
     if (p.dropout_p > 0) apply_dropout(p, b, head, i0, rows, j0, cols, w.s, kBlockK);
     for (std::int64_t r = 0; r < rows; ++r)
@@ -146,28 +162,41 @@ void WriteWeights(const AttentionParams<T>& p, const ForwardBlock<T>& w, std::in
   }
 }
 
-// The forward of query rows [i0, i0 + rows) of (b, head).
+// The forward of query rows [i0, i0 + rows) of query heads [head0, head0 + heads), which all read
+// key/value head kv: each K/V block once, for every head in turn.
 template <class T>
-void ForwardQueryBlock(const AttentionParams<T>& p, const ForwardBlock<T>& w, std::int64_t b, std::int64_t head,
-                       std::int64_t i0, std::int64_t rows) {
-  const T* q_rows = adjacent_rows(&p.q(b, head, i0, 0), p.q.stride[2], rows, p.d_k, w.q_copy);  // [rows, d_k]
-  std::fill(w.m, w.m + rows, kMinusInf);
-  std::fill(w.l, w.l + rows, 0.0f);
-  std::fill(w.acc, w.acc + rows * w.ld_acc, 0.0f);
+void ForwardQueryBlock(const AttentionParams<T>& p, const ForwardBlock<T>& w, std::int64_t b, std::int64_t kv,
+                       std::int64_t head0, std::int64_t heads, std::int64_t i0, std::int64_t rows) {
+  std::vector<const T*> q_rows(static_cast<std::size_t>(heads));  // [rows, d_k] of each head
+  for (std::int64_t n = 0; n < heads; ++n)
+    q_rows[static_cast<std::size_t>(n)] =
+        adjacent_rows(&p.q(b, head0 + n, i0, 0), p.q.stride[2], rows, p.d_k, w.q_copy + n * rows * p.d_k);
+  std::fill(w.m, w.m + heads * rows, kMinusInf);
+  std::fill(w.l, w.l + heads * rows, 0.0f);
+  std::fill(w.acc, w.acc + heads * rows * w.ld_acc, 0.0f);
   const std::int64_t key_end = key_range_end(p, b, i0, rows);
-  for (std::int64_t j0 = 0; j0 < key_end; j0 += kBlockK) {
+  for (std::int64_t j0 = key_block_begin(p, i0, kBlockK); j0 < key_end; j0 += kBlockK) {
     const std::int64_t cols = std::min(kBlockK, key_end - j0);
-    ScaledLogits(p, q_rows, p.d_k, rows, w.k_head + j0 * p.d_k, p.d_k, cols, w.s);
-    if (needs_data_masks(p)) apply_masks(p, b, head, i0, rows, j0, cols, w.s, kBlockK);
-    OnlineSoftmaxTile(p, w, i0, rows, j0, cols);
-    if (p.dropout_p > 0) apply_dropout(p, b, head, i0, rows, j0, cols, w.s, kBlockK);
-    AccumulateValues(p, w, b, head, rows, j0, cols);
+    const SafeBlock<T> v_block =
+        safe_block(p, w.v_head, p.d_v, b, kv, j0, cols, p.d_v, w.key_flags, kValueRow, w.v_copy, w.nonfinite);
+    for (std::int64_t n = 0; n < heads; ++n) {
+      const ForwardBlock<T> h_w = w.head_state(n, rows);
+      const std::int64_t head = head0 + n;
+      ScaledLogits(p, q_rows[static_cast<std::size_t>(n)], p.d_k, rows, w.k_head + j0 * p.d_k, p.d_k, cols, w.s);
+      if (p.softcap > 0) SoftcapTile(w.s, rows, cols, p.softcap, nullptr);
+      if (needs_data_masks(p)) apply_masks(p, b, head, i0, rows, j0, cols, w.s, kBlockK);
+      OnlineSoftmaxTile(p, h_w, i0, rows, j0, cols);
+      if (p.dropout_p > 0) apply_dropout(p, b, head, i0, rows, j0, cols, w.s, kBlockK);
+      AccumulateValues(p, h_w, v_block, b, kv, rows, j0, cols);
+    }
   }
-  FinishRows(p, w, b, head, i0, rows, key_end);
-  if (p.weights) WriteWeights(p, w, b, head, i0, rows, key_end);
+  for (std::int64_t n = 0; n < heads; ++n) {
+    FinishRows(p, w.head_state(n, rows), b, head0 + n, i0, rows, key_end);
+    if (p.weights) WriteWeights(p, w.head_state(n, rows), b, head0 + n, i0, rows, key_end);
+  }
 }
 
-// The K and V rows of one (b, head), adjacent, for one thread: the caller's rows when they are (a
+// The K and V rows of one (b, key/value head), adjacent, for one thread: the caller's rows when they are (a
 // [B, h, S, d] layout), else copies made when the thread starts on a head it did not copy last (the
 // layer's [B, S, h, d] layout: its rows lie h d apart, which the products read much slower, and a
 // copy per key block would be made once per query block; a copy per head serves all the thread's
@@ -183,12 +212,12 @@ class HeadCopies {
         storage_(Allocate<T>(std::max<std::int64_t>(1, threads * per_thread_))),
         copied_(static_cast<std::size_t>(threads), -1) {}
 
-  // Sets w.k_head and w.v_head for (b, head) on thread `thread`.
+  // Sets w.k_head and w.v_head for (b, key/value head) on thread `thread`.
   void use(ForwardBlock<T>& w, int thread, std::int64_t b, std::int64_t head) {
     T* k_copy = storage_.get() + thread * per_thread_;
     T* v_copy = k_copy + (copy_k_ ? p_.S * p_.d_k : 0);
-    const bool fresh = copied_[static_cast<std::size_t>(thread)] != b * p_.h + head;
-    copied_[static_cast<std::size_t>(thread)] = b * p_.h + head;
+    const bool fresh = copied_[static_cast<std::size_t>(thread)] != b * p_.h_kv + head;
+    copied_[static_cast<std::size_t>(thread)] = b * p_.h_kv + head;
     w.k_head = copy_k_
                    ? (fresh ? adjacent_rows(p_.k.pointer(b, head, 0, 0), p_.k.stride[2], p_.S, p_.d_k, k_copy) : k_copy)
                    : p_.k.pointer(b, head, 0, 0);
@@ -202,35 +231,47 @@ class HeadCopies {
   bool copy_k_, copy_v_;
   std::int64_t per_thread_;
   hwy::AlignedFreeUniquePtr<T[]> storage_;
-  std::vector<std::int64_t> copied_;  // per thread: the b * h + head its copies hold, -1 for none
+  std::vector<std::int64_t> copied_;  // per thread: the b * h_kv + head its copies hold, -1 for none
 };
+
+// Query heads per work item: a key/value head's whole group, or an equal part of it when there would
+// be fewer than 8 items (each head's result is the same whichever item computes it).
+template <class T>
+std::int64_t heads_per_item(const AttentionInputs<T>& p, std::int64_t q_blocks) {
+  const std::int64_t g = p.group(), items = std::max<std::int64_t>(1, p.B * p.h_kv * q_blocks);
+  std::int64_t parts = std::clamp<std::int64_t>((8 + items - 1) / items, 1, g);
+  while (g % parts != 0) ++parts;
+  return g / parts;
+}
 
 template <class T>
 void FlashForward(const AttentionParams<T>& p) {
   const SerialIfSmall serial_if_small(2.0 * p.B * p.h * p.L * p.S * (p.d_k + p.d_v));
   const std::int64_t q_blocks = (p.L + kBlockQ - 1) / kBlockQ;
+  const std::int64_t heads = heads_per_item(p, q_blocks), parts = p.group() / heads;
   const std::int64_t ld_acc = round_up(p.d_v, kRowAlign);
   const int threads = omp_get_max_threads();
-  // Per-thread workspace, allocated once per call: logits tile, accumulator, m, l (float32); V block and
+  // Per-thread workspace, allocated once per call: logits tile, accumulators, m, l (float32); V block and
   // Q copies (of T), the rounded probabilities (bfloat16 inputs). Sized to need: a block holds at most
-  // min(kBlockQ, L) query rows and min(kBlockK, S) keys.
+  // min(kBlockQ, L) query rows of each of its heads and min(kBlockK, S) keys.
   const std::int64_t max_rows = std::min(kBlockQ, p.L), max_cols = std::min(kBlockK, p.S);
-  const std::int64_t s_size = max_rows * kBlockK, acc_size = max_rows * ld_acc;
-  const std::int64_t floats_per_thread = s_size + acc_size + 2 * kBlockQ;
+  const std::int64_t s_size = max_rows * kBlockK, acc_size = heads * max_rows * ld_acc;
+  const std::int64_t floats_per_thread = s_size + acc_size + round_up(2 * heads * max_rows, kRowAlign);
   const std::int64_t v_size = round_up(max_cols * p.d_v, kRowAlign);
-  const std::int64_t elements_per_thread = v_size + round_up(max_rows * p.d_k, kRowAlign);
+  const std::int64_t elements_per_thread = v_size + round_up(heads * max_rows * p.d_k, kRowAlign);
   const std::int64_t rounded_per_thread = std::is_same_v<T, bfloat16> ? s_size : 0;
-  const auto floats = AllocateFloats(threads * floats_per_thread);
-  const auto elements = Allocate<T>(threads * elements_per_thread);
+  const auto floats = AllocateFloats(std::max<std::int64_t>(1, threads * floats_per_thread));
+  const auto elements = Allocate<T>(std::max<std::int64_t>(1, threads * elements_per_thread));
   const auto rounded = Allocate<bfloat16>(std::max<std::int64_t>(1, threads * rounded_per_thread));
   std::vector<std::int64_t> nonfinite_lists(static_cast<std::size_t>(threads * kBlockK));
-  std::vector<std::uint8_t> key_flags(static_cast<std::size_t>(p.B * p.h * p.S));  // [B, h, S]
-  FlagNonfiniteRows(p.v, p.B, p.h, p.S, p.d_v, kValueRow, key_flags.data());
+  std::vector<std::uint8_t> key_flags(static_cast<std::size_t>(p.B * p.h_kv * p.S));  // [B, h_kv, S]
+  FlagNonfiniteRows(p.v, p.B, p.h_kv, p.S, p.d_v, kValueRow, key_flags.data());
   HeadCopies<T> head_copies(p, threads);
 
 #pragma omp parallel for schedule(dynamic, 1)
-  for (std::int64_t item = 0; item < p.B * p.h * q_blocks; ++item) {
-    const std::int64_t b = item / (p.h * q_blocks), head = (item / q_blocks) % p.h;
+  for (std::int64_t item = 0; item < p.B * p.h_kv * parts * q_blocks; ++item) {
+    const std::int64_t b = item / (p.h_kv * parts * q_blocks), kv = (item / (parts * q_blocks)) % p.h_kv;
+    const std::int64_t head0 = kv * p.group() + (item / q_blocks) % parts * heads;
     // The last query blocks first: under causal they see the most keys, and the dynamic schedule
     // balances best when the longest items start first.
     const std::int64_t i0 = (q_blocks - 1 - item % q_blocks) * kBlockQ, rows = std::min(kBlockQ, p.L - i0);
@@ -239,15 +280,15 @@ void FlashForward(const AttentionParams<T>& p) {
     w.s = floats.get() + thread * floats_per_thread;
     w.acc = w.s + s_size;
     w.m = w.acc + acc_size;
-    w.l = w.m + kBlockQ;
+    w.l = w.m + heads * max_rows;
     w.v_copy = elements.get() + thread * elements_per_thread;
     w.q_copy = w.v_copy + v_size;
     w.p_rounded = rounded.get() + thread * rounded_per_thread;
     w.nonfinite = nonfinite_lists.data() + thread * kBlockK;
     w.ld_acc = ld_acc;
-    w.key_flags = key_flags.data() + (b * p.h + head) * p.S;
-    head_copies.use(w, thread, b, head);
-    ForwardQueryBlock(p, w, b, head, i0, rows);
+    w.key_flags = key_flags.data() + (b * p.h_kv + kv) * p.S;
+    head_copies.use(w, thread, b, kv);
+    ForwardQueryBlock(p, w, b, kv, head0, heads, i0, rows);
   }
 }
 

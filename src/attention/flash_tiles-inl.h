@@ -66,7 +66,23 @@ void ScaledLogits(const AttentionInputs<T>& p, const T* q_rows, std::int64_t ldq
   gemm_tile(rows, cols, p.d_k, plain(q_rows, ldq), transposed(k_block, ldk), overwrite(s, kBlockK), p.scale);
 }
 
-// Probabilities of a tile: s [rows, cols] (row stride kBlockK) holds scale * Q K^T; masks are applied
+// Logit soft-capping of a tile, before masks: s [rows, cols] (row stride kBlockK) becomes
+// cap tanh(s / cap); with `slope` (a tile like s), slope = 1 - tanh^2(s / cap), the derivative the backward
+// multiplies dS by. Whole vectors, so the padding past cols (never read as a result) is capped too.
+inline void SoftcapTile(float* HWY_RESTRICT s, std::int64_t rows, std::int64_t cols, float cap,
+                        float* HWY_RESTRICT slope) {
+  const hn::ScalableTag<float> d;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d)), padded = round_up(cols, kRowAlign);
+  const auto vcap = hn::Set(d, cap), inv_cap = hn::Set(d, 1.0f / cap), one = hn::Set(d, 1.0f);
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < padded; c += N) {
+      const auto t = hn::Tanh(d, hn::Mul(hn::Load(d, s + r * kBlockK + c), inv_cap));
+      hn::Store(hn::Mul(vcap, t), d, s + r * kBlockK + c);
+      if (slope) hn::Store(hn::NegMulAdd(t, t, one), d, slope + r * kBlockK + c);
+    }
+}
+
+// Probabilities of a tile: s [rows, cols] (row stride kBlockK) holds scale * Q K^T (soft-capped); masks are applied
 // and each row becomes P = exp(S - lse) (0 for a row that attended to nothing), padded with zeros.
 template <class T>
 void ProbabilitiesFromLse(const AttentionInputs<T>& p, std::int64_t b, std::int64_t head, std::int64_t i0,

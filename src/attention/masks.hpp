@@ -12,30 +12,47 @@
 
 namespace mha::detail {
 
+// How far right of its position i' = i + S - L a query may see: 0 under causal, window_right with a
+// window (the smaller of the two with both), -1 for no bound.
+template <class T>
+std::int64_t right_extent(const AttentionInputs<T>& p) {
+  if (p.causal) return p.window_right >= 0 ? std::min<std::int64_t>(0, p.window_right) : 0;
+  return p.window_right;
+}
+
 // The key range [0, end) that query rows [i0, i0 + rows) of batch b may attend to at all.
 template <class T>
 std::int64_t key_range_end(const AttentionInputs<T>& p, std::int64_t b, std::int64_t i0, std::int64_t rows) {
   std::int64_t end = p.S;
   if (p.key_lengths) end = std::min(end, p.key_lengths[b]);
-  if (p.causal) end = std::min(end, std::max<std::int64_t>(0, i0 + rows + p.S - p.L));  // last row sees j <= i + S - L
+  if (right_extent(p) >= 0)  // the last row sees j <= i + S - L + right
+    end = std::min(end, std::max<std::int64_t>(0, i0 + rows + p.S - p.L + right_extent(p)));
   return end;
 }
 
-// Whether logits tiles need per-element masking by the masks given as data (key padding, boolean and
-// additive masks). The causal rule and key_lengths need none: key_range_end cuts the key range, and
-// causal_visible gives each row's visible prefix of a tile, which the row operations mask with vector
-// compares.
+// The first key block (a multiple of block) that query rows from i0 on may see: a sliding window's
+// left bound hides the keys before i0 + S - L - window_left from all of them.
 template <class T>
-bool needs_data_masks(const AttentionInputs<T>& p) {
-  return p.key_padding || p.bool_mask || p.additive_mask || p.key_bias;
+std::int64_t key_block_begin(const AttentionInputs<T>& p, std::int64_t i0, std::int64_t block) {
+  if (p.window_left < 0) return 0;
+  return std::max<std::int64_t>(0, i0 + p.S - p.L - p.window_left) / block * block;
 }
 
-// How many of the keys [j0, j0 + cols) query i may see by the causal rule (a prefix of them; all
-// without causal).
+// Whether logits tiles need per-element masking by the masks given as data (key padding, boolean and
+// additive masks, ALiBi's bias, a window's left bound). The causal rule, a window's right bound and
+// key_lengths need none: key_range_end cuts the key range, and causal_visible gives each row's visible
+// prefix of a tile, which the row operations mask with vector compares.
+template <class T>
+bool needs_data_masks(const AttentionInputs<T>& p) {
+  return p.key_padding || p.bool_mask || p.additive_mask || p.key_bias || p.alibi_slopes || p.window_left >= 0;
+}
+
+// How many of the keys [j0, j0 + cols) query i may see by the causal rule and a window's right bound
+// (a prefix of them; all without either).
 template <class T>
 std::int64_t causal_visible(const AttentionInputs<T>& p, std::int64_t i, std::int64_t j0, std::int64_t cols) {
-  if (!p.causal) return cols;
-  return std::clamp<std::int64_t>(i + p.S - p.L - j0 + 1, 0, cols);
+  if (right_extent(p) < 0) return cols;
+  return std::clamp<std::int64_t>(i + p.S - p.L + right_extent(p) - j0 + 1, 0, cols);
 }
 
 // Applies the masks to a logits tile s [rows, cols] (row stride ld): forbidden -> -inf, additive added.

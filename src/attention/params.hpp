@@ -1,7 +1,8 @@
 // The parameter objects every attention kernel takes: pointers with explicit strides, sizes, and the
 // masks in a common form. Built and validated by attention_core.cpp; kernels only read them.
 //
-// Legend: B batch, h heads, L queries, S keys, d_k query/key width, d_v value width.
+// Legend: B batch, h query heads, h_kv key/value heads (h_kv divides h: grouped-query attention, query
+// head i reads key/value head i / (h / h_kv)), L queries, S keys, d_k query/key width, d_v value width.
 #pragma once
 
 #include <cstdint>
@@ -32,14 +33,23 @@ struct Strided4 {
 template <class T>
 struct AttentionInputs {
   using Acc = compute_t<T>;
-  std::int64_t B = 0, h = 0, L = 0, S = 0, d_k = 0, d_v = 0;
+  std::int64_t B = 0, h = 0, h_kv = 0, L = 0, S = 0, d_k = 0, d_v = 0;
 
   Strided4<const T> q;  // [B, h, L, d_k]
-  Strided4<const T> k;  // [B, h, S, d_k]
-  Strided4<const T> v;  // [B, h, S, d_v]
+  Strided4<const T> k;  // [B, h_kv, S, d_k]
+  Strided4<const T> v;  // [B, h_kv, S, d_v]
+
+  // Query heads per key/value head (1 without grouping), and the key/value head query head `head` reads.
+  std::int64_t group() const { return h_kv > 0 ? h / h_kv : 1; }
+  std::int64_t kv_head(std::int64_t head) const { return head / group(); }
 
   Acc scale = 1;
   bool causal = false;  // key j allowed for query i iff j <= i + S - L
+  // A sliding window (FlashAttention-2's window_size; -1: unbounded on that side): query i, at position
+  // i' = i + S - L, sees key j only when i' - window_left <= j <= i' + window_right.
+  std::int64_t window_left = -1, window_right = -1;
+  const Acc* alibi_slopes = nullptr;  // [h] or null: ALiBi adds -slope[head] * |i' - j| to logit (i, j)
+  Acc softcap = 0;                    // > 0: the scaled logit x becomes softcap * tanh(x / softcap), first
 
   // Masks, each viewed as [B, h, L, S] through broadcast strides; null when absent.
   Strided4<const std::uint8_t> key_padding;   // nonzero = padded key (strides: b, 0, 0, s)
@@ -55,22 +65,31 @@ struct AttentionInputs {
   // Whether query i may attend to key j by the boolean masks (the additive mask is applied apart).
   bool allowed(std::int64_t b, std::int64_t head, std::int64_t i, std::int64_t j) const {
     if (causal && j > i + S - L) return false;
+    if (window_left >= 0 && j < i + S - L - window_left) return false;
+    if (window_right >= 0 && j > i + S - L + window_right) return false;
     if (key_lengths && j >= key_lengths[b]) return false;
     if (key_padding && key_padding(b, head, i, j)) return false;
     if (bool_mask && bool_mask(b, head, i, j)) return false;
     return true;
   }
 
-  // What the additive masks add to logit (i, j): attn_mask + key_bias, 0 without them.
+  // What the additive masks add to logit (i, j): ALiBi's bias + attn_mask + key_bias, 0 without them.
   Acc added(std::int64_t b, std::int64_t head, std::int64_t i, std::int64_t j) const {
-    if (!key_bias) return additive_mask ? additive_mask(b, head, i, j) : Acc(0);
-    return additive_mask ? additive_mask(b, head, i, j) + key_bias(b, head, i, j) : key_bias(b, head, i, j);
+    Acc sum = alibi_slopes ? alibi_bias(head, i, j) : Acc(0);
+    if (additive_mask) sum += additive_mask(b, head, i, j);
+    if (key_bias) sum += key_bias(b, head, i, j);
+    return sum;
+  }
+  Acc alibi_bias(std::int64_t head, std::int64_t i, std::int64_t j) const {
+    const std::int64_t distance = i + S - L - j;
+    return -alibi_slopes[head] * static_cast<Acc>(distance < 0 ? -distance : distance);
   }
 
   // Whether query i may not attend to key j: by the boolean masks, or by an additive -inf. A forbidden
   // key's weight is exactly 0 and its k and v are never read into a result.
   bool forbidden(std::int64_t b, std::int64_t head, std::int64_t i, std::int64_t j) const {
-    return !allowed(b, head, i, j) || ((additive_mask || key_bias) && added(b, head, i, j) == -infinity());
+    return !allowed(b, head, i, j) ||
+           ((additive_mask || key_bias || alibi_slopes) && added(b, head, i, j) == -infinity());
   }
 
  private:
@@ -92,8 +111,8 @@ struct AttentionBackwardParams : AttentionInputs<T> {
   Strided4<const T> o;                  // [B, h, L, d_v]: the forward's output
   Strided4<const compute_t<T>> lse_in;  // [B, h, L, (1)]: the forward's log-sum-exp; column stride unused
   Strided4<T> dq;                       // [B, h, L, d_k]
-  Strided4<T> dk;                       // [B, h, S, d_k]
-  Strided4<T> dv;                       // [B, h, S, d_v]
+  Strided4<T> dk;                       // [B, h_kv, S, d_k]: summed over each group's query heads
+  Strided4<T> dv;                       // [B, h_kv, S, d_v], likewise
 };
 
 }  // namespace mha::detail

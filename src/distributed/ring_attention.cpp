@@ -73,6 +73,9 @@ void check_local(const TensorView& q, const TensorView& k, const TensorView& v, 
   if (!ring_dtype(q.dtype()))
     throw Error(std::string("q: ring attention takes float32 or float64, got ") + dtype_name(q.dtype()) +
                 " (bfloat16 across ranks is not built yet)");
+  if (k.size(1) != q.size(1))
+    throw Error("k: ring attention takes as many key/value heads as query heads (" + std::to_string(q.size(1)) +
+                "), got " + std::to_string(k.size(1)) + " (grouped-query attention across ranks is not built yet)");
   if (o.key_padding_mask && o.key_padding_mask->dtype() != DType::Bool)
     throw Error("key_padding_mask: ring attention takes a bool mask [B, S_r], got " +
                 std::string(dtype_name(o.key_padding_mask->dtype())));

@@ -10,6 +10,7 @@
 
 #include "attention/attention_core.hpp"
 #include "dtype_dispatch.hpp"
+#include "layer/head_gate.hpp"
 #include "layer/linear.hpp"
 #include "layer/projections.hpp"
 #include "mha/multi_head_attention.hpp"
@@ -63,13 +64,21 @@ Tensor output_weights(Tensor per_head, bool average, bool batched) {
 
 // The second half of forward: attends per head, writing heads.context into `context` [rows of query,
 // h*d_v] (the concatenated heads), then projects back, out [rows of query, E] = context W_o^T + b_o.
+// With a head gate, the gated heads are written to `gated` (laid out as context; context's own memory
+// gates in place) and projected instead: out = Concat(g_1 head_1, ..., g_h head_h) W_o^T + b_o.
 // weights ([B, h, L, S']) and lse ([B, h, L]) are filled when the options ask for them.
 template <class T>
 void attend_and_project_out(const HeadViews& heads, const AttentionOptions& o, const ProjectionWeights<T>& w,
-                            Tensor& context, Tensor& out, Tensor& weights, Tensor& lse) {
+                            const HeadGate& gate, Tensor& context, T* gated, Tensor& out, Tensor& weights,
+                            Tensor& lse) {
   const std::int64_t rows = context.size(0), vw = context.size(1), E = out.shape().back();
   run_attention(heads.q, heads.k, heads.v, o, {context.data(), heads.context.strides()}, weights, lse);
-  linear_forward(context.data_as<T>(), vw, rows, vw, w.out, E, w.out_bias, out.data_as<T>(), E);
+  const T* concat = context.data_as<T>();  // [rows of query, h*d_v]
+  if (gate.given) {
+    apply_head_gate<T>(gate, heads.context, gated);  // heads.context views `context`
+    concat = gated;
+  }
+  linear_forward(concat, vw, rows, vw, w.out, E, w.out_bias, out.data_as<T>(), E);
 }
 
 }  // namespace mha::detail

@@ -14,6 +14,7 @@
 #include "layer/attend.hpp"
 #include "layer/buffer_pool.hpp"
 #include "layer/fingerprint.hpp"
+#include "layer/head_gate.hpp"
 #include "layer/inputs.hpp"
 #include "layer/masks.hpp"
 #include "layer/projections.hpp"
@@ -35,6 +36,10 @@ struct SavedForward {
   bool borrowed[3] = {};              // x_view[i] is the caller's memory, lent with borrow_inputs
   std::uint64_t fingerprint[3] = {};  // of each borrowed input, at the forward
   Tensor q_proj, k_proj, v_proj, context, lse;
+  // With a head_gate: the gate, and the gated heads [rows of query, h*d_v] that W^O projected (context
+  // keeps the heads as the kernel wrote them, for the kernel's backward).
+  HeadGate gate;
+  Tensor gated_context;
   KernelMasks masks;  // in kernel terms, owning their storage
   Shape out_shape;
   std::uint64_t parameters_version = 0;  // the layer's parameters_version_ at the forward
@@ -69,7 +74,8 @@ Tensor copy_into_pooled(const TensorView& x, BufferPool& pool) {
 void recycle(std::shared_ptr<SavedForward>&& saved, BufferPool& pool) {
   if (saved && saved.use_count() == 1) {  // not shared with a copy of the layer
     SavedForward& f = *saved;
-    for (Tensor* t : {&f.x[0], &f.x[1], &f.x[2], &f.q_proj, &f.k_proj, &f.v_proj, &f.context}) pool.give(std::move(*t));
+    for (Tensor* t : {&f.x[0], &f.x[1], &f.x[2], &f.q_proj, &f.k_proj, &f.v_proj, &f.context, &f.gated_context})
+      pool.give(std::move(*t));
   }
   saved.reset();
 }
@@ -164,6 +170,7 @@ MultiHeadAttentionOutput MultiHeadAttention::forward(const TensorView& query, co
   o.need_weights = in.need_weights;
   o.need_lse = training_;
   o.kernel = kernel_;
+  HeadGate gate = head_gate_of(in.head_gate, c, dims.batched, B);  // validated before any state changes
   if (training_ && c.dropout > 0) {
     o.dropout_p = c.dropout;
     o.dropout_seed = mix64(dropout_seed_ + dropout_calls_++);
@@ -177,6 +184,7 @@ MultiHeadAttentionOutput MultiHeadAttention::forward(const TensorView& query, co
   auto saved = std::make_shared<SavedForward>();
   SavedForward& f = *saved;
   f.B = B, f.L = L, f.S = S, f.extra = extra;
+  f.gate = std::move(gate);
   f.q_rows = dims.rows(B, L);
   f.kv_input_rows = dims.rows(B, S);
   f.kv_rows = extra ? RowLayout{S2, 1} : f.kv_input_rows;
@@ -189,6 +197,9 @@ MultiHeadAttentionOutput MultiHeadAttention::forward(const TensorView& query, co
   f.context = pool.take(c.dtype, {B * L, vw});  // [rows of query, h*d_v]: the concatenated heads
   f.k_proj = pool.take(c.dtype, {B * S2, qk});  // [rows of key (+ extra per batch), h*d_k]
   f.v_proj = pool.take(c.dtype, {B * S2, vw});  // [rows of value (+ extra per batch), h*d_v]
+  // The gated heads: in a buffer of their own in training mode (the backward reads both), else in place.
+  if (f.gate.given && training_) f.gated_context = pool.take(c.dtype, {B * L, vw});
+  Tensor& gated = f.gated_context.defined() ? f.gated_context : f.context;
   Shape out_shape = query.shape();
   out_shape.back() = c.d_model;
   MultiHeadAttentionOutput result;
@@ -201,7 +212,8 @@ MultiHeadAttentionOutput MultiHeadAttention::forward(const TensorView& query, co
     project<T>(f.x_view[2], f.kv_input_rows, B, S, extra, w.v, vw, w.v_bias, f.v_proj);
     if (extra) write_extra_positions<T>(*this, f.k_proj.data_as<T>(), f.v_proj.data_as<T>(), B, S2, S);
     Tensor weights;
-    attend_and_project_out<T>(head_views(f, c), o, w, f.context, result.out, weights, f.lse);
+    attend_and_project_out<T>(head_views(f, c), o, w, f.gate, f.context, gated.data_as<T>(), result.out, weights,
+                              f.lse);
     if (in.need_weights) result.weights = output_weights<T>(std::move(weights), in.average_attn_weights, dims.batched);
   });
 
@@ -252,14 +264,15 @@ MultiHeadAttentionGradients MultiHeadAttention::backward(const TensorView& dout)
     const ProjectionWeights<T> w = projection_weights<T>(*this);
     auto grad = [&](const char* name) { return g.parameters.at(name).template data_as<T>(); };
     const T* dy_p = dy.data_as<T>();
-    // Output projection. Forward: out = context W_o^T + b_o.
+    // Output projection. Forward: out = context W_o^T + b_o (context gated, with a head gate).
+    const Tensor& concat = f.gate.given ? f.gated_context : f.context;
     if (c.bias) column_sums(dy_p, E, B * L, E, grad("out_proj.bias"));
-    gemm<T>(E, vw, B * L, transposed(dy_p, E), plain(f.context.data_as<T>(), vw),
-            overwrite(grad("out_proj.weight"), vw));
+    gemm<T>(E, vw, B * L, transposed(dy_p, E), plain(concat.data_as<T>(), vw), overwrite(grad("out_proj.weight"), vw));
     gemm<T>(B * L, vw, E, plain(dy_p, E), plain(w.out, vw), overwrite(dcontext.data_as<T>(), vw));
+    const HeadViews heads = head_views(f, c);
+    if (f.gate.given) g.head_gate = head_gate_backward<T>(f.gate, heads.context, dcontext.data_as<T>());
 
     // Attention core. Forward: context = Attention(q_proj, k_proj, v_proj) per head.
-    const HeadViews heads = head_views(f, c);
     const TensorView dcontext_heads(dcontext.data(), c.dtype, heads.context.shape(), heads.context.strides());
     run_attention_backward(dcontext_heads, heads.q, heads.k, heads.v, heads.context, f.lse.view(), f.masks.options,
                            {dq_proj.data(), heads.q.strides()}, {dk_proj.data(), heads.k.strides()},
@@ -301,8 +314,8 @@ std::int64_t MultiHeadAttention::saved_bytes() const {
   if (!saved_) return 0;
   const SavedForward& f = *saved_;
   std::size_t bytes = 0;
-  for (const Tensor* t : {&f.x[0], &f.x[1], &f.x[2], &f.q_proj, &f.k_proj, &f.v_proj, &f.context, &f.lse,
-                          &f.masks.attn_mask, &f.masks.key_padding_mask})
+  for (const Tensor* t : {&f.x[0], &f.x[1], &f.x[2], &f.q_proj, &f.k_proj, &f.v_proj, &f.context, &f.gated_context,
+                          &f.lse, &f.masks.attn_mask, &f.masks.key_padding_mask})
     if (t->defined()) bytes += t->nbytes();
   return static_cast<std::int64_t>(bytes);
 }

@@ -194,6 +194,7 @@ MultiHeadAttentionOutput MultiHeadAttention::forward_cached(const TensorView& qu
   AttentionOptions& o = masks.options;
   o.need_weights = in.need_weights;
   o.kernel = kernel_;  // evaluation mode: no dropout, no log-sum-exps
+  const HeadGate gate = head_gate_of(in.head_gate, c, dims.batched, B);
 
   // ---- project the queries, attend to the cache in place, project back -------------------------
   Tensor query_copy;
@@ -214,7 +215,7 @@ MultiHeadAttentionOutput MultiHeadAttention::forward_cached(const TensorView& qu
     heads.v = heads_view(cache.values_, B, h, S2, c.d_v, cache_rows);  // [B, h, S', d_v]
     heads.context = heads_view(context, B, h, L, c.d_v, q_rows);       // [B, h, L, d_v]
     Tensor weights, lse;
-    attend_and_project_out<T>(heads, o, w, context, result.out, weights, lse);
+    attend_and_project_out<T>(heads, o, w, gate, context, context.data_as<T>(), result.out, weights, lse);
     if (in.need_weights) result.weights = output_weights<T>(std::move(weights), in.average_attn_weights, dims.batched);
   };
   dispatch_floating(c.dtype, run);

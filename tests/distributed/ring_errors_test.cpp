@@ -92,6 +92,18 @@ TEST(RingErrors, AShardOfTheWrongLength) {
   expect_a_correct_call_still_works();
 }
 
+TEST(RingErrors, GroupedQueryHeadsAreRefusedOnEveryRank) {
+  const Shards s = shards(20, 8);
+  auto one_head = [&](std::uint64_t seed) {  // [1, 1, n, d]: one key/value head for q's two
+    return mha::distributed::shard_sequence(normal(DType::Float32, {1, 1, 20, 8}, seed), 2, world_size(), world_rank(),
+                                            Layout::Zigzag);
+  };
+  const Tensor k = one_head(2), v = one_head(3);
+  const std::string e = error_of([&] { mha::distributed::ring_attention(s.q, k, v, MPI_COMM_WORLD); });
+  EXPECT_NE(e.find("grouped-query attention across ranks is not built yet"), std::string::npos) << e;
+  expect_a_correct_call_still_works();
+}
+
 TEST(RingErrors, CausalNeedsAsManyQueriesAsKeys) {
   const Shards s = shards(20, 8);
   const Tensor q = mha::distributed::shard_sequence(normal(DType::Float32, {1, 2, 13, 8}, 5), 2, world_size(),

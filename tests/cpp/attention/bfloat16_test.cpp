@@ -54,7 +54,7 @@ std::vector<double> emulated_bf16_out(const KernelCase& c, const CaseData& d) {
   const double scale = c.scale > 0 ? c.scale : 1.0 / std::sqrt(static_cast<double>(c.d_k));
   std::vector<double> out(static_cast<std::size_t>(c.B * c.h * c.L * c.d_v), 0.0), s(static_cast<std::size_t>(c.S));
   for (std::int64_t bh = 0; bh < c.B * c.h; ++bh) {
-    const std::int64_t b = bh / c.h, hh = bh % c.h;
+    const std::int64_t b = bh / c.h, hh = bh % c.h, b_kv = b * c.kv_heads() + hh / c.group();  // K/V's (b, head)
     for (std::int64_t i = 0; i < c.L; ++i) {
       double m = -kInf;
       for (std::int64_t j = 0; j < c.S; ++j) {
@@ -64,7 +64,7 @@ std::vector<double> emulated_bf16_out(const KernelCase& c, const CaseData& d) {
         double dot = 0;
         for (std::int64_t e = 0; e < c.d_k; ++e)
           dot += d.q[static_cast<std::size_t>((bh * c.L + i) * c.d_k + e)] *
-                 d.k[static_cast<std::size_t>((bh * c.S + j) * c.d_k + e)];
+                 d.k[static_cast<std::size_t>((b_kv * c.S + j) * c.d_k + e)];
         x = dot * scale + d.masks.additive(b, hh, i, j);
         m = std::max(m, x);
       }
@@ -77,7 +77,7 @@ std::vector<double> emulated_bf16_out(const KernelCase& c, const CaseData& d) {
         if (x == -kInf) continue;
         const double p = bf16(std::exp(x - m));  // P rounded for the P V product
         for (std::int64_t e = 0; e < c.d_v; ++e)
-          row[e] += p * d.v[static_cast<std::size_t>((bh * c.S + j) * c.d_v + e)];
+          row[e] += p * d.v[static_cast<std::size_t>((b_kv * c.S + j) * c.d_v + e)];
       }
       for (std::int64_t e = 0; e < c.d_v; ++e) row[e] = bf16(row[e] / l);
     }
@@ -104,7 +104,7 @@ Gradients emulated_bf16_gradients(const KernelCase& c, const CaseData& d) {
     return x[static_cast<std::size_t>(row * width + e)];
   };
   for (std::int64_t bh = 0; bh < c.B * c.h; ++bh) {
-    const std::int64_t b = bh / c.h, hh = bh % c.h;
+    const std::int64_t b = bh / c.h, hh = bh % c.h, b_kv = b * c.kv_heads() + hh / c.group();  // K/V's (b, head)
     for (std::int64_t i = 0; i < c.L; ++i) {
       const std::int64_t qi = bh * c.L + i;
       const double row_lse = lse[static_cast<std::size_t>(qi)];
@@ -112,7 +112,7 @@ Gradients emulated_bf16_gradients(const KernelCase& c, const CaseData& d) {
       double D = 0;
       for (std::int64_t e = 0; e < c.d_v; ++e) D += at(d.dout, qi, c.d_v, e) * at(out, qi, c.d_v, e);
       for (std::int64_t j = 0; j < c.S; ++j) {
-        const std::int64_t kj = bh * c.S + j;
+        const std::int64_t kj = b_kv * c.S + j;
         if (!d.masks.allowed(b, hh, i, j) || d.masks.additive(b, hh, i, j) == -kInf) continue;
         double dot = 0, dp = 0;
         for (std::int64_t e = 0; e < c.d_k; ++e) dot += at(d.q, qi, c.d_k, e) * at(d.k, kj, c.d_k, e);

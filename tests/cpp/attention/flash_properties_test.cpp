@@ -2,7 +2,7 @@
 //   (a) keys hidden by key_padding_mask or key_lengths are never read: filling them in k and v with NaN
 //       or 1e10 changes no result bit (out, weights, lse, dq, and dk / dv at unpadded positions);
 //   (b) determinism: forward and backward are bitwise identical over 20 repeats and across
-//       mha::set_num_threads(1), (2) and (3);
+//       mha::set_num_threads(1), (2) and (3), grouped-query attention included;
 //   (c) the vectorised exp the kernel uses (mha::detail::flash_exp) is within 2 ULP of std::exp over
 //       the range the kernel evaluates it on, and exp(-inf) is exactly 0;
 //   (d) edge cases: causal with L > S (leading rows attend to nothing), S = 0, L = 0, and a NaN in one
@@ -150,11 +150,23 @@ KernelCase one_head_determinism_case() {
   return c;
 }
 
+// Grouped-query attention: 6 query heads on 2 key/value heads (each item of the forward stacks a
+// group's rows; the backward sums a group's dK and dV), interleaved heads, masks and dropout.
+KernelCase grouped_determinism_case() {
+  KernelCase c = determinism_case();
+  c.seed = 777;
+  c.h = 6, c.h_kv = 2;
+  c.layout = Layout::Interleaved;
+  return c;
+}
+
 class FlashDeterminism : public ::testing::TestWithParam<int> {};
 
 TEST_P(FlashDeterminism, KernelRepeatsAndThreadCounts) {
   ThreadCountGuard restore;
-  const KernelCase c = GetParam() == 0 ? determinism_case() : one_head_determinism_case();
+  const KernelCase c = GetParam() == 0   ? determinism_case()
+                       : GetParam() == 1 ? one_head_determinism_case()
+                                         : grouped_determinism_case();
   const CaseData d = make_case_data(c);
   mha::set_num_threads(2);
   const KernelRun first = run_kernel(c, d, DType::Float32, mha::Kernel::Flash, true);
@@ -167,11 +179,12 @@ TEST_P(FlashDeterminism, KernelRepeatsAndThreadCounts) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, FlashDeterminism, ::testing::Values(0, 1),
-                         [](const ::testing::TestParamInfo<int>& info) {
-                           return info.param == 0 ? std::string("MasksDropoutWeights")
-                                                  : std::string("OneHeadManyKeyBlocks");
-                         });
+std::string determinism_case_name(const ::testing::TestParamInfo<int>& info) {
+  const char* names[] = {"MasksDropoutWeights", "OneHeadManyKeyBlocks", "GroupedQuery"};
+  return names[info.param];
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, FlashDeterminism, ::testing::Values(0, 1, 2), determinism_case_name);
 
 // ---- (c) the vectorised exp ----------------------------------------------------------------------
 
@@ -265,8 +278,8 @@ TEST(FlashEdgeCases, CausalWithMoreQueriesThanKeys) {
     EXPECT_TRUE(within_rule("lse", fused.lse, ref32.lse, ref64.lse, 2.0, {c.B, c.h, c.L}));
     EXPECT_TRUE(within_rule("weights", fused.weights, ref32.weights, ref64.weights, 2.0, {c.B, c.h, c.L, c.S}));
     EXPECT_TRUE(within_rule("dq", fused.dq, ref32.dq, ref64.dq, 3.0, {c.B, c.h, c.L, c.d_k}));
-    EXPECT_TRUE(within_rule("dk", fused.dk, ref32.dk, ref64.dk, 3.0, {c.B, c.h, c.S, c.d_k}));
-    EXPECT_TRUE(within_rule("dv", fused.dv, ref32.dv, ref64.dv, 3.0, {c.B, c.h, c.S, c.d_v}));
+    EXPECT_TRUE(within_rule("dk", fused.dk, ref32.dk, ref64.dk, 3.0, {c.B, c.kv_heads(), c.S, c.d_k}));
+    EXPECT_TRUE(within_rule("dv", fused.dv, ref32.dv, ref64.dv, 3.0, {c.B, c.kv_heads(), c.S, c.d_v}));
   }
 }
 

@@ -31,7 +31,11 @@ struct FdCase {
   unsigned masks;
   bool causal;
   double dropout_p;
-  double scale;  // 0: default
+  double scale;           // 0: default
+  std::int64_t h_kv = 0;  // key/value heads (grouped-query attention); 0: h
+  std::int64_t window_left = -1, window_right = -1;
+  bool alibi = false;
+  double softcap = 0.0;
 };
 
 void PrintTo(const FdCase& c, std::ostream* os) { *os << c.name; }
@@ -44,6 +48,9 @@ KernelCase kernel_case(const FdCase& f) {
   c.causal = f.causal;
   c.dropout_p = f.dropout_p;
   c.scale = f.scale;
+  c.h_kv = f.h_kv;
+  c.window_left = f.window_left, c.window_right = f.window_right, c.alibi = f.alibi;
+  c.softcap = f.softcap;
   c.amplitude = 1.5;  // logits of a few units: softmax neither flat nor saturated
   return c;
 }
@@ -68,6 +75,17 @@ const FdCase kFdCases[] = {
     {"one_key", 2, 2, 4, 1, 3, 2, 0u, false, 0.0, 0.0},
     {"one_query", 2, 2, 1, 5, 3, 2, kCmpKeyPadding, false, 0.0, 0.0},
     {"dk1_dv5", 2, 1, 3, 4, 1, 5, 0u, true, 0.0, 0.0},
+    // grouped-query attention: dk and dv sum the group's query heads
+    {"grouped_2_of_4_causal_bool_3d", 2, 4, 4, 5, 3, 2, kCmpBool3d, true, 0.0, 0.0, 2},
+    {"multi_query_dropout_key_padding", 1, 3, 4, 6, 2, 3, kCmpKeyPadding, false, 0.3, 0.0, 1},
+    {"grouped_3_of_6_float_3d_lengths", 2, 6, 3, 4, 2, 2, kCmpFloat3d | kCmpLengths, false, 0.0, 0.0, 2},
+    // a sliding window and ALiBi: masks and a bias, no gradient of their own
+    {"window_1_2_alibi", 2, 2, 5, 6, 3, 2, 0u, false, 0.0, 0.0, 0, 1, 2, true},
+    {"window_left_causal_dropout", 1, 2, 6, 6, 3, 2, kCmpKeyPadding, true, 0.3, 0.0, 0, 2, -1, false},
+    {"alibi_grouped_float_2d", 2, 4, 4, 5, 3, 2, kCmpFloat2d, true, 0.0, 0.0, 1, -1, -1, true},
+    // logit soft-capping: the gradient goes through d cap / d logit = 1 - tanh^2
+    {"softcap_below_the_logits", 2, 2, 4, 5, 3, 2, kCmpKeyPadding, false, 0.0, 0.0, 0, -1, -1, false, 0.5},
+    {"softcap_window_alibi_dropout", 1, 2, 5, 6, 3, 2, 0u, true, 0.2, 0.0, 0, 2, -1, true, 2.0},
 };
 
 class ReferenceBackwardVsFiniteDifferences : public ::testing::TestWithParam<FdCase> {};
@@ -81,8 +99,8 @@ TEST_P(ReferenceBackwardVsFiniteDifferences, Float64) {
   CaseData d = base;
   auto loss = [&] { return dot(run_kernel(c, d, DType::Float64, mha::Kernel::Reference, false).out, d.dout); };
   EXPECT_TRUE(matches_finite_differences(analytic.dq, d.q, loss, {c.B, c.h, c.L, c.d_k})) << "dq";
-  EXPECT_TRUE(matches_finite_differences(analytic.dk, d.k, loss, {c.B, c.h, c.S, c.d_k})) << "dk";
-  EXPECT_TRUE(matches_finite_differences(analytic.dv, d.v, loss, {c.B, c.h, c.S, c.d_v})) << "dv";
+  EXPECT_TRUE(matches_finite_differences(analytic.dk, d.k, loss, {c.B, c.kv_heads(), c.S, c.d_k})) << "dk";
+  EXPECT_TRUE(matches_finite_differences(analytic.dv, d.v, loss, {c.B, c.kv_heads(), c.S, c.d_v})) << "dv";
   EXPECT_TRUE(masked_parts_exact(c, base.masks, analytic));
 }
 
@@ -143,9 +161,9 @@ TEST_P(FlashBackwardVsReference, WithinThriceTheFloat32ReferenceError) {
   EXPECT_TRUE(within_rule("out", fused.out, ref32.out, ref64.out, 2.0, {c.B, c.h, c.L, c.d_v}));
   EXPECT_TRUE(
       within_rule("dq", fused.dq, ref32.dq, ref64.dq, 3.0, {c.B, c.h, c.L, c.d_k}, cancellation_slack(c, d, false)));
-  EXPECT_TRUE(
-      within_rule("dk", fused.dk, ref32.dk, ref64.dk, 3.0, {c.B, c.h, c.S, c.d_k}, cancellation_slack(c, d, true)));
-  EXPECT_TRUE(within_rule("dv", fused.dv, ref32.dv, ref64.dv, 3.0, {c.B, c.h, c.S, c.d_v}));
+  EXPECT_TRUE(within_rule("dk", fused.dk, ref32.dk, ref64.dk, 3.0, {c.B, c.kv_heads(), c.S, c.d_k},
+                          cancellation_slack(c, d, true)));
+  EXPECT_TRUE(within_rule("dv", fused.dv, ref32.dv, ref64.dv, 3.0, {c.B, c.kv_heads(), c.S, c.d_v}));
   EXPECT_TRUE(masked_parts_exact(c, d.masks, fused)) << "fused";
   EXPECT_TRUE(masked_parts_exact(c, d.masks, ref64)) << "reference, float64";
 }

@@ -84,6 +84,10 @@ struct KernelCase {
   int index = 0;
   std::uint64_t seed = 0;
   std::int64_t B = 1, h = 1, L = 1, S = 1, d_k = 1, d_v = 1;
+  std::int64_t h_kv = 0;                             // key/value heads (grouped-query attention: a divisor of h); 0: h
+  std::int64_t window_left = -1, window_right = -1;  // a sliding window; -1: unbounded
+  bool alibi = false;                                // ALiBi slopes drawn per head
+  double softcap = 0.0;                              // logit soft-capping; 0: none
   unsigned masks = 0;
   bool causal = false;
   bool need_weights = false;
@@ -98,11 +102,20 @@ struct KernelCase {
     return L * S * (d_k + d_v + 16) + (L + S) * (d_k + d_v);
   }
   std::int64_t work() const { return B * h * work_per_head(L, S, d_k, d_v); }
+  std::int64_t kv_heads() const { return h_kv > 0 ? h_kv : h; }
+  std::int64_t group() const { return h / kv_heads(); }  // query heads per key/value head
 };
 
 inline std::string case_name(const KernelCase& c) {
   std::ostringstream s;
-  s << "c" << c.index << "_B" << c.B << "_h" << c.h << "_L" << c.L << "_S" << c.S << "_dk" << c.d_k << "_dv" << c.d_v;
+  s << "c" << c.index << "_B" << c.B << "_h" << c.h;
+  if (c.kv_heads() != c.h) s << "_hkv" << c.kv_heads();
+  if (c.window_left >= 0 || c.window_right >= 0)
+    s << "_win" << (c.window_left < 0 ? std::string("inf") : std::to_string(c.window_left)) << "x"
+      << (c.window_right < 0 ? std::string("inf") : std::to_string(c.window_right));
+  if (c.alibi) s << "_alibi";
+  if (c.softcap > 0) s << "_softcap" << static_cast<int>(c.softcap * 10);
+  s << "_L" << c.L << "_S" << c.S << "_dk" << c.d_k << "_dv" << c.d_v;
   if (c.masks == 0) s << "_nomask";
   if (c.masks & kCmpKeyPadding) s << "_kpm";
   if (c.masks & kCmpLengths) s << "_lengths";
@@ -145,8 +158,40 @@ inline constexpr std::int64_t kBoundarySizes[] = {1,
                                                   300};
 inline constexpr std::int64_t kHeadDims[] = {1, 5, 16, 32, 59, 64, 80, 96, 111, 128, 256};
 
+// Key/value heads for a case with h query heads (grouped-query attention), from a generator of its
+// own so that the other draws stay as they were: h for half the cases, otherwise 1 (multi-query), 2 or
+// another divisor of h, so that groups of 1..h query heads share a key/value head.
+inline std::int64_t grouped_kv_heads(std::int64_t h, std::uint64_t seed) {
+  Rng rng(seed ^ 0x67716b76ULL);
+  if (h == 1 || rng.bernoulli(0.5)) return h;
+  std::vector<std::int64_t> divisors;
+  for (std::int64_t n = 1; n < h; ++n)
+    if (h % n == 0) divisors.push_back(n);
+  const std::int64_t pick = rng.integer(0, 2);
+  if (pick == 0 || divisors.size() == 1) return 1;
+  if (pick == 1 && h % 2 == 0) return 2;
+  return divisors[static_cast<std::size_t>(rng.integer(0, static_cast<std::int64_t>(divisors.size()) - 1))];
+}
+
+// A sliding window for a fifth of the cases (each side unbounded, 0, narrower than a tile, or wider than
+// the sequence), ALiBi for a fifth and logit soft-capping for a fifth, from a generator of their own so that the other
+// draws stay as they were.
+inline void draw_variants(KernelCase& c) {
+  Rng rng(c.seed ^ 0x77696e64ULL);
+  if (rng.bernoulli(0.2)) {
+    const std::int64_t extents[] = {-1, 0, 1, 5, 37, c.S / 2, c.L + c.S};
+    do {
+      c.window_left = extents[rng.integer(0, 6)];
+      c.window_right = extents[rng.integer(0, 6)];
+    } while (c.window_left < 0 && c.window_right < 0);
+  }
+  c.alibi = rng.bernoulli(0.2);
+  const double caps[] = {0.5, 5.0, 30.0};  // below, near and above the logits' size
+  if (rng.bernoulli(0.2)) c.softcap = caps[rng.integer(0, 2)];
+}
+
 // `count` seeded configurations: B, h, L, S in [1, max_dim], head dims from kHeadDims, every mask
-// combination in turn, and work() <= max_work.
+// combination in turn, key/value heads from grouped_kv_heads, and work() <= max_work.
 inline std::vector<KernelCase> random_kernel_cases(int count, std::uint64_t base_seed, std::int64_t max_dim,
                                                    std::int64_t max_work) {
   std::vector<KernelCase> cases;
@@ -191,6 +236,8 @@ inline std::vector<KernelCase> random_kernel_cases(int count, std::uint64_t base
     c.amplitude = amplitudes[rng.integer(0, 3)];
     const std::int64_t layout = rng.integer(0, 5);
     c.layout = layout == 4 ? Layout::Interleaved : layout == 5 ? Layout::PaddedRows : Layout::Contiguous;
+    c.h_kv = grouped_kv_heads(c.h, c.seed);
+    draw_variants(c);
     cases.push_back(c);
   }
   return cases;
@@ -241,7 +288,7 @@ inline Operand make_operand(const std::vector<double>& values, DType dtype, std:
 // The numbers of one case (all float32-representable, so float32 and float64 runs see the same values)
 // and its masks.
 struct CaseData {
-  std::vector<double> q, k, v, dout;  // [B, h, L, d_k], [B, h, S, d_k], [B, h, S, d_v], [B, h, L, d_v]
+  std::vector<double> q, k, v, dout;  // [B, h, L, d_k], [B, h_kv, S, d_k], [B, h_kv, S, d_v], [B, h, L, d_v]
   NaiveMaskSpec masks;
 };
 
@@ -250,12 +297,18 @@ inline CaseData make_case_data(const KernelCase& c) {
   CaseData d;
   const double a = c.amplitude;
   d.q = rounded_to(DType::Float32, random_values(c.B * c.h * c.L * c.d_k, rng, -a, a));
-  d.k = rounded_to(DType::Float32, random_values(c.B * c.h * c.S * c.d_k, rng, -a, a));
-  d.v = rounded_to(DType::Float32, random_values(c.B * c.h * c.S * c.d_v, rng, -a, a));
+  d.k = rounded_to(DType::Float32, random_values(c.B * c.kv_heads() * c.S * c.d_k, rng, -a, a));
+  d.v = rounded_to(DType::Float32, random_values(c.B * c.kv_heads() * c.S * c.d_v, rng, -a, a));
   d.dout = rounded_to(DType::Float32, random_values(c.B * c.h * c.L * c.d_v, rng));
   NaiveMaskSpec& m = d.masks;
   m.B = c.B, m.h = c.h, m.L = c.L, m.S = c.S;
   m.causal = c.causal;
+  m.window_left = c.window_left, m.window_right = c.window_right;
+  m.softcap = c.softcap;
+  if (c.alibi) {  // slopes from a generator of their own (the other draws stay as they were)
+    Rng slopes(c.seed ^ 0x616c6962ULL);
+    m.alibi_slopes = rounded_to(DType::Float32, random_values(c.h, slopes, 0.01, 1.0));
+  }
   if (c.masks & kCmpKeyPadding) {
     for (std::int64_t b = 0; b < c.B; ++b) {
       const bool all = rng.bernoulli(0.15);  // a batch whose keys are all padding
@@ -301,8 +354,8 @@ struct CaseTensors {
 inline CaseTensors make_case_tensors(const KernelCase& c, const CaseData& d, DType dtype) {
   CaseTensors t;
   t.q = make_operand(d.q, dtype, c.B, c.h, c.L, c.d_k, c.layout);
-  t.k = make_operand(d.k, dtype, c.B, c.h, c.S, c.d_k, c.layout);
-  t.v = make_operand(d.v, dtype, c.B, c.h, c.S, c.d_v, c.layout);
+  t.k = make_operand(d.k, dtype, c.B, c.kv_heads(), c.S, c.d_k, c.layout);
+  t.v = make_operand(d.v, dtype, c.B, c.kv_heads(), c.S, c.d_v, c.layout);
   t.dout = make_operand(d.dout, dtype, c.B, c.h, c.L, c.d_v, c.layout);
   t.options = options_for(d.masks, dtype, t.mask_storage);
   if (c.scale > 0) t.options.scale = c.scale;
@@ -339,8 +392,8 @@ inline KernelRun run_kernel(const KernelCase& c, const CaseData& d, DType dtype,
     const mha::AttentionGradients g =
         mha::scaled_dot_product_attention_backward(t.dout.view, t.q.view, t.k.view, t.v.view, r.out, r.lse, t.options);
     EXPECT_EQ(g.dq.shape(), (Shape{c.B, c.h, c.L, c.d_k}));
-    EXPECT_EQ(g.dk.shape(), (Shape{c.B, c.h, c.S, c.d_k}));
-    EXPECT_EQ(g.dv.shape(), (Shape{c.B, c.h, c.S, c.d_v}));
+    EXPECT_EQ(g.dk.shape(), (Shape{c.B, c.kv_heads(), c.S, c.d_k}));
+    EXPECT_EQ(g.dv.shape(), (Shape{c.B, c.kv_heads(), c.S, c.d_v}));
     run.dq = to_doubles(g.dq);
     run.dk = to_doubles(g.dk);
     run.dv = to_doubles(g.dv);
@@ -437,14 +490,15 @@ inline bool position_allowed(const NaiveMaskSpec& m, std::int64_t b, std::int64_
 }
 
 // The exact parts of the contract: rows with no allowed key have out 0, lse -inf and weights 0 (and
-// dq 0 when gradients ran); forbidden positions have weight 0; keys no query may see have dk = dv = 0.
+// dq 0 when gradients ran); forbidden positions have weight 0; keys no query of their group may see
+// have dk = dv = 0.
 inline ::testing::AssertionResult masked_parts_exact(const KernelCase& c, const NaiveMaskSpec& m, const KernelRun& r) {
   std::ostringstream bad;
   int failures = 0;
   auto fail = [&](const std::string& msg) {
     if (failures++ < 5) bad << "\n  " << msg;
   };
-  std::vector<std::uint8_t> key_seen(static_cast<std::size_t>(c.B * c.h * c.S), 0);
+  std::vector<std::uint8_t> key_seen(static_cast<std::size_t>(c.B * c.kv_heads() * c.S), 0);  // [B, h_kv, S]
   for (std::int64_t b = 0; b < c.B; ++b)
     for (std::int64_t hh = 0; hh < c.h; ++hh)
       for (std::int64_t i = 0; i < c.L; ++i) {
@@ -467,21 +521,23 @@ inline ::testing::AssertionResult masked_parts_exact(const KernelCase& c, const 
         }
         for (std::int64_t j = 0; j < c.S; ++j) {
           const bool ok = position_allowed(m, b, hh, i, j);
-          if (ok) key_seen[static_cast<std::size_t>((b * c.h + hh) * c.S + j)] = 1;
+          if (ok) key_seen[static_cast<std::size_t>((b * c.kv_heads() + hh / c.group()) * c.S + j)] = 1;
           if (!ok && !r.weights.empty() && r.weights[static_cast<std::size_t>(row * c.S + j)] != 0.0)
             fail("weights" + index_str({c.B, c.h, c.L, c.S}, row * c.S + j) + " = " +
                  std::to_string(r.weights[static_cast<std::size_t>(row * c.S + j)]) + " at a forbidden position");
         }
       }
   if (!r.dk.empty()) {
-    for (std::int64_t key = 0; key < c.B * c.h * c.S; ++key) {
+    for (std::int64_t key = 0; key < c.B * c.kv_heads() * c.S; ++key) {
       if (key_seen[static_cast<std::size_t>(key)]) continue;
       for (std::int64_t e = 0; e < c.d_k; ++e)
         if (r.dk[static_cast<std::size_t>(key * c.d_k + e)] != 0.0)
-          fail("dk" + index_str({c.B, c.h, c.S, c.d_k}, key * c.d_k + e) + " nonzero for a key no query may see");
+          fail("dk" + index_str({c.B, c.kv_heads(), c.S, c.d_k}, key * c.d_k + e) +
+               " nonzero for a key no query may see");
       for (std::int64_t e = 0; e < c.d_v; ++e)
         if (r.dv[static_cast<std::size_t>(key * c.d_v + e)] != 0.0)
-          fail("dv" + index_str({c.B, c.h, c.S, c.d_v}, key * c.d_v + e) + " nonzero for a key no query may see");
+          fail("dv" + index_str({c.B, c.kv_heads(), c.S, c.d_v}, key * c.d_v + e) +
+               " nonzero for a key no query may see");
     }
   }
   if (failures == 0) return ::testing::AssertionSuccess();

@@ -2,7 +2,7 @@
 // the gradient and property tests: one LayerCase says the config, the input layout (batch first,
 // sequence first, unbatched) and the masks; LayerData holds its numbers (float32-representable, so a
 // float32 and a float64 layer see the same values); run_layer() returns out, weights and every
-// gradient as host vectors.
+// gradient as host vectors (a head gate, when LayerData has one, included).
 //
 // Legend: B batch, L queries, S keys, E = d_model, h heads; S' = S + add_bias_kv + add_zero_attn.
 #pragma once
@@ -78,6 +78,11 @@ struct LayerData {
   std::map<std::string, std::vector<double>> params;  // by parameter name
   std::map<std::string, Shape> param_shapes;
   NaiveMaskSpec masks;  // over the S input keys (B, h, L, S set)
+  // The head gate: head_gate_shape [h] or [B, h] (empty: no gate), values in C order, passed as
+  // head_gate_dtype; its gradient comes back as grads["head_gate"].
+  std::vector<double> head_gate;
+  Shape head_gate_shape;
+  DType head_gate_dtype = DType::Float64;
 };
 
 inline LayerData make_layer_data(const LayerCase& c, std::uint64_t seed) {
@@ -157,7 +162,11 @@ inline LayerRun run_layer(const LayerCase& c, const LayerData& d, DType dtype, m
   const Tensor query = make_tensor(dtype, input_shape(c, c.L, c.E), d.query);
   const Tensor key = make_tensor(dtype, input_shape(c, c.S, c.kd()), d.key);
   const Tensor value = make_tensor(dtype, input_shape(c, c.S, c.vd()), d.value);
-  const LayerMasks masks = layer_masks(c, d.masks, dtype);
+  LayerMasks masks = layer_masks(c, d.masks, dtype);
+  if (!d.head_gate_shape.empty()) {
+    masks.storage.push_back(make_tensor(d.head_gate_dtype, d.head_gate_shape, d.head_gate));
+    masks.inputs.head_gate = masks.storage.back().view();
+  }
   const mha::MultiHeadAttentionOutput r = layer.forward(query, key, value, masks.inputs);
   LayerRun run;
   EXPECT_EQ(r.out.shape(), input_shape(c, c.L, c.E));
@@ -176,6 +185,12 @@ inline LayerRun run_layer(const LayerCase& c, const LayerData& d, DType dtype, m
       run.grads[name] = to_doubles(t);
     }
     EXPECT_EQ(g.parameters.size(), d.params.size());
+    EXPECT_EQ(g.head_gate.defined(), !d.head_gate_shape.empty());
+    if (g.head_gate.defined()) {
+      EXPECT_EQ(g.head_gate.shape(), d.head_gate_shape);
+      EXPECT_EQ(g.head_gate.dtype(), d.head_gate_dtype);
+      run.grads["head_gate"] = to_doubles(g.head_gate);
+    }
   }
   return run;
 }
@@ -185,6 +200,7 @@ inline std::vector<double>& layer_values(LayerData& d, const std::string& name) 
   if (name == "query") return d.query;
   if (name == "key") return d.key;
   if (name == "value") return d.value;
+  if (name == "head_gate") return d.head_gate;
   return d.params.at(name);
 }
 

@@ -31,17 +31,28 @@ struct NaiveMaskSpec {
   bool bool_mask_batched = false;
   std::vector<double> float_mask;  // [L, S] or [B*h, L, S] (float_mask_batched); added
   bool float_mask_batched = false;
+  // A sliding window around each query's position p = i + S - L: keys p - window_left .. p +
+  // window_right (-1: unbounded on that side).
+  std::int64_t window_left = -1, window_right = -1;
+  std::vector<double> alibi_slopes;  // [h] or empty: -slope * |p - j| added to every logit
+  double softcap = 0.0;              // > 0: each scaled logit x becomes softcap tanh(x / softcap), first
 
   bool allowed(std::int64_t b, std::int64_t hh, std::int64_t i, std::int64_t j) const {
     if (!key_padding.empty() && key_padding[static_cast<std::size_t>(b * S + j)] != 0) return false;
     if (!key_lengths.empty() && j >= key_lengths[static_cast<std::size_t>(b)]) return false;
     if (causal && j > i + S - L) return false;
+    const std::int64_t position = i + S - L;
+    if (window_left >= 0 && position - j > window_left) return false;
+    if (window_right >= 0 && j - position > window_right) return false;
     if (!bool_mask.empty() && bool_mask[mask_index(bool_mask_batched, b, hh, i, j)] != 0) return false;
     return true;
   }
   double additive(std::int64_t b, std::int64_t hh, std::int64_t i, std::int64_t j) const {
-    if (float_mask.empty()) return 0.0;
-    return float_mask[mask_index(float_mask_batched, b, hh, i, j)];
+    double sum = 0.0;
+    if (!alibi_slopes.empty())
+      sum -= alibi_slopes[static_cast<std::size_t>(hh)] * std::fabs(static_cast<double>(i + S - L - j));
+    if (!float_mask.empty()) sum += float_mask[mask_index(float_mask_batched, b, hh, i, j)];
+    return sum;
   }
 
  private:
@@ -66,7 +77,7 @@ using AdditiveFn = std::function<double(std::int64_t, std::int64_t, std::int64_t
 inline NaiveResult naive_attention(const std::vector<double>& q, const std::vector<double>& k,
                                    const std::vector<double>& v, std::int64_t B, std::int64_t h, std::int64_t L,
                                    std::int64_t S, std::int64_t d_k, std::int64_t d_v, double scale,
-                                   const AllowedFn& allowed, const AdditiveFn& additive) {
+                                   const AllowedFn& allowed, const AdditiveFn& additive, double softcap = 0.0) {
   NaiveResult r;
   r.out.assign(static_cast<std::size_t>(B * h * L * d_v), 0.0);
   r.weights.assign(static_cast<std::size_t>(B * h * L * S), 0.0);
@@ -86,7 +97,8 @@ inline NaiveResult naive_attention(const std::vector<double>& q, const std::vect
           for (std::int64_t c = 0; c < d_k; ++c)
             dot += q[static_cast<std::size_t>((bh * L + i) * d_k + c)] *
                    k[static_cast<std::size_t>((bh * S + j) * d_k + c)];
-          logit[js] = dot * scale + additive(b, hh, i, j);
+          const double x = dot * scale;
+          logit[js] = (softcap > 0 ? softcap * std::tanh(x / softcap) : x) + additive(b, hh, i, j);
           if (logit[js] == -kInf) use[js] = false;
           else m = std::max(m, logit[js]);
         }
@@ -115,7 +127,8 @@ inline NaiveResult naive_attention(const std::vector<double>& q, const std::vect
   return naive_attention(
       q, k, v, masks.B, masks.h, masks.L, masks.S, d_k, d_v, scale,
       [&](std::int64_t b, std::int64_t hh, std::int64_t i, std::int64_t j) { return masks.allowed(b, hh, i, j); },
-      [&](std::int64_t b, std::int64_t hh, std::int64_t i, std::int64_t j) { return masks.additive(b, hh, i, j); });
+      [&](std::int64_t b, std::int64_t hh, std::int64_t i, std::int64_t j) { return masks.additive(b, hh, i, j); },
+      masks.softcap);
 }
 
 // The library-side form of a NaiveMaskSpec: AttentionOptions whose views point into tensors kept in
@@ -141,6 +154,13 @@ inline mha::AttentionOptions options_for(const NaiveMaskSpec& m, DType float_dty
     const Shape shape = m.float_mask_batched ? Shape{m.B * m.h, m.L, m.S} : Shape{m.L, m.S};
     storage.push_back(make_tensor(float_dtype, shape, m.float_mask));
     o.attn_mask = storage.back().view();
+  }
+  o.window_left = m.window_left, o.window_right = m.window_right;
+  o.softcap = m.softcap;
+  if (!m.alibi_slopes.empty()) {  // float32 or float64 only
+    storage.push_back(
+        make_tensor(float_dtype == DType::Float64 ? DType::Float64 : DType::Float32, {m.h}, m.alibi_slopes));
+    o.alibi_slopes = storage.back().view();
   }
   return o;
 }

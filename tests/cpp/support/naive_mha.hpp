@@ -5,7 +5,8 @@
 //   K, V get bias_k / bias_v appended as one more position (add_bias_kv), then a zero position
 //   (add_zero_attn); masks given over the S input keys allow those extra positions.
 //   head i uses columns [i*d_k, (i+1)*d_k) of Q and K and [i*d_v, (i+1)*d_v) of V;
-//   out = Concat(heads) Wo^T + bo; weights averaged over heads or kept per head.
+//   out = Concat(heads) Wo^T + bo, or with a head gate g [B, h] Concat(g_1 head_1, ..., g_h head_h) Wo^T + bo;
+//   weights (never gated) averaged over heads or kept per head.
 //
 // Legend: B batch, L queries, S keys (S' = S + extra positions), E = d_model, h heads.
 #pragma once
@@ -52,10 +53,11 @@ inline std::vector<double> naive_linear(const std::vector<double>& x, std::int64
 }
 
 // query [B, L, E], key [B, S, kdim], value [B, S, vdim] (batch first, C order). `masks` describes the
-// masks over the S input keys (its B, h, L, S must be set).
+// masks over the S input keys (its B, h, L, S must be set). head_gate: [B, h], or empty for none.
 inline NaiveMhaResult naive_mha(const NaiveMhaWeights& p, const std::vector<double>& query,
                                 const std::vector<double>& key, const std::vector<double>& value, std::int64_t B,
-                                std::int64_t L, std::int64_t S, const NaiveMaskSpec& masks) {
+                                std::int64_t L, std::int64_t S, const NaiveMaskSpec& masks,
+                                const std::vector<double>& head_gate = {}) {
   const std::int64_t h = p.h, d_k = p.d_k, d_v = p.d_v;
   const std::vector<double> Q = naive_linear(query, B * L, p.E, p.wq, p.bq, h * d_k);     // [B, L, h*d_k]
   const std::vector<double> K = naive_linear(key, B * S, p.kdim, p.wk, p.bk, h * d_k);    // [B, S, h*d_k]
@@ -98,14 +100,17 @@ inline NaiveMhaResult naive_mha(const NaiveMhaWeights& p, const std::vector<doub
         return j >= S ? 0.0 : masks.additive(b, hh, i, j);
       });
 
-  // Concat heads: [B, L, h*d_v], then the output projection.
+  // Concat heads (each times its gate): [B, L, h*d_v], then the output projection.
   std::vector<double> cat(static_cast<std::size_t>(B * L * h * d_v));
   for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t hh = 0; hh < h; ++hh)
+    for (std::int64_t hh = 0; hh < h; ++hh) {
+      const double g = head_gate.empty() ? 1.0 : head_gate[static_cast<std::size_t>(b * h + hh)];
       for (std::int64_t i = 0; i < L; ++i)
-        for (std::int64_t c = 0; c < d_v; ++c)
-          cat[static_cast<std::size_t>((b * L + i) * h * d_v + hh * d_v + c)] =
-              att.out[static_cast<std::size_t>(((b * h + hh) * L + i) * d_v + c)];
+        for (std::int64_t c = 0; c < d_v; ++c) {
+          const double head = att.out[static_cast<std::size_t>(((b * h + hh) * L + i) * d_v + c)];
+          cat[static_cast<std::size_t>((b * L + i) * h * d_v + hh * d_v + c)] = head_gate.empty() ? head : g * head;
+        }
+    }
   NaiveMhaResult r;
   r.S_ext = Sx;
   r.out = naive_linear(cat, B * L, h * d_v, p.wo, p.bo, p.E);

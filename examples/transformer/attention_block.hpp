@@ -10,8 +10,9 @@
 // layer's bf16 outputs and gradients are widened to float32 on the way out.
 //
 // A head gate (set_head_gate) multiplies each head's output before W^O: with gate g [h], the block
-// computes Concat(g_1 head_1, ..., g_h head_h) W^O, so g_i = 0 removes head i exactly (`mha explore`
-// switches heads off this way).
+// computes Concat(g_1 head_1, ..., g_h head_h) W^O (the library's MultiHeadAttentionInputs::head_gate),
+// so g_i = 0 removes head i exactly (`mha explore` switches heads off this way). The gate is fixed:
+// backward gives the parameters' gradients of the gated block, not the gate's.
 //
 // Legend: B batch, L queries, S keys, E = d_model, h heads.
 #pragma once
@@ -50,7 +51,7 @@ class AttentionBlock {
   void train(bool on) { layer_.train(on); }
 
   // gate [h]: head i's output is multiplied by gate[i] before W^O in every forward and attend from now
-  // on; an empty gate removes it. Throws std::invalid_argument for a gate of another size.
+  // on (and backward follows); an empty gate removes it. Throws std::invalid_argument for a gate of another size.
   void set_head_gate(std::vector<T> gate) {
     const std::int64_t h = layer_.config().num_heads;
     if (!gate.empty() && static_cast<std::int64_t>(gate.size()) != h)
@@ -74,6 +75,7 @@ class AttentionBlock {
     inputs.causal = causal;
     inputs.need_weights = keep_weights_;
     inputs.average_attn_weights = false;
+    inputs.head_gate = head_gate_view();
     mha::Tensor q_copy, kv_copy;
     const mha::TensorView q = layer_input(query, B, q_copy);
     const mha::TensorView kv = &key_value == &query ? q : layer_input(key_value, B, kv_copy);
@@ -88,8 +90,6 @@ class AttentionBlock {
     Matrix<T> query, key_value;
   };
   Gradients backward(const Matrix<T>& dout, std::int64_t B) {
-    if (!head_gate_.empty())
-      throw std::logic_error(prefix_ + "backward: a head gate is applied to forward passes only (remove it to train)");
     const std::int64_t E = dout.cols, L = dout.rows / B;
     mha::Tensor dout_copy;
     mha::MultiHeadAttentionGradients g = layer_.backward(layer_input(dout, B, dout_copy));
@@ -117,6 +117,7 @@ class AttentionBlock {
     inputs.key_lengths = key_lengths;
     inputs.causal = causal;
     inputs.need_weights = false;
+    inputs.head_gate = head_gate_view();
     mha::Tensor q_copy;
     return to_matrix(layer_.forward_cached(layer_input(query, B, q_copy), cache, inputs).out, B * L, E);
   }
@@ -168,23 +169,13 @@ class AttentionBlock {
   // The layer's own names are the mirror's names after the block's prefix ("decoder.0.self_attn.").
   std::string layer_name(const Parameter<T>& p) const { return p.name.substr(prefix_.size()); }
   void push_parameters() {
-    for (const auto& p : params_) {
-      if (!head_gate_.empty() && layer_name(p) == "out_proj.weight") {
-        const std::vector<T> gated = gated_out_proj(p);
-        layer_.set_parameter(layer_name(p), mha::TensorView(std::span<const T>(gated), p.shape));
-        continue;
-      }
+    for (const auto& p : params_)
       layer_.set_parameter(layer_name(p), mha::TensorView(std::span<const T>(p.value), p.shape));
-    }
   }
-  // W^O [E, h*d_v] with head i's columns [i*d_v, (i+1)*d_v) times gate[i]: Concat(head_i) (diag(g) W^O)
-  // is Concat(g_i head_i) W^O, the head gate, applied to the weights.
-  std::vector<T> gated_out_proj(const Parameter<T>& w) const {
-    const std::int64_t E = w.shape[0], hd = w.shape[1], d_v = hd / static_cast<std::int64_t>(head_gate_.size());
-    std::vector<T> gated = w.value;
-    for (std::int64_t e = 0; e < E; ++e)
-      for (std::int64_t c = 0; c < hd; ++c) gated[static_cast<std::size_t>(e * hd + c)] *= head_gate_[c / d_v];
-    return gated;
+  // The gate as the layer's input [h] (float32 or float64, as the library takes it), or none.
+  std::optional<mha::TensorView> head_gate_view() const {
+    if (head_gate_.empty()) return std::nullopt;
+    return mha::TensorView(std::span<const T>(head_gate_), {static_cast<std::int64_t>(head_gate_.size())});
   }
   void add_parameter_gradients(const mha::MultiHeadAttentionGradients& g) {
     for (auto& p : params_) {

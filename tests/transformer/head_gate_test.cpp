@@ -1,7 +1,8 @@
-// Head gates on the Transformer's attention blocks (Transformer::set_head_gate): a gate of ones changes
-// nothing, and a gate of 0 on head i gives the model whose W^O has head i's columns zeroed by hand
-// (Concat(head_1..head_h) W^O without head i's block), on the teacher-forced forward and on greedy
-// decoding through the KV cache, for each kind of attention.
+// Head gates on the Transformer's attention blocks (Transformer::set_head_gate, the library's
+// MultiHeadAttentionInputs::head_gate): a gate of ones changes nothing, a gate of 0 on head i gives the
+// model whose W^O has head i's columns zeroed by hand (Concat(head_1..head_h) W^O without head i's
+// block), on the teacher-forced forward and on greedy decoding through the KV cache, for each kind of
+// attention; and the gated model's parameter gradients match finite differences (float64).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -12,7 +13,9 @@
 
 #include <gtest/gtest.h>
 
+#include "gradient_check.hpp"
 #include "tiny_config.hpp"
+#include "transformer/loss.hpp"
 #include "transformer/transformer.hpp"
 
 namespace transformer {
@@ -100,6 +103,31 @@ INSTANTIATE_TEST_SUITE_P(EachKind, HeadGateOff,
                          ::testing::Values(AttentionKind::EncoderSelf, AttentionKind::DecoderSelf,
                                            AttentionKind::Cross),
                          [](const auto& info) { return std::string(kind_slug(info.param)); });
+
+TEST(HeadGate, TheGatedModelsGradientsMatchFiniteDifferences) {
+  Transformer<double> model(tiny_config(/*pre_norm=*/false), 5);
+  model.set_head_gate(AttentionKind::EncoderSelf, 0, {0.0, 1.5});
+  model.set_head_gate(AttentionKind::DecoderSelf, 1, {0.5, 1.0});
+  model.set_head_gate(AttentionKind::Cross, 1, {1.0, 0.0});
+  const TokenBatch batch = gate_batch();
+  const std::vector<int> targets = {4, 6, 8, 2, 9, 3, 5, 2};
+  LabelSmoothedCrossEntropy<double> criterion(0.1);
+  auto loss = [&] { return criterion.forward(model.forward(batch), targets); };
+  model.zero_grad();
+  loss();
+  model.backward(criterion.backward());
+  std::vector<testing::Slot> slots;
+  testing::add_parameter_slots(model.parameters(), slots);
+  testing::expect_matches_finite_differences(loss, slots, 12);
+  // Head 0 of encoder layer 0 is off: its query, key and value projections get no gradient at all.
+  for (const Parameter<double>* p : model.parameters()) {
+    if (p->name != "encoder.0.self_attn.in_proj_weight") continue;
+    const std::int64_t E = p->shape[1], d_k = E / 2;  // rows: q (h * d_k), k, v; head 0 first in each
+    for (std::int64_t block = 0; block < 3; ++block)
+      for (std::int64_t r = block * E; r < block * E + d_k; ++r)
+        for (std::int64_t c = 0; c < E; ++c) EXPECT_EQ(p->grad[static_cast<std::size_t>(r * E + c)], 0.0) << r << c;
+  }
+}
 
 TEST(HeadGate, ABadGateOrLayerIsRefusedByName) {
   const auto owner = evaluation_model();

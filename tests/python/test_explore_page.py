@@ -81,9 +81,8 @@ def test_type_hover_switch_a_head_off_and_see_errors(server, browser, tmp_path):
     # Hovering a cell shows its weight: query 0 (the input's first character) reading key 2.
     tooltip = browser.execute_script("""
         const c = document.querySelector('canvas[data-kind="encoder_self"][data-layer="1"][data-head="0"]');
-        const r = c.getBoundingClientRect();  // the cell size and margins of layout() in explore.js
-        const n = Math.max(c.queries.length, c.keys.length), size = Math.max(7, Math.min(16, Math.floor(300 / n)));
-        const x = r.left + size + 6 + 2.5 * size, y = r.top + size + 6 + 0.5 * size;
+        const r = c.getBoundingClientRect(), size = Number(c.dataset.cell);
+        const x = r.left + Number(c.dataset.left) + 2.5 * size, y = r.top + Number(c.dataset.top) + 0.5 * size;
         c.dispatchEvent(new MouseEvent('mousemove', {clientX: x, clientY: y, bubbles: true}));
         const t = document.getElementById('tooltip');
         return [t.hidden, t.textContent];""")

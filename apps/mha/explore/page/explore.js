@@ -93,7 +93,7 @@ function headCard(kind, layer, head) {
 
 // Geometry of a map: cells of `cell` pixels after a margin for the labels.
 function layout(queries, keys) {
-  const cell = Math.max(7, Math.min(16, Math.floor(300 / Math.max(queries.length, keys.length, 1))));
+  const cell = Math.max(7, Math.min(16, Math.floor(240 / Math.max(queries.length, keys.length, 1))));
   return {cell, left: cell + 6, top: cell + 6};
 }
 
@@ -102,6 +102,7 @@ function drawMap(canvas, weights, queries, keys) {
   canvas.width = left + keys.length * cell;
   canvas.height = top + queries.length * cell;
   Object.assign(canvas, {weights, queries, keys});
+  Object.assign(canvas.dataset, {cell, left, top});  // where the cells are (the tests hover over one)
   const g = canvas.getContext("2d");
   g.fillStyle = "#fff";
   g.fillRect(0, 0, canvas.width, canvas.height);

@@ -103,8 +103,9 @@ void serve(ExploreApi& api, const ServerOptions& options, const std::function<vo
   // through the listen queue, which Debian's build sizes at 5 (CPPHTTPLIB_LISTEN_BACKLOG), and a
   // connection refused there waits a second for its SYN to be sent again.
   server.set_keep_alive_max_count(kKeepAliveRequests);
-  // SO_REUSEADDR only: httplib's default also sets SO_REUSEPORT, with which a second server binds the
-  // same port and the kernel shares the connections between the two, silently.
+  // SO_REUSEADDR (a restart may bind while old connections linger): httplib's default sets SO_REUSEPORT
+  // instead, with which a second server binds the same port and the kernel shares the connections
+  // between the two, silently.
   server.set_socket_options([](socket_t sock) {
     const int yes = 1;
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));

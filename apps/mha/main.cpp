@@ -14,6 +14,7 @@
 
 #include "bench/bench.hpp"
 #include "bench/bench_bf16.hpp"
+#include "bench/bench_decode.hpp"
 #include "bench/bench_grid.hpp"
 #include "bench/bench_one.hpp"
 #include "commands/demo.hpp"
@@ -212,6 +213,27 @@ void add_bench_command(CLI::App& app, mha_cli::BenchOptions& options) {
                    "and 128 and the layer against our float32 and PyTorch in bf16 and float32; --sizes default 4096)")
       ->check(CLI::IsMember({"float32", "bf16"}))
       ->capture_default_str();
+  bench->add_flag("--decode", options.decode,
+                  "The decode benchmark instead: a decode step over a paged KV cache (h 32, h_kv 8, d 128) against "
+                  "the machine's read bandwidth, float32 and bf16 caches, GQA-packed and per head");
+  integer_in(bench->add_option("--contexts", options.decode_contexts, "--decode: tokens per sequence, comma-separated")
+                 ->delimiter(','),
+             1, kMaxBenchN)
+      ->default_str("1024,4096,16384,32768,131072");
+  integer_in(bench->add_option("--batches", options.decode_batches, "--decode: sequences per step, comma-separated")
+                 ->delimiter(','),
+             1, 256)
+      ->default_str("1,8");
+  number_in(bench->add_option("--max-cache-gib", options.decode_max_cache_gib,
+                              "--decode: caches larger than this many GiB are skipped"),
+            0.0, 1e6)
+      ->capture_default_str();
+  integer_in(bench->add_option("--page-size", options.decode_page_size, "--decode: tokens per page"), 1, 65536)
+      ->capture_default_str();
+  integer_in(bench->add_option("--bandwidth-mib", options.bandwidth_mib,
+                               "--decode: MiB read to measure the read bandwidth (0: 8 x the last-level cache)"),
+             0, 1 << 20)
+      ->capture_default_str();
   bench->add_option("--python", options.python, "The Python with torch")->capture_default_str();
   bench->add_option("--torch-script", options.torch_script, "PyTorch's side (default: apps/mha/bench/torch_mha.py)");
   number_in(bench->add_option("--torch-memory-limit", options.torch_memory_limit_gib,
@@ -384,6 +406,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("bench")) {
       std::string command;
       for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
+      if (bench_options.decode) return mha_cli::bench::run_bench_decode(bench_options, command);
       if (bench_options.dtype == "bf16") {
         if (app.get_subcommand("bench")->count("--sizes") == 0) bench_options.sizes = {4096};
         return mha_cli::bench::run_bench_bf16(bench_options, command);

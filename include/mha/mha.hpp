@@ -3,6 +3,7 @@
 #pragma once
 
 #include "mha/attention.hpp"
+#include "mha/decode.hpp"
 #include "mha/error.hpp"
 #include "mha/io.hpp"
 #include "mha/multi_head_attention.hpp"

@@ -38,8 +38,8 @@ import collections
 import numpy as np
 
 from . import _core
-from ._core import (BFloat16Bits, Error, Kernel, KeyValueCache, PagedKVCache, from_bfloat16, max_num_threads,
-                    num_threads, set_num_threads, to_bfloat16)
+from ._core import (BFloat16Bits, Error, Kernel, KeyValueCache, PagedKVCache, decode_attention, from_bfloat16,
+                    max_num_threads, num_threads, set_num_threads, to_bfloat16)
 
 __all__ = [
     "BFloat16Bits",
@@ -48,6 +48,7 @@ __all__ = [
     "KeyValueCache",
     "MultiheadAttention",
     "PagedKVCache",
+    "decode_attention",
     "load",
     "from_bfloat16",
     "max_num_threads",

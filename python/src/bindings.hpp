@@ -14,5 +14,6 @@ void register_attention(py::module_& m);             // attention.cpp: Kernel, s
 void register_multi_head_attention(py::module_& m);  // multi_head_attention.cpp: config and module
 void register_io(py::module_& m);                    // io.cpp: safetensors and .npy
 void register_paged_kv_cache(py::module_& m);        // paged_kv_cache.cpp: PagedKVCache
+void register_decode(py::module_& m);                // decode.cpp: decode_attention over a PagedKVCache
 
 }  // namespace mha::python

@@ -10,4 +10,5 @@ PYBIND11_MODULE(_core, m) {
   mha::python::register_multi_head_attention(m);
   mha::python::register_io(m);
   mha::python::register_paged_kv_cache(m);
+  mha::python::register_decode(m);
 }

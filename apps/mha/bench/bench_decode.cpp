@@ -1,0 +1,235 @@
+// `mha bench --decode`: a decode step over a paged KV cache beside the machine's read bandwidth, in one
+// run (issue 13's benchmark; results in docs/PERFORMANCE.md).
+//
+//   bandwidth   a streaming SIMD sum of a buffer 8x the last-level cache, best of several passes, at each
+//               thread count (read_bandwidth.hpp)
+//   decode      mha::decode_attention, h 32, h_kv 8, d_k = d_v 128, one new query per sequence, for each
+//               context length (tokens per sequence) and batch (sequences per step), float32 and bf16
+//               caches (caches over --max-cache-gib skipped): the median time of a step; the K/V bytes
+//               in the cache (what a step must read once) over that time, and that as a % of the read
+//               bandwidth at the same thread count; with the query heads of a group packed (each K/V
+//               byte read once per group) and per head (read h / h_kv times), at each thread count
+//   targets     issue 13's: >= 80% of the read bandwidth where the cache exceeds the last-level cache,
+//               2 threads >= 1.7x one at batch 1, packing >= 3x faster than per head
+//
+// Legend: h query heads, h_kv key/value heads, d head width, B sequences per step, T tokens per sequence.
+#include "bench/bench_decode.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "bench/bench_machine.hpp"
+#include "bench/bench_measure.hpp"
+#include "bench/read_bandwidth.hpp"
+#include "decode/decode_params.hpp"
+#include "mha/mha.hpp"
+
+namespace mha_cli::bench {
+namespace {
+
+using mha::DType;
+using mha::PagedKVCache;
+using mha::Tensor;
+using Mode = mha::detail::DecodeMode;
+
+constexpr std::int64_t kHeads = 32, kKvHeads = 8, kDim = 128;
+constexpr std::int64_t kFillTokens = 1024;  // the cache is filled by appending blocks of this many tokens
+
+// A block of tokens x h_kv x d values in [-1, 1) from a 64-bit LCG (cheap: the cache holds gigabytes).
+Tensor fill_block(std::uint64_t seed, DType dtype) {
+  Tensor t(DType::Float32, {kFillTokens, kKvHeads, kDim});
+  float* x = t.data_as<float>();
+  std::uint64_t state = seed * 0x9e3779b97f4a7c15ULL + 1;
+  for (std::int64_t i = 0; i < t.numel(); ++i) {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    x[i] = static_cast<float>(static_cast<double>(state >> 11) * 0x1.0p-52 - 1.0);
+  }
+  return dtype == DType::Float32 ? std::move(t) : Tensor::copy_of(t, dtype);
+}
+
+// B sequences of T tokens each.
+struct DecodeCache {
+  PagedKVCache cache;
+  std::vector<PagedKVCache::SequenceId> ids;
+};
+
+DecodeCache make_cache(DType dtype, std::int64_t B, std::int64_t T, std::int64_t page_size) {
+  DecodeCache c{PagedKVCache({.num_kv_heads = kKvHeads,
+                              .head_dim = kDim,
+                              .page_size = page_size,
+                              .capacity_tokens = B * ((T + page_size - 1) / page_size * page_size),
+                              .dtype = dtype}),
+                {}};
+  const Tensor blocks[2] = {fill_block(1, dtype), fill_block(2, dtype)};
+  for (std::int64_t s = 0; s < B; ++s) {
+    c.ids.push_back(c.cache.add_sequence());
+    for (std::int64_t t = 0, k = s; t < T; t += kFillTokens, ++k) {
+      const std::int64_t n = std::min(kFillTokens, T - t);
+      const mha::TensorView block = blocks[k % 2].view();
+      const mha::TensorView part(block.data(), dtype, {n, kKvHeads, kDim}, block.strides());
+      c.cache.append(c.ids.back(), part, part);
+    }
+  }
+  return c;
+}
+
+std::string context_name(std::int64_t T) { return T % 1024 == 0 ? fmt::format("{}k", T / 1024) : fmt::format("{}", T); }
+
+struct Row {
+  std::string dtype;
+  std::int64_t batch = 0, context = 0, cache_bytes = 0;
+  int threads = 0;
+  Timing packed, per_head;
+  double bandwidth = 0;  // bytes/s at this thread count
+  double rate(const Timing& t) const { return static_cast<double>(cache_bytes) / t.median_s; }
+};
+
+void print_row(const Row& r, std::int64_t llc) {
+  fmt::print(
+      "{:>6} {:>5} {:>7} {:>9.0f} {:>4}{} | {:>9.3f} {:>7.1f} {:>5.0f}% | {:>9.3f} {:>7.1f} {:>5.0f}% | {:>6.2f}x\n",
+      r.dtype, r.batch, context_name(r.context), static_cast<double>(r.cache_bytes) / (1 << 20), r.threads,
+      r.cache_bytes > llc ? " " : "*", 1e3 * r.packed.median_s, r.rate(r.packed) * 1e-9,
+      100 * r.rate(r.packed) / r.bandwidth, 1e3 * r.per_head.median_s, r.rate(r.per_head) * 1e-9,
+      100 * r.rate(r.per_head) / r.bandwidth, r.per_head.median_s / r.packed.median_s);
+}
+
+nlohmann::json row_json(const Row& r) {
+  return {{"dtype", r.dtype},
+          {"batch", r.batch},
+          {"context", r.context},
+          {"cache_bytes", r.cache_bytes},
+          {"threads", r.threads},
+          {"packed_median_s", r.packed.median_s},
+          {"packed_min_s", r.packed.min_s},
+          {"per_head_median_s", r.per_head.median_s},
+          {"per_head_min_s", r.per_head.min_s},
+          {"read_bandwidth_bytes_per_s", r.bandwidth},
+          {"packed_fraction_of_bandwidth", r.rate(r.packed) / r.bandwidth},
+          {"per_head_fraction_of_bandwidth", r.rate(r.per_head) / r.bandwidth}};
+}
+
+// Issue 13's three targets, from the rows: each line says which rows it covers and the worst of them.
+nlohmann::json check_targets(const std::vector<Row>& rows, std::int64_t llc) {
+  nlohmann::json t = nlohmann::json::array();
+  double worst_fraction = 1e9, worst_packing = 1e9, worst_scaling = 1e9;
+  int fraction_rows = 0, scaling_rows = 0;
+  for (const Row& r : rows) {
+    worst_packing = std::min(worst_packing, r.per_head.median_s / r.packed.median_s);
+    if (r.cache_bytes > llc) {
+      worst_fraction = std::min(worst_fraction, r.rate(r.packed) / r.bandwidth);
+      ++fraction_rows;
+    }
+    if (r.batch != 1 || r.threads != 2) continue;
+    for (const Row& one : rows)
+      if (one.threads == 1 && one.batch == 1 && one.context == r.context && one.dtype == r.dtype &&
+          r.cache_bytes > llc) {
+        worst_scaling = std::min(worst_scaling, one.packed.median_s / r.packed.median_s);
+        ++scaling_rows;
+      }
+  }
+  auto line = [&](const char* what, int n, double worst, double target, const char* unit) {
+    const bool met = n > 0 && worst >= target;
+    fmt::print("  {}: {} rows, worst {:.2f}{} (target >= {:.2f}{}): {}\n", what, n, worst, unit, target, unit,
+               n == 0 ? "no rows"
+               : met  ? "met"
+                      : "NOT met");
+    t.push_back({{"target", what}, {"rows", n}, {"worst", worst}, {"goal", target}, {"met", met}});
+  };
+  fmt::print("\nTargets (issue 13), from the packed medians:\n");
+  line("fraction of the read bandwidth, caches over the last-level cache", fraction_rows, worst_fraction, 0.8, "");
+  line("2 threads over 1 at batch 1, caches over the last-level cache", scaling_rows, worst_scaling, 1.7, "x");
+  line("packed over per head (h / h_kv = 4)", static_cast<int>(rows.size()), worst_packing, 3.0, "x");
+  return t;
+}
+
+}  // namespace
+
+int run_bench_decode(const BenchOptions& options, const std::string& command) {
+  const MachineInfo m = describe_machine();
+  const std::int64_t llc = last_level_cache_bytes();
+  fmt::print("mha bench --decode ({})\nmachine: {} ({}), {} CPUs, {}{}; last-level cache {} MiB; load average {}\n",
+             m.date, m.cpu_model, m.cpu_family_model, m.logical_cpus, m.simd, m.virtual_machine ? ", virtual" : "",
+             llc >> 20, load_average());
+  nlohmann::json report = {{"command", command},
+                           {"machine", m.cpu_model + " (" + m.cpu_family_model + ")"},
+                           {"date", m.date},
+                           {"last_level_cache_bytes", llc},
+                           {"heads", kHeads},
+                           {"kv_heads", kKvHeads},
+                           {"head_dim", kDim},
+                           {"page_size", options.decode_page_size},
+                           {"load_start", load_average()}};
+  const std::int64_t buffer = options.bandwidth_mib > 0 ? options.bandwidth_mib << 20 : 8 * llc;
+  std::vector<double> bandwidth;
+  for (const int threads : options.threads) {
+    mha::set_num_threads(threads);
+    const ReadBandwidth bw = measure_read_bandwidth(buffer, 7);
+    bandwidth.push_back(bw.bytes_per_s);
+    fmt::print("read bandwidth, {} thread(s), {} MiB buffer: {:.1f} GB/s (best of 7 passes)\n", threads,
+               bw.buffer_bytes >> 20, bw.bytes_per_s * 1e-9);
+    report["read_bandwidth"].push_back(
+        {{"threads", threads}, {"bytes_per_s", bw.bytes_per_s}, {"buffer_bytes", bw.buffer_bytes}});
+  }
+  fmt::print("\nDecode step: h {}, h_kv {}, d {}, one query per sequence, pages of {} tokens; time = median of the "
+             "steps; GB/s = K/V bytes in the cache / time; * = cache within the last-level cache\n",
+             kHeads, kKvHeads, kDim, options.decode_page_size);
+  fmt::print("{:>6} {:>5} {:>7} {:>9} {:>4}  | {:>9} {:>7} {:>6} | {:>9} {:>7} {:>6} | {:>7}\n", "dtype", "batch",
+             "context", "cache MiB", "thr", "packed ms", "GB/s", "of bw", "head ms", "GB/s", "of bw", "packing");
+  const RepeatPolicy policy{.warmup = 1, .min_reps = 5, .max_reps = 30, .min_time_s = 0.3, .max_time_s = 3.0};
+  std::vector<Row> rows;
+  for (const DType dtype : {DType::Float32, DType::BFloat16}) {
+    for (const std::int64_t B : options.decode_batches) {
+      for (const std::int64_t T : options.decode_contexts) {
+        const std::int64_t bytes = B * T * kKvHeads * 2 * kDim * static_cast<std::int64_t>(mha::dtype_size(dtype));
+        if (static_cast<double>(bytes) > options.decode_max_cache_gib * (1 << 30)) {
+          fmt::print("{:>6} {:>5} {:>7} {:>9.0f}  skipped: over --max-cache-gib {}\n",
+                     dtype == DType::Float32 ? "f32" : "bf16", B, context_name(T),
+                     static_cast<double>(bytes) / (1 << 20), options.decode_max_cache_gib);
+          continue;
+        }
+        const DecodeCache c = make_cache(dtype, B, T, options.decode_page_size);
+        const Tensor q =
+            Tensor::copy_of(fill_block(3, DType::Float32).reshaped({kFillTokens * kKvHeads, kDim}).view(), dtype);
+        const mha::TensorView q_step(q.data(), dtype, {B, 1, kHeads, kDim});
+        for (std::size_t ti = 0; ti < options.threads.size(); ++ti) {
+          mha::set_num_threads(options.threads[ti]);
+          Row r{dtype == DType::Float32 ? "f32" : "bf16", B, T, bytes, options.threads[ti], {}, {}, bandwidth[ti]};
+          auto step = [&](Mode mode) {
+            return measure([&] { (void)mha::detail::decode_attention_with_mode(q_step, c.cache, c.ids, {}, mode); },
+                           policy);
+          };
+          r.packed = step(Mode::GroupPacked);
+          r.per_head = step(Mode::PerHead);
+          print_row(r, llc);
+          rows.push_back(r);
+          report["runs"].push_back(row_json(r));
+        }
+      }
+    }
+  }
+  report["targets"] = check_targets(rows, llc);
+  report["load_end"] = load_average();
+  fmt::print("load average at the end: {}\n", load_average());
+  double load = 0;
+  for (const std::string& at : {report["load_start"].get<std::string>(), report["load_end"].get<std::string>()})
+    load = std::max(load, std::atof(at.c_str()));  // the 1-minute average, first of the three
+  if (m.logical_cpus > 0 && load > m.logical_cpus + 0.5)
+    fmt::print("warning: the 1-minute load average reached {:.1f} on {} logical CPUs: other work shared the cores "
+               "and the memory, so the rates (above all at {} threads) are low and the targets unreliable; repeat on "
+               "a quiet machine\n",
+               load, m.logical_cpus, options.threads.back());
+  std::filesystem::create_directories(options.out_dir);
+  const std::filesystem::path path = std::filesystem::path(options.out_dir) / "bench-decode.json";
+  std::ofstream(path) << report.dump(2) << "\n";
+  fmt::print("\nwrote {}\n", path.string());
+  return 0;
+}
+
+}  // namespace mha_cli::bench

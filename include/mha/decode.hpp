@@ -1,0 +1,65 @@
+/// \file
+/// Decoding attention over a PagedKVCache: each sequence's few new queries attend to that sequence's
+/// cached keys and values, read through its page table (no gather), for a whole batch of sequences of
+/// different lengths at once.
+///
+///     out[s, i, head] = softmax_j(scale q[s, i, head] . k_j) v_j   over positions j <= T_s - q_len + i
+///
+/// Legend: n sequences, q_len new queries per sequence, h query heads, h_kv key/value heads, d_k key
+/// width, d_v value width, T_s the length of sequence s.
+///
+/// The last q_len positions a sequence holds are its new tokens themselves (append them first): query
+/// i sees the positions up to and including its own, T_s - q_len + i, as a causal forward over the
+/// whole sequence would (bottom-right aligned). q_len 1 is greedy decoding; a few are speculative
+/// decoding or a chunk of a prefill.
+///
+/// Grouped-query attention: h must be a multiple of h_kv, and query head i uses key/value head
+/// i / (h / h_kv) (h_kv = 1 is multi-query attention, h_kv = h plain multi-head attention).
+///
+/// How it runs (flash-decoding): each sequence's positions are split into chunks of whole pages, the
+/// chunk size chosen from the sequence's length and the cache's shape alone; a work item is one chunk of
+/// one key/value head of one sequence, and computes, for the h / h_kv query heads that share that head,
+/// the softmax's partial max, sum and unnormalised output over its chunk, so each key/value byte is read
+/// once per group. The partials are then merged by log-sum-exp in a fixed order. So a sequence's result
+/// is bitwise the same whatever the thread count and whatever else is in the batch.
+///
+/// dtypes: q has the cache's dtype. float32 and bfloat16 compute in float32 (bfloat16 keys and values
+/// are widened exactly; each result is rounded to bfloat16 once); float64 computes in float64.
+///
+/// NaN and Inf: a NaN or Inf in a query, or in a key or value a query may see, reaches exactly that
+/// query's outputs (as in scaled_dot_product_attention); nothing reaches other queries or sequences.
+/// A value whose weight is exactly 0 is not read. A query whose visible logits are all -inf gets NaN
+/// (0 / 0), as scaled_dot_product_attention does.
+#pragma once
+
+#if __cplusplus < 202002L
+#error "mha needs C++20 (std::span): compile with -std=c++20 or later"
+#endif
+
+#include <optional>
+#include <span>
+
+#include "mha/paged_kv_cache.hpp"
+#include "mha/tensor.hpp"
+
+namespace mha {
+
+struct DecodeOptions {
+  std::optional<double> scale;  ///< default 1 / sqrt(d_k); any finite number
+  bool need_lse = false;        ///< also return each query's log-sum-exp
+};
+
+struct DecodeResult {
+  Tensor out;  ///< [n, q_len, h, d_v], q's dtype
+  Tensor lse;  ///< [n, q_len, h] when need_lse (float32 for bfloat16, else q's dtype), else undefined
+};
+
+/// q: [n, q_len, h, d_k] of the cache's dtype, any strides; `sequences`: n ids of sequences in the
+/// cache (an id may appear more than once), each holding at least q_len positions. Returns out
+/// [n, q_len, h, d_v]: row s attends to sequences[s]. Throws mha::Error, naming the argument, for an
+/// unknown or released sequence, q of the wrong rank, dtype or width, h not a multiple of h_kv, n not
+/// the number of ids, q_len 0 or longer than a sequence, n 0, or a scale that is not finite.
+DecodeResult decode_attention(const TensorView& q, const PagedKVCache& cache,
+                              std::span<const PagedKVCache::SequenceId> sequences, const DecodeOptions& options = {});
+
+}  // namespace mha

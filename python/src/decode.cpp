@@ -1,0 +1,49 @@
+// Binds decode_attention (mha/decode.hpp) as mha.decode_attention: q viewed in place (float32 / float64
+// data for a bfloat16 cache rounded to bfloat16 first, as PagedKVCache.append rounds keys and values).
+#include "mha/decode.hpp"
+
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include <pybind11/stl.h>
+
+#include "bindings.hpp"
+#include "tensor_conversion.hpp"
+
+namespace mha::python {
+namespace {
+
+// q: [n, q_len, num_heads, head_dim]. Returns out [n, q_len, num_heads, value_dim], or (out, lse
+// [n, q_len, num_heads]) with need_lse; bfloat16 results are float32 arrays, or BFloat16Bits when q is one.
+py::object decode(py::handle q, const PagedKVCache& cache, const std::vector<PagedKVCache::SequenceId>& sequences,
+                  std::optional<double> scale, bool need_lse) {
+  ArrayView q_view = view_of(q, "q", Accept::Float);
+  if (cache.config().dtype == DType::BFloat16) q_view = converted_to(std::move(q_view), DType::BFloat16);
+  DecodeResult result;
+  {
+    py::gil_scoped_release release;  // the cache is not changed by another Python thread meanwhile: its
+                                     // methods hold the GIL, and this call only reads it
+    result = decode_attention(q_view.view, cache, sequences, {.scale = scale, .need_lse = need_lse});
+  }
+  py::object out = to_python(std::move(result.out), bfloat16_out_like(q));
+  if (!need_lse) return out;
+  return py::make_tuple(out, to_numpy(std::move(result.lse)));
+}
+
+}  // namespace
+
+void register_decode(py::module_& m) {
+  m.def("decode_attention", &decode, py::arg("q"), py::arg("cache"), py::arg("sequences"), py::kw_only(),
+        py::arg("scale") = py::none(), py::arg("need_lse") = false,
+        "Attention of each sequence's new queries over its cached keys and values, read through the page\n"
+        "table. q: [n, q_len, num_heads, head_dim]; sequences: n ids of the cache (repeats allowed), each\n"
+        "holding at least q_len positions, the last q_len being the new tokens themselves: query i sees\n"
+        "positions <= length - q_len + i. num_heads must be a multiple of the cache's num_kv_heads (query\n"
+        "head i reads kv head i // (num_heads // num_kv_heads)). scale: default 1 / sqrt(head_dim).\n"
+        "Returns out [n, q_len, num_heads, value_dim] (with need_lse: (out, lse [n, q_len, num_heads])).\n"
+        "q has the cache's dtype; for a bfloat16 cache float32 / float64 q is rounded to bfloat16 and\n"
+        "the result is float32 (a BFloat16Bits q gives a BFloat16Bits result).");
+}
+
+}  // namespace mha::python

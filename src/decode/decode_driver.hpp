@@ -1,0 +1,121 @@
+// The decode kernel's outer loops, the same for every element type: plan the work items (split_kv.hpp),
+// run them on the OpenMP threads (each writes its own partial slot, so any thread may run any item),
+// then merge each group's partials in chunk order and write out (and lse). The per-chunk work is the
+// caller's `chunk` function: Highway rows for float32 and bfloat16 (decode_kernel.cpp), plain loops
+// for float64 (decode_float64.cpp).
+//
+// Legend: n sequences, Lq new queries per sequence, h query heads, h_kv key/value heads, g = h / h_kv,
+// R rows of an item (its query heads x Lq), d_k, d_v.
+#pragma once
+
+#include <omp.h>
+
+#include <cstdint>
+#include <new>
+#include <vector>
+
+#include "decode/decode_params.hpp"
+#include "decode/split_kv.hpp"
+#include "hwy/aligned_allocator.h"
+#include "parallel.hpp"
+
+namespace mha::detail::decode {
+
+// One thread's workspace for its items.
+template <class T, class A>
+struct ChunkScratch {
+  A* s = nullptr;                        // [R, kKeyBlock]: a block's logits, then its weights
+  A* q = nullptr;                        // [R, ld_q]: the item's query rows, in A
+  std::int64_t ld_q = 0;                 // a multiple of 16
+  std::int64_t* visible = nullptr;       // [R]: row r sees the block's keys j < visible[r]
+  const T** k_rows = nullptr;            // [kKeyBlock]: the block's key rows
+  const T** v_rows = nullptr;            // [kKeyBlock]: its value rows
+  const T** k_ahead = nullptr;           // [kKeyBlock]: the key rows of the block kPrefetchBlocks ahead
+  const T** v_ahead = nullptr;           // [kKeyBlock]: its value rows
+  std::uint8_t* all_weighted = nullptr;  // [kKeyBlock]: no row has weight exactly 0 at key j
+};
+
+template <class E>
+hwy::AlignedFreeUniquePtr<E[]> allocate_aligned(std::int64_t count) {
+  auto p = hwy::AllocateAligned<E>(static_cast<std::size_t>(count > 0 ? count : 1));
+  if (!p) throw std::bad_alloc();
+  return p;
+}
+
+// Row pointers of positions [t0, t0 + kb) of sequence s, kv head `head`: one division per block, then
+// walking the pages.
+template <class T, class A>
+void block_rows(const DecodeParams<T, A>& p, std::int64_t s, std::int64_t head, std::int64_t t0, std::int64_t kb,
+                const T** k_rows, const T** v_rows) {
+  std::int64_t page = p.first_page[static_cast<std::size_t>(s)] + t0 / p.page_size, row = t0 % p.page_size;
+  for (std::int64_t j = 0; j < kb; ++j) {
+    k_rows[j] = p.k_pages[static_cast<std::size_t>(page)] + (head * p.page_size + row) * p.d_k;
+    v_rows[j] = p.v_pages[static_cast<std::size_t>(page)] + (head * p.page_size + row) * p.d_v;
+    if (++row == p.page_size) row = 0, ++page;
+  }
+}
+
+// Runs the call: chunk(p, item, layout, slot, scratch) fills an item's slot (m, l and unnormalised O
+// over its positions, see split_kv.hpp).
+template <class T, class A, class Chunk>
+void run_decode(const DecodeParams<T, A>& p, DecodeMode mode, Chunk chunk) {
+  const std::int64_t g = p.group_size(), heads_per_group = mode == DecodeMode::GroupPacked ? g : 1;
+  const WorkPlan plan = plan_work(p.lengths, p.page_size, p.h_kv, g, heads_per_group);
+  const std::int64_t R = heads_per_group * p.q_len, items = static_cast<std::int64_t>(plan.items.size());
+  const SlotLayout layout{R, (p.d_v + 15) / 16 * 16};
+  const auto partials = allocate_aligned<A>(items * layout.size());
+  double positions = 0;
+  for (std::int64_t T_s : p.lengths) positions += static_cast<double>(T_s);
+  const SerialIfSmall serial_if_small(2.0 * positions * static_cast<double>(p.h * p.q_len * (p.d_k + p.d_v)));
+
+  const int threads = omp_get_max_threads();
+  const std::int64_t ld_q = (p.d_k + 15) / 16 * 16;
+  const std::int64_t per_thread = R * kKeyBlock + R * ld_q;  // s, then q
+  const auto floats = allocate_aligned<A>(threads * per_thread);
+  std::vector<std::int64_t> visible(static_cast<std::size_t>(threads * R));
+  std::vector<const T*> rows(static_cast<std::size_t>(threads * 4 * kKeyBlock));
+  std::vector<std::uint8_t> flags(static_cast<std::size_t>(threads * kKeyBlock));
+#pragma omp parallel for schedule(dynamic, 1)
+  for (std::int64_t i = 0; i < items; ++i) {
+    const int t = omp_get_thread_num();
+    ChunkScratch<T, A> w;
+    w.s = floats.get() + t * per_thread;
+    w.q = w.s + R * kKeyBlock;
+    w.ld_q = ld_q;
+    w.visible = visible.data() + t * R;
+    w.k_rows = rows.data() + t * 4 * kKeyBlock;
+    w.v_rows = w.k_rows + kKeyBlock;
+    w.k_ahead = w.v_rows + kKeyBlock;
+    w.v_ahead = w.k_ahead + kKeyBlock;
+    w.all_weighted = flags.data() + t * kKeyBlock;
+    chunk(p, plan.items[static_cast<std::size_t>(i)], layout, partials.get() + i * layout.size(), w);
+  }
+
+  const std::int64_t groups = static_cast<std::int64_t>(plan.group_first.size()) - 1;
+#pragma omp parallel
+  {
+    std::vector<A> row(static_cast<std::size_t>(p.d_v));
+#pragma omp for schedule(static)
+    for (std::int64_t k = 0; k < groups; ++k) {
+      const std::int64_t first = plan.group_first[static_cast<std::size_t>(k)];
+      const WorkItem& item = plan.items[static_cast<std::size_t>(first)];
+      const std::int64_t chunks = plan.group_first[static_cast<std::size_t>(k) + 1] - first;
+      for (std::int64_t r = 0; r < R; ++r) {
+        const std::int64_t head = item.first_head + r / p.q_len, i = r % p.q_len;
+        const A lse = merge_row(partials.get(), layout, first, chunks, r, p.d_v, row.data());
+        const std::int64_t at = (item.seq * p.q_len + i) * p.h + head;  // [n, Lq, h]
+        for (std::int64_t e = 0; e < p.d_v; ++e) p.out[at * p.d_v + e] = T(row[static_cast<std::size_t>(e)]);
+        if (p.lse) p.lse[at] = lse;
+      }
+    }
+  }
+}
+
+// The rows of an item, r = (query head - first_head) * Lq + i: query i of the sequence sees positions
+// < T - Lq + i + 1; visible[r] is that end, relative to the block starting at t0.
+inline void block_visibility(std::int64_t T, std::int64_t q_len, std::int64_t R, std::int64_t t0,
+                             std::int64_t* visible) {
+  for (std::int64_t r = 0; r < R; ++r) visible[r] = T - q_len + r % q_len + 1 - t0;
+}
+
+}  // namespace mha::detail::decode

@@ -1,0 +1,113 @@
+// The decode kernel for float32 and bfloat16 caches: split-KV (flash-decoding, Dao et al. 2023) with
+// the query heads of a group packed into one work item, so each key/value byte is read once per group.
+//
+// One work item: positions [begin, end) of one sequence, one kv head, its R = g x Lq query rows:
+//   m = -inf, l = 0, acc = 0                                    per row; acc [R, d_v]
+//   for each block of kKeyBlock positions (rows found through the page table, in place):
+//     S = scale Q K_blk^T   (-inf where the row may not see the key)    [R, kKeyBlock]
+//     m' = max(m, rowmax S);  P = exp(S - m');  a = exp(m - m')
+//     l = a l + rowsum P;  acc = a acc + P V_blk;  m = m'
+// leaving (m, l, acc) in the item's slot; decode_driver.hpp merges the slots by log-sum-exp. While a
+// block is computed, the rows kPrefetchBlocks blocks ahead are prefetched (split_kv.hpp says why). Both
+// products and the softmax are float32 in Highway vectors (bfloat16 rows widened as they are loaded),
+// dispatched once per call to the best SIMD target of the machine.
+//
+// Legend: n sequences, Lq new queries per sequence, h query heads, h_kv key/value heads, g = h / h_kv,
+// R rows of an item, d_k, d_v, T the sequence's length.
+#include "decode/decode_params.hpp"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "decode/decode_kernel.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+
+#include <algorithm>
+#include <limits>
+
+#include "decode/decode_driver.hpp"
+#include "decode/decode_rows-inl.h"
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace mha::detail::HWY_NAMESPACE {
+
+using decode::ChunkScratch;
+using decode::SlotLayout;
+using decode::WorkItem;
+
+// The item's query rows into w.q [R, ld_q] as float32 (bfloat16 widened exactly), zero-padded to ld_q.
+template <class T>
+void GatherQueryRows(const DecodeParams<T, float>& p, const WorkItem& item, std::int64_t R,
+                     const ChunkScratch<T, float>& w) {
+  for (std::int64_t r = 0; r < R; ++r) {
+    const T* q = p.query_row(item.seq, r % p.q_len, item.first_head + r / p.q_len);
+    float* row = w.q + r * w.ld_q;
+    for (std::int64_t c = 0; c < p.d_k; ++c) row[c] = static_cast<float>(q[c * p.q_stride[3]]);
+    std::fill(row + p.d_k, row + w.ld_q, 0.0f);
+  }
+}
+
+// Fills the item's slot: m, l and the unnormalised acc over positions [item.begin, item.end).
+template <class T>
+void DecodeChunk(const DecodeParams<T, float>& p, const WorkItem& item, const SlotLayout& layout, float* slot,
+                 const ChunkScratch<T, float>& w) {
+  const std::int64_t R = layout.rows, T_s = p.lengths[static_cast<std::size_t>(item.seq)];
+  GatherQueryRows(p, item, R, w);
+  float* acc = slot;  // [R, ld]
+  float* m = slot + layout.m_offset();
+  float* l = slot + layout.l_offset();
+  std::fill(acc, acc + R * layout.ld, 0.0f);
+  std::fill(m, m + R, -std::numeric_limits<float>::infinity());
+  std::fill(l, l + R, 0.0f);
+  // The first blocks' rows are asked for now; each block then asks for those kPrefetchBlocks ahead.
+  RowsAhead<T> ahead{w.k_ahead, w.v_ahead, 0, p.d_k * static_cast<std::int64_t>(sizeof(T)),
+                     p.d_v * static_cast<std::int64_t>(sizeof(T))};
+  const std::int64_t lead = decode::kPrefetchBlocks * kKeyBlock;
+  for (std::int64_t t0 = item.begin; t0 < std::min(item.end, item.begin + lead); t0 += kKeyBlock) {
+    const std::int64_t kb = std::min(kKeyBlock, item.end - t0);
+    decode::block_rows(p, item.seq, item.kv_head, t0, kb, w.k_ahead, w.v_ahead);
+    for (std::int64_t j = 0; j < kb; ++j)
+      PrefetchRow(w.k_ahead[j], ahead.k_bytes), PrefetchRow(w.v_ahead[j], ahead.v_bytes);
+  }
+  for (std::int64_t t0 = item.begin; t0 < item.end; t0 += kKeyBlock) {
+    const std::int64_t kb = std::min(kKeyBlock, item.end - t0);
+    decode::block_rows(p, item.seq, item.kv_head, t0, kb, w.k_rows, w.v_rows);
+    ahead.count = std::max<std::int64_t>(0, std::min(kKeyBlock, item.end - (t0 + lead)));
+    if (ahead.count > 0) decode::block_rows(p, item.seq, item.kv_head, t0 + lead, ahead.count, w.k_ahead, w.v_ahead);
+    decode::block_visibility(T_s, p.q_len, R, t0, w.visible);
+    BlockLogits(w.q, w.ld_q, R, w.k_rows, kb, p.d_k, p.scale, w.visible, ahead, w.s);
+    BlockOnlineSoftmax(w.s, R, m, l, acc, layout.ld);
+    for (std::int64_t j = 0; j < kb; ++j) {
+      bool all = true;
+      for (std::int64_t r = 0; r < R; ++r) all = all && w.s[r * kKeyBlock + j] != 0.0f;
+      w.all_weighted[j] = all;
+    }
+    BlockAccumulate(w.s, R, w.v_rows, kb, p.d_v, w.all_weighted, acc, layout.ld);
+  }
+}
+
+template <class T>
+void Decode(const DecodeParams<T, float>& p, DecodeMode mode) {
+  decode::run_decode(p, mode, [](const auto&... args) { DecodeChunk<T>(args...); });
+}
+
+void DecodeFloat(const DecodeParams<float, float>& p, DecodeMode mode) { Decode(p, mode); }
+void DecodeBfloat16(const DecodeParams<bfloat16, float>& p, DecodeMode mode) { Decode(p, mode); }
+
+}  // namespace mha::detail::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace mha::detail {
+
+HWY_EXPORT(DecodeFloat);
+HWY_EXPORT(DecodeBfloat16);
+
+void decode_attention_kernel(const DecodeParams<float, float>& p, DecodeMode mode) {
+  HWY_DYNAMIC_DISPATCH(DecodeFloat)(p, mode);
+}
+void decode_attention_kernel(const DecodeParams<bfloat16, float>& p, DecodeMode mode) {
+  HWY_DYNAMIC_DISPATCH(DecodeBfloat16)(p, mode);
+}
+
+}  // namespace mha::detail
+#endif  // HWY_ONCE

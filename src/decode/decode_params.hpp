@@ -1,0 +1,54 @@
+// The decode kernel's parameter object (what decode_attention.cpp validated and resolved: pointers,
+// strides, page pointers) and its internal entry, with the per-head mode the benchmark compares against.
+//
+// Legend: n sequences, Lq new queries per sequence, h query heads, h_kv key/value heads, g = h / h_kv
+// query heads per group, d_k, d_v, P tokens per page, T a sequence's length.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "mha/bfloat16.hpp"
+#include "mha/decode.hpp"
+
+namespace mha::detail {
+
+// How query heads share the reads of a key/value head.
+enum class DecodeMode {
+  GroupPacked,  // one work item per (sequence, kv head, chunk) for its g query heads: K/V read once per group
+  PerHead,      // one work item per (sequence, query head, chunk): K/V read g times (for the benchmark only)
+};
+
+// T the element type (float, double or bfloat16); A the type results are computed in (float for float
+// and bfloat16, double for double).
+template <class T, class A>
+struct DecodeParams {
+  const T* q = nullptr;           // [n, Lq, h, d_k] through q_stride
+  std::int64_t q_stride[4] = {};  // in elements
+  T* out = nullptr;               // [n, Lq, h, d_v], contiguous
+  A* lse = nullptr;               // [n, Lq, h], contiguous; nullptr when not asked for
+  std::int64_t n = 0, q_len = 0, h = 0, h_kv = 0, d_k = 0, d_v = 0, page_size = 0;
+  A scale = 0;
+  std::vector<std::int64_t> lengths;     // [n]: T of each sequence, >= Lq
+  std::vector<std::int64_t> first_page;  // [n]: where sequence s's pages start in k_pages and v_pages
+  std::vector<const T*> k_pages;         // per page of each sequence in turn: keys [h_kv, P, d_k]
+  std::vector<const T*> v_pages;         // likewise: values [h_kv, P, d_v]
+
+  std::int64_t group_size() const { return h / h_kv; }
+  // Query row (s, i, head): [d_k] elements, q_stride[3] apart.
+  const T* query_row(std::int64_t s, std::int64_t i, std::int64_t head) const {
+    return q + s * q_stride[0] + i * q_stride[1] + head * q_stride[2];
+  }
+};
+
+// The kernel (decode_kernel.cpp): fills p.out (and p.lse). Inputs already validated.
+void decode_attention_kernel(const DecodeParams<float, float>& p, DecodeMode mode);
+void decode_attention_kernel(const DecodeParams<bfloat16, float>& p, DecodeMode mode);
+void decode_attention_kernel(const DecodeParams<double, double>& p, DecodeMode mode);
+
+// decode_attention (mha/decode.hpp) with the mode chosen: the public function is this with GroupPacked.
+DecodeResult decode_attention_with_mode(const TensorView& q, const PagedKVCache& cache,
+                                        std::span<const PagedKVCache::SequenceId> sequences,
+                                        const DecodeOptions& options, DecodeMode mode);
+
+}  // namespace mha::detail

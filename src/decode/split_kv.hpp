@@ -1,0 +1,120 @@
+// Split-KV (flash-decoding): how a decode call is cut into work items, where each item keeps its
+// partial softmax state, and how the partials of one group are merged by log-sum-exp.
+//
+// For the rows r of a group (its query heads x its Lq queries), a chunk c of positions gives
+//   m_c = max_j s_rj,  l_c = sum_j exp(s_rj - m_c),  O_c = sum_j exp(s_rj - m_c) v_j      (j in chunk c)
+// and the chunks merge, in chunk order, as
+//   M = max_c m_c,  L = sum_c exp(m_c - M) l_c,  out = sum_c exp(m_c - M) O_c / L,  lse = M + log L.
+//
+// Legend: n sequences, Lq new queries per sequence, h query heads, h_kv key/value heads, d_v value
+// width, P tokens per page, T a sequence's length, R rows of a work item (query heads x Lq).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace mha::detail::decode {
+
+// The fewest positions a chunk holds (rounded up to whole pages): below this, the merge and the
+// item's start (its Q rows, its first page) cost more than the chunk's reads. 256 positions of
+// d = 128 in float32 are 256 KiB of keys and values, about 10 us of one core's reads here.
+inline constexpr std::int64_t kMinChunkPositions = 256;
+// Work items a sequence is cut into, about (chunks x kv heads), when it is long enough: enough that
+// two threads (or a few more) finish together under a dynamic schedule (the last item is at most
+// 1/64 of the sequence's work), few enough that the partials stay small. A size of the problem,
+// never the thread count: results must not depend on the number of threads.
+inline constexpr std::int64_t kItemsPerSequence = 64;
+// Positions per block inside a chunk: the logits tile of a block is R x kKeyBlock floats, and its
+// K and V rows (32 x 512 B each at d = 128 in float32) stay in L1 between the two products.
+inline constexpr std::int64_t kKeyBlock = 32;
+// How many blocks ahead the kernel prefetches the rows it will read. A head's rows in a page are
+// contiguous (P x d elements), but consecutive pages lie anywhere in the pool, so the hardware's
+// stream prefetchers stop at every page: without software prefetch the loads of each block waited on
+// memory (one core read 4 GB/s of the cache against 25 GB/s of a plain stream).
+inline constexpr std::int64_t kPrefetchBlocks = 2;
+
+// Pages per chunk for a sequence of `length` positions: from the sequence's own size and the cache's
+// shape only, so a sequence's result does not depend on the rest of the batch.
+inline std::int64_t chunk_pages(std::int64_t length, std::int64_t page_size, std::int64_t h_kv) {
+  const std::int64_t pages = (length + page_size - 1) / page_size;
+  const std::int64_t chunks_wanted = (kItemsPerSequence + h_kv - 1) / h_kv;
+  const std::int64_t min_pages = (kMinChunkPositions + page_size - 1) / page_size;
+  return std::max({min_pages, (pages + chunks_wanted - 1) / chunks_wanted, std::int64_t{1}});
+}
+
+// A work item: positions [begin, end) of one sequence for one group of query heads.
+struct WorkItem {
+  std::int64_t seq = 0;
+  std::int64_t kv_head = 0;     // the key/value head the group reads
+  std::int64_t first_head = 0;  // the group's query heads: [first_head, first_head + heads)
+  std::int64_t heads = 0;
+  std::int64_t begin = 0, end = 0;
+};
+
+// Items in merge order: by sequence, then group, then chunk; group_first[k] is the first item of group
+// k (groups in the same order), group_first.back() the item count.
+struct WorkPlan {
+  std::vector<WorkItem> items;
+  std::vector<std::int64_t> group_first;
+};
+
+// groups_per_seq groups of `heads` query heads each (h_kv groups of g for group packing, h groups of 1
+// per head); group k of a sequence reads kv head k * heads / g.
+inline WorkPlan plan_work(const std::vector<std::int64_t>& lengths, std::int64_t page_size, std::int64_t h_kv,
+                          std::int64_t g, std::int64_t heads_per_group) {
+  WorkPlan plan;
+  const std::int64_t groups = h_kv * g / heads_per_group;
+  for (std::size_t s = 0; s < lengths.size(); ++s) {
+    const std::int64_t T = lengths[s], chunk = chunk_pages(T, page_size, h_kv) * page_size;
+    for (std::int64_t k = 0; k < groups; ++k) {
+      plan.group_first.push_back(static_cast<std::int64_t>(plan.items.size()));
+      const std::int64_t first_head = k * heads_per_group;
+      for (std::int64_t begin = 0; begin < T; begin += chunk)
+        plan.items.push_back({static_cast<std::int64_t>(s), first_head / g, first_head, heads_per_group, begin,
+                              std::min(T, begin + chunk)});
+    }
+  }
+  plan.group_first.push_back(static_cast<std::int64_t>(plan.items.size()));
+  return plan;
+}
+
+// Where an item keeps its partial state, in a slot of its own: O [R, ld] (ld a multiple of 16, so
+// every row starts on a 64-byte line when the slot does), then m [R], then l [R].
+struct SlotLayout {
+  std::int64_t rows = 0, ld = 0;
+  std::int64_t m_offset() const { return rows * ld; }
+  std::int64_t l_offset() const { return rows * ld + rows; }
+  std::int64_t size() const { return (rows * ld + 2 * rows + 15) / 16 * 16; }
+};
+
+// Row r of a group: merges the partials of its chunks (the slots of items first .. first + chunks) into
+// out_row [d_v] and returns the row's lse. M = -inf means every visible logit was -inf: 0 / 0, NaN (as
+// the reference). A NaN anywhere makes M, and so the row, NaN.
+template <class A>
+A merge_row(const A* partials, const SlotLayout& layout, std::int64_t first, std::int64_t chunks, std::int64_t r,
+            std::int64_t d_v, A* out_row) {
+  constexpr A kMinusInf = -std::numeric_limits<A>::infinity();
+  auto slot = [&](std::int64_t c) { return partials + (first + c) * layout.size(); };
+  auto m_of = [&](std::int64_t c) { return slot(c)[layout.m_offset() + r]; };
+  A M = kMinusInf;
+  for (std::int64_t c = 0; c < chunks; ++c)
+    M = std::isnan(M) || std::isnan(m_of(c)) ? std::numeric_limits<A>::quiet_NaN() : std::max(M, m_of(c));
+  if (M == kMinusInf) M = std::numeric_limits<A>::quiet_NaN();
+  A L = 0;
+  std::fill(out_row, out_row + d_v, A(0));
+  for (std::int64_t c = 0; c < chunks; ++c) {
+    if (m_of(c) == kMinusInf) continue;  // no weight in this chunk
+    const A w = m_of(c) == M ? A(1) : std::exp(m_of(c) - M);
+    L += w * slot(c)[layout.l_offset() + r];
+    const A* o = slot(c) + r * layout.ld;
+    for (std::int64_t e = 0; e < d_v; ++e) out_row[e] += w * o[e];
+  }
+  const A inv = A(1) / L;
+  for (std::int64_t e = 0; e < d_v; ++e) out_row[e] *= inv;
+  return M + std::log(L);
+}
+
+}  // namespace mha::detail::decode

@@ -1,0 +1,60 @@
+"""`mha bench --decode` run tiny (two short contexts, batches 1 and 2, a 16 MiB bandwidth buffer, 1 and 2
+threads): the bandwidth lines, a table row per (dtype, batch, context, threads), the targets and
+bench-decode.json with every row come out. Performance is measured, not timed in tests: nothing here
+reads a time's value, only that each row has one. Takes a few seconds."""
+import json
+import pathlib
+import re
+import subprocess
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+MHA = ROOT / "build" / "mha"
+
+pytestmark = pytest.mark.skipif(not MHA.exists(), reason="build/mha is not built")
+
+
+@pytest.fixture(scope="module")
+def decode_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    args = [str(MHA), "bench", "--decode", "--contexts", "100,300", "--batches", "1,2", "--threads", "1,2",
+            "--bandwidth-mib", "16", "--max-cache-gib", "0.005", "--out", str(out)]
+    result = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:])
+    return result.stdout, json.loads((out / "bench-decode.json").read_text())
+
+
+def test_prints_bandwidth_rows_and_targets(decode_run):
+    stdout, _ = decode_run
+    assert re.search(r"machine: .+ CPUs.+last-level cache \d+ MiB", stdout)
+    assert len(re.findall(r"read bandwidth, [12] thread\(s\), 16 MiB buffer: \d+\.\d GB/s", stdout)) == 2
+    rows = [line.split() for line in stdout.splitlines() if re.match(r"^\s*(f32|bf16)\s+\d+\s+\d+", line)]
+    measured = {(r[0], int(r[1]), int(r[2]), int(r[4].rstrip("*"))) for r in rows if "skipped" not in r}
+    skipped = {(r[0], int(r[1]), int(r[2])) for r in rows if "skipped:" in r}
+    # The largest cache, 2 x 300 tokens x 8 heads x 2 x 128 x 4 B = 4.9 MB, is under --max-cache-gib 0.005
+    # (5.4 MB): every (dtype, batch, context) runs at both thread counts.
+    assert not skipped
+    assert measured == {(d, b, t, n) for d in ("f32", "bf16") for b in (1, 2) for t in (100, 300) for n in (1, 2)}
+    assert "Targets (issue 13)" in stdout and stdout.count(" rows, worst ") == 3
+
+
+def test_skips_caches_over_the_cap(tmp_path):
+    args = [str(MHA), "bench", "--decode", "--contexts", "300", "--batches", "4", "--threads", "1",
+            "--bandwidth-mib", "16", "--max-cache-gib", "0.005", "--out", str(tmp_path)]
+    result = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    skipped = [line.split() for line in result.stdout.splitlines() if "skipped: over --max-cache-gib" in line]
+    assert [r[:3] for r in skipped] == [["f32", "4", "300"]]  # 9.8 MB; the bf16 cache, 4.9 MB, runs
+
+
+def test_json_has_every_row(decode_run):
+    _, report = decode_run
+    assert report["heads"] == 32 and report["kv_heads"] == 8 and report["head_dim"] == 128
+    assert {b["threads"] for b in report["read_bandwidth"]} == {1, 2}
+    assert all(b["bytes_per_s"] > 0 for b in report["read_bandwidth"])
+    assert len(report["runs"]) == 16
+    for run in report["runs"]:
+        assert run["packed_median_s"] > 0 and run["per_head_median_s"] > 0
+        assert run["cache_bytes"] == run["batch"] * run["context"] * 8 * 2 * 128 * (4 if run["dtype"] == "f32" else 2)
+    assert [t["target"] for t in report["targets"]][2].startswith("packed over per head")

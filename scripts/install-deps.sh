@@ -16,6 +16,7 @@ packages=(
   clang-14             # libFuzzer targets of the file readers (make test-fuzz)
   clang-format         # make format, make format-check (.clang-format)
   libopenmpi-dev openmpi-bin python3-mpi4py   # mha::distributed: ring attention over MPI
+  libcpp-httplib-dev   # cpp-httplib: the HTTP server of `mha explore`
   chromium chromium-driver python3-selenium  # tests/python/test_demo_report.py opens the demo's report in headless Chromium
 )
 [ $# -eq 0 ] || packages=("$@")

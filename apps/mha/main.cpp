@@ -26,6 +26,7 @@
 #include "commands/heads_model.hpp"
 #include "commands/run.hpp"
 #include "commands/translate.hpp"
+#include "explore/explore.hpp"
 #include "mha/attention.hpp"
 #include "mha/error.hpp"
 #include "number_options.hpp"
@@ -129,6 +130,22 @@ void add_translate_command(CLI::App& app, mha_cli::TranslateOptions& o) {
   translate->add_option("text", o.texts, "Dates to rewrite (none: one per line from standard input)");
   translate->add_option("--checkpoint", o.checkpoint, "The checkpoint `mha demo` wrote")->capture_default_str();
   threads_option(translate->add_option("--threads", o.threads, "Threads (0: OpenMP's default)"), 0);
+}
+
+void add_explore_command(CLI::App& app, mha_cli::ExploreOptions& o) {
+  CLI::App* explore = app.add_subcommand(
+      "explore",
+      "A local web page on the trained model: type a date, see the translation, its confidence and every head's "
+      "attention map; switch heads off and see what changes, held-out accuracy included (Ctrl-C stops)");
+  explore->add_option("--checkpoint", o.checkpoint, "The checkpoint `mha demo` wrote")->capture_default_str();
+  integer_in(explore->add_option("--port", o.port, "TCP port (0: any free port, printed)"), 0, 65535)
+      ->capture_default_str();
+  explore
+      ->add_option("--host", o.host,
+                   "Address to listen on; anything but loopback lets other machines in (a warning is printed)")
+      ->capture_default_str();
+  threads_option(explore->add_option("--threads", o.threads, "Threads per request (requests run side by side)"), 1)
+      ->capture_default_str();
 }
 
 void add_heads_command(CLI::App& app, mha_cli::HeadsOptions& options) {
@@ -358,6 +375,8 @@ int main(int argc, char** argv) {
   add_bench_command(app, bench_options);
   mha_cli::RunOptions run_options;
   add_run_command(app, run_options);
+  mha_cli::ExploreOptions explore_options;
+  add_explore_command(app, explore_options);
   mha_cli::BenchOneOptions bench_one_options;
   add_bench_one_command(app, bench_one_options);
   mha_cli::BenchGridOptions bench_grid_options;
@@ -381,6 +400,7 @@ int main(int argc, char** argv) {
   try {
     if (app.got_subcommand("demo")) return mha_cli::run_demo(demo_options);
     if (app.got_subcommand("translate")) return mha_cli::run_translate(translate_options);
+    if (app.got_subcommand("explore")) return mha_cli::run_explore(explore_options);
     if (app.got_subcommand("heads")) return mha_cli::run_heads(heads_options);
     if (app.got_subcommand("run")) return mha_cli::run_layer(run_options);
     if (app.got_subcommand("bench")) {

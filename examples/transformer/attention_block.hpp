@@ -9,6 +9,11 @@
 // before each use, the float32 inputs and output gradient are rounded to bf16 on the way in, and the
 // layer's bf16 outputs and gradients are widened to float32 on the way out.
 //
+// A head gate (set_head_gate) multiplies each head's output before W^O: with gate g [h], the block
+// computes Concat(g_1 head_1, ..., g_h head_h) W^O (the library's MultiHeadAttentionInputs::head_gate),
+// so g_i = 0 removes head i exactly (`mha explore` switches heads off this way). The gate is fixed:
+// backward gives the parameters' gradients of the gated block, not the gate's.
+//
 // Legend: B batch, L queries, S keys, E = d_model, h heads.
 #pragma once
 
@@ -44,6 +49,17 @@ class AttentionBlock {
   }
 
   void train(bool on) { layer_.train(on); }
+
+  // gate [h]: head i's output is multiplied by gate[i] before W^O in every forward and attend from now
+  // on (and backward follows); an empty gate removes it. Throws std::invalid_argument for a gate of another size.
+  void set_head_gate(std::vector<T> gate) {
+    const std::int64_t h = layer_.config().num_heads;
+    if (!gate.empty() && static_cast<std::int64_t>(gate.size()) != h)
+      throw std::invalid_argument(prefix_ + "head gate: expected " + std::to_string(h) + " values, got " +
+                                  std::to_string(gate.size()));
+    head_gate_ = std::move(gate);
+  }
+  const std::vector<T>& head_gate() const { return head_gate_; }
   // Keep the per-head weights [B, h, L, S] of the next forwards (for attention maps).
   void keep_weights(bool on) { keep_weights_ = on; }
   const mha::Tensor& weights() const { return weights_; }
@@ -59,6 +75,7 @@ class AttentionBlock {
     inputs.causal = causal;
     inputs.need_weights = keep_weights_;
     inputs.average_attn_weights = false;
+    inputs.head_gate = head_gate_view();
     mha::Tensor q_copy, kv_copy;
     const mha::TensorView q = layer_input(query, B, q_copy);
     const mha::TensorView kv = &key_value == &query ? q : layer_input(key_value, B, kv_copy);
@@ -100,6 +117,7 @@ class AttentionBlock {
     inputs.key_lengths = key_lengths;
     inputs.causal = causal;
     inputs.need_weights = false;
+    inputs.head_gate = head_gate_view();
     mha::Tensor q_copy;
     return to_matrix(layer_.forward_cached(layer_input(query, B, q_copy), cache, inputs).out, B * L, E);
   }
@@ -154,6 +172,11 @@ class AttentionBlock {
     for (const auto& p : params_)
       layer_.set_parameter(layer_name(p), mha::TensorView(std::span<const T>(p.value), p.shape));
   }
+  // The gate as the layer's input [h] (float32 or float64, as the library takes it), or none.
+  std::optional<mha::TensorView> head_gate_view() const {
+    if (head_gate_.empty()) return std::nullopt;
+    return mha::TensorView(std::span<const T>(head_gate_), {static_cast<std::int64_t>(head_gate_.size())});
+  }
   void add_parameter_gradients(const mha::MultiHeadAttentionGradients& g) {
     for (auto& p : params_) {
       mha::Tensor widened;
@@ -167,6 +190,7 @@ class AttentionBlock {
   std::vector<Parameter<T>> params_;
   bool keep_weights_ = false;
   mha::Tensor weights_;
+  std::vector<T> head_gate_;  // [h], or empty: no gate
 };
 
 }  // namespace transformer

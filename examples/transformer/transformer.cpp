@@ -68,6 +68,33 @@ void Transformer<T>::keep_attention_weights(bool on) {
 }
 
 template <class T>
+AttentionBlock<T>& Transformer<T>::attention_block(AttentionKind kind, std::int64_t layer) {
+  if (layer < 0 || layer >= layers_of(kind))
+    throw std::out_of_range("Transformer: no " + std::string(kind_name(kind)) + " in layer " + std::to_string(layer) +
+                            " (the model has " + std::to_string(layers_of(kind)) + ")");
+  const auto i = static_cast<std::size_t>(layer);
+  if (kind == AttentionKind::EncoderSelf) return encoder_[i]->self_attention();
+  return kind == AttentionKind::DecoderSelf ? decoder_[i]->self_attention() : decoder_[i]->cross_attention();
+}
+
+template <class T>
+void Transformer<T>::set_head_gate(AttentionKind kind, std::int64_t layer, std::vector<T> gate) {
+  attention_block(kind, layer).set_head_gate(std::move(gate));
+}
+
+template <class T>
+void Transformer<T>::clear_head_gates() {
+  for (AttentionKind kind : kAttentionKinds)
+    for (std::int64_t layer = 0; layer < layers_of(kind); ++layer) set_head_gate(kind, layer, {});
+}
+
+template <class T>
+const mha::Tensor& Transformer<T>::attention_weights(AttentionKind kind, std::int64_t layer) const {
+  if (kind == AttentionKind::EncoderSelf) return encoder_self_weights(layer);
+  return kind == AttentionKind::DecoderSelf ? decoder_self_weights(layer) : cross_weights(layer);
+}
+
+template <class T>
 const AttentionBlock<T>& Transformer<T>::encoder_self_attention(std::int64_t layer) const {
   return encoder_.at(static_cast<std::size_t>(layer))->self_attention();
 }

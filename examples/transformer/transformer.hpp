@@ -11,6 +11,7 @@
 #include <optional>
 #include <vector>
 
+#include "transformer/attention_kind.hpp"
 #include "transformer/decoder_layer.hpp"
 #include "transformer/embedding.hpp"
 #include "transformer/encoder_layer.hpp"
@@ -54,6 +55,15 @@ class Transformer {
   std::vector<int> greedy_decode(const TokenBatch& source, std::int64_t steps, int bos, bool use_cache,
                                  std::vector<T>* step_logits = nullptr);
 
+  // Head gates (AttentionBlock::set_head_gate): gate [h] multiplies each head's output before W^O in
+  // the attention block `kind` of layer `layer` (0 removes the head); an empty gate removes the gate.
+  // Throws std::out_of_range for a layer the model lacks, std::invalid_argument for a gate not of size h.
+  void set_head_gate(AttentionKind kind, std::int64_t layer, std::vector<T> gate);
+  void clear_head_gates();  // every block's gate removed
+  std::int64_t layers_of(AttentionKind kind) const {
+    return kind == AttentionKind::EncoderSelf ? encoder_layers() : decoder_layers();
+  }
+
   // Attention maps: after keep_attention_weights(true), forward() keeps every attention block's
   // per-head weights [B, h, L, S]; read them with the accessors.
   void keep_attention_weights(bool on);
@@ -62,6 +72,7 @@ class Transformer {
   const mha::Tensor& encoder_self_weights(std::int64_t layer) const;
   const mha::Tensor& decoder_self_weights(std::int64_t layer) const;
   const mha::Tensor& cross_weights(std::int64_t layer) const;
+  const mha::Tensor& attention_weights(AttentionKind kind, std::int64_t layer) const;
   // An encoder layer's self-attention block (its layer() holds the compute copies of the parameters).
   const AttentionBlock<T>& encoder_self_attention(std::int64_t layer) const;
 
@@ -69,6 +80,7 @@ class Transformer {
   Matrix<T> encode(const TokenBatch& batch);
 
  private:
+  AttentionBlock<T>& attention_block(AttentionKind kind, std::int64_t layer);
   Matrix<T> embed(const std::vector<int>& ids, std::int64_t positions, Dropout<T>& dropout);
 
   TransformerConfig config_;

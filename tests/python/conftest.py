@@ -15,3 +15,15 @@ except ImportError:
 import torch
 
 torch.set_num_threads(2)
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def explore_checkpoint(tmp_path_factory):
+    """A checkpoint of a short `mha demo` run, shared by the tests of `mha explore`."""
+    from explore_server import MHA, train_checkpoint
+    if not MHA.exists():
+        pytest.skip("build/mha is not built")
+    return train_checkpoint(tmp_path_factory.mktemp("explore") / "demo")

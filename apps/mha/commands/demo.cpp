@@ -33,6 +33,10 @@ namespace {
 
 namespace tf = transformer;
 
+// The held-out dates are DateSampler(HeldOut, seed + kHeldOutSeedOffset)'s first --eval (the checkpoint
+// records both, for `mha explore`).
+constexpr std::uint64_t kHeldOutSeedOffset = 1000;
+
 tf::TransformerConfig model_config(const DemoOptions& o, const tf::Vocabulary& vocab) {
   tf::TransformerConfig c;
   c.vocab = vocab.size();
@@ -307,7 +311,7 @@ int run_demo(const DemoOptions& o) {
              o.layers, o.d_model, o.heads, parameters);
   fmt::print("  e.g. \"the fifth of March 2021\", \"Fri, 5 Mar 21\", \"05/03/2021\" (day first) -> 2021-03-05\n");
   const std::vector<tf::DateExample> held_out =
-      tf::sample_dates(tf::Split::HeldOut, o.seed + 1000, static_cast<std::size_t>(o.eval_examples));
+      tf::sample_dates(tf::Split::HeldOut, o.seed + kHeldOutSeedOffset, static_cast<std::size_t>(o.eval_examples));
   const bool mixed = o.dtype == "bf16";
   std::optional<Float32Run> float32;
   if (mixed) float32 = float32_run(o, vocab, held_out);
@@ -352,6 +356,8 @@ int run_demo(const DemoOptions& o) {
                                           {"seed", std::to_string(o.seed)},
                                           {"held_out_exact_match", fmt::format("{:.4f}", ev.accuracy)},
                                           {"unsure_below", fmt::format("{:.6f}", unsure_below)},
+                                          {"held_out_seed", std::to_string(o.seed + kHeldOutSeedOffset)},
+                                          {"held_out_examples", std::to_string(held_out.size())},
                                           {"trained_dtype", o.dtype}};
   tf::save_checkpoint(model, (dir / "checkpoint.safetensors").string(), meta);  // bf16: the float32 masters
 

@@ -47,20 +47,6 @@ std::string input_problem(const std::string& text, std::size_t index, bool from_
   return "";
 }
 
-// The checkpoint's "unsure_below": a probability in [0, 1].
-double confidence_threshold(const std::string& text, const std::string& checkpoint) {
-  double value = -1.0;
-  std::size_t used = 0;
-  try {
-    value = std::stod(text, &used);
-  } catch (const std::exception&) {
-  }
-  if (used != text.size() || !(value >= 0.0 && value <= 1.0))
-    throw std::runtime_error(fmt::format("{}: metadata \"unsure_below\" is not a probability: {}",
-                                         quoted_printable(checkpoint), quoted_printable(text)));
-  return value;
-}
-
 }  // namespace
 
 int run_translate(const TranslateOptions& options) {

@@ -5,10 +5,12 @@
 #include <cctype>
 #include <cstdio>
 #include <optional>
+#include <stdexcept>
 #include <vector>
 
 #include <fmt/core.h>
 
+#include "render/terminal_text.hpp"
 #include "transformer/dates.hpp"
 
 namespace mha_cli {
@@ -74,6 +76,19 @@ std::string translation_doubt(const std::string& text, const transformer::Transl
     return fmt::format("low confidence ({:.2f}, below the {:.2f} that 99% of correct held-out answers reach)",
                        translation.confidence, unsure_below);
   return "";
+}
+
+double confidence_threshold(const std::string& text, const std::string& checkpoint) {
+  double value = -1.0;
+  std::size_t used = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+  }
+  if (used != text.size() || !(value >= 0.0 && value <= 1.0))
+    throw std::runtime_error(fmt::format("{}: metadata \"unsure_below\" is not a probability: {}",
+                                         quoted_printable(checkpoint), quoted_printable(text)));
+  return value;
 }
 
 std::string answer_line(const std::string& answer, const std::string& doubt) {

@@ -20,6 +20,10 @@ std::string answer_doubt(const std::string& text, const std::string& answer);
 std::string translation_doubt(const std::string& text, const transformer::Translation& translation,
                               double unsure_below);
 
+// The checkpoint's "unsure_below" (its text `text`): a probability in [0, 1]. Throws std::runtime_error
+// naming the checkpoint file otherwise.
+double confidence_threshold(const std::string& text, const std::string& checkpoint);
+
 // The line `mha translate` prints for an answer: the answer itself when `doubt` is empty, else
 // "? ANSWER  DOUBT".
 std::string answer_line(const std::string& answer, const std::string& doubt);

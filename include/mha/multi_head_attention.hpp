@@ -23,10 +23,12 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "mha/attention.hpp"
+#include "mha/paged_kv_cache.hpp"
 #include "mha/tensor.hpp"
 
 namespace mha {
@@ -267,6 +269,24 @@ class MultiHeadAttention {
   /// says). Throws mha::Error on an empty cache, a batch mismatch, a cache of another layer, bad masks.
   MultiHeadAttentionOutput forward_cached(const TensorView& query, const KeyValueCache& cache,
                                           const MultiHeadAttentionInputs& inputs = {}) const;
+
+  /// Self-attention decoding over a PagedKVCache, for n sequences of any lengths at once: query
+  /// [n, q_len, E] (this layout whatever batch_first) holds each sequence's q_len new positions. Projects
+  /// their keys and values from query itself, appends them to sequences[s] (PagedKVCache::append), then
+  /// attends each sequence's q_len queries causally (bottom-right: query i sees that sequence's positions
+  /// up to its own) to all its cached positions through decode_attention, and applies out_proj. Returns
+  /// out [n, q_len, E]; no weights. The same as forward(x, x, x) with causal = true over each whole
+  /// sequence x, for its last q_len rows. Evaluation only: no dropout, nothing kept for backward.
+  /// The cache must be configured as paged_cache_config() gives (key/value heads, widths, dtype); each
+  /// sequence may appear once. Not with add_bias_kv / add_zero_attn; inputs other than the defaults
+  /// (masks, key_lengths, head_gate, the variants) are refused. Throws mha::Error naming the argument,
+  /// before anything is appended, on bad input or when the cache lacks the pages the new positions need.
+  MultiHeadAttentionOutput forward_paged(const TensorView& query, PagedKVCache& cache,
+                                         std::span<const PagedKVCache::SequenceId> sequences,
+                                         const MultiHeadAttentionInputs& inputs = {}) const;
+  /// The PagedKVCache configuration forward_paged needs for this layer: h_kv = num_kv_heads, head_dim
+  /// d_k, value_dim d_v and the layer's dtype, with the given page size and capacity.
+  PagedKVCacheConfig paged_cache_config(std::int64_t page_size, std::int64_t capacity_tokens) const;
 
  private:
   Tensor& mutable_parameter(const std::string& name);

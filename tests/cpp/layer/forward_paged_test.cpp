@@ -48,8 +48,7 @@ MultiHeadAttention make_layer(const PagedLayerCase& c) {
 }
 
 // forward(x, x, x) with causal over one sequence's inputs x [T, E]: out [T, E] as doubles.
-std::vector<double> full_forward(MultiHeadAttention& layer, const std::vector<double>& x, std::int64_t T,
-                                 DType dtype) {
+std::vector<double> full_forward(MultiHeadAttention& layer, const std::vector<double>& x, std::int64_t T, DType dtype) {
   mha::MultiHeadAttentionInputs in;
   in.causal = true;
   in.need_weights = false;

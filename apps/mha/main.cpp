@@ -47,6 +47,7 @@ constexpr std::int64_t kMaxHeads = 65536;      // --heads of `mha run` and `mha 
 constexpr std::int64_t kMaxWidth = 65536;      // bench-one's --d-model and --batch
 constexpr std::int64_t kMaxReps = 1'000'000;   // bench-one's --min-reps, --max-reps
 constexpr double kMaxSeconds = 7 * 24 * 3600;  // time limits: a week
+constexpr std::int64_t kMaxBeams = 64;         // --beam(s): the vocabulary has 71 tokens; each beam is a decoder row
 
 // The --threads options: 0 (where offered) leaves OpenMP's default; the top is the library's bound
 // (mha::max_num_threads(), which depends on the machine's cores).
@@ -97,6 +98,11 @@ void add_demo_command(CLI::App& app, mha_cli::DemoOptions& o) {
                    "command takes about twice as long); the checkpoint holds the float32 master weights")
       ->check(CLI::IsMember({"float32", "bf16"}))
       ->capture_default_str();
+  integer_in(demo->add_option("--beams", o.beams,
+                              "Beam widths whose held-out accuracy and decode time are reported beside greedy's")
+                 ->delimiter(','),
+             1, kMaxBeams)
+      ->capture_default_str();
   threads_option(demo->add_option("--threads", o.threads, "Threads (0: OpenMP's default)"), 0)->capture_default_str();
   demo->add_flag("!--no-progress", o.progress, "No progress bar");
 }
@@ -129,6 +135,10 @@ void add_translate_command(CLI::App& app, mha_cli::TranslateOptions& o) {
   CLI::App* translate = app.add_subcommand("translate", translate_description());
   translate->add_option("text", o.texts, "Dates to rewrite (none: one per line from standard input)");
   translate->add_option("--checkpoint", o.checkpoint, "The checkpoint `mha demo` wrote")->capture_default_str();
+  integer_in(translate->add_option("--beam", o.beams,
+                                   "Beams of the beam search (1: greedy decoding; the best-scoring answer is printed)"),
+             1, kMaxBeams)
+      ->capture_default_str();
   threads_option(translate->add_option("--threads", o.threads, "Threads (0: OpenMP's default)"), 0);
 }
 

@@ -18,12 +18,14 @@
 #pragma once
 
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 #include "mha/multi_head_attention.hpp"
+#include "mha/paged_kv_cache.hpp"
 #include "transformer/matrix.hpp"
 #include "transformer/parameter.hpp"
 #include "transformer/transformer_config.hpp"
@@ -120,6 +122,24 @@ class AttentionBlock {
     inputs.head_gate = head_gate_view();
     mha::Tensor q_copy;
     return to_matrix(layer_.forward_cached(layer_input(query, B, q_copy), cache, inputs).out, B * L, E);
+  }
+
+  // Incremental decoding of many sequences through the library's PagedKVCache (beam search;
+  // evaluation only). query [n, E]: one new position of each of the n sequences; its key and value are
+  // appended to the sequence's pages, then it attends to every position of its sequence -> [n, E].
+  // Throws std::invalid_argument while a head gate is set (the layer's forward_paged takes none).
+  Matrix<T> attend_paged(const Matrix<T>& query, mha::PagedKVCache& cache,
+                         std::span<const mha::PagedKVCache::SequenceId> sequences) {
+    if (!head_gate_.empty())
+      throw std::invalid_argument(prefix_ + "attend_paged: head gates are not supported through the paged cache");
+    push_parameters();
+    const auto n = static_cast<std::int64_t>(sequences.size());
+    mha::Tensor q_copy;
+    return to_matrix(layer_.forward_paged(layer_input(query, n, q_copy), cache, sequences).out, query.rows, query.cols);
+  }
+  // The PagedKVCache config that attend_paged needs: the layer's key/value heads, widths and dtype.
+  mha::PagedKVCacheConfig paged_cache_config(std::int64_t page_size, std::int64_t capacity_tokens) const {
+    return layer_.paged_cache_config(page_size, capacity_tokens);
   }
 
   void collect(ParameterRefs<T>& out) {

@@ -4,10 +4,12 @@
 // Legend: B batch, T target positions, S source positions, d = d_model.
 #pragma once
 
+#include <span>
 #include <string>
 #include <vector>
 
 #include "mha/multi_head_attention.hpp"
+#include "mha/paged_kv_cache.hpp"
 #include "transformer/attention_block.hpp"
 #include "transformer/feed_forward.hpp"
 #include "transformer/residual.hpp"
@@ -60,8 +62,12 @@ class DecoderLayer {
   // Incremental decoding (evaluation mode). start: projects the memory into cache.cross.
   void start(DecoderLayerCache& cache, const Matrix<T>& memory, std::int64_t B) {
     cache.self.clear();
-    cache.cross.clear();
-    cross_attn_.append(cache.cross, memory, B);
+    project_memory(cache.cross, memory, B);
+  }
+  // memory [B*S, d]: its keys and values for the encoder-decoder attention, into an emptied `cross`.
+  void project_memory(mha::KeyValueCache& cross, const Matrix<T>& memory, std::int64_t B) {
+    cross.clear();
+    cross_attn_.append(cross, memory, B);
   }
   // x [B*L_new, d]: the next L_new target positions -> [B*L_new, d]; their keys and values join
   // cache.self, and each attends to the positions before it and itself (causal, bottom-right).
@@ -73,6 +79,20 @@ class DecoderLayer {
     });
     y = cross_residual_.forward(
         y, [&](const Matrix<T>& u) { return cross_attn_.attend(u, cache.cross, B, source_lengths, false); });
+    return ffn_residual_.forward(y, [&](const Matrix<T>& u) { return ffn_.forward(u); });
+  }
+
+  // Beam search's step (evaluation mode). x [B*K, d]: one new position of each of the B sources' K
+  // beams -> [B*K, d]. The self-attention appends each beam's key and value to its sequence in `self`
+  // (sequences [B*K]) and attends to all of that sequence; the encoder-decoder attention reads source
+  // b's memory from `cross` (batch B, from project_memory) with the source's K beams as K queries.
+  Matrix<T> beam_step(const Matrix<T>& x, mha::PagedKVCache& self,
+                      std::span<const mha::PagedKVCache::SequenceId> sequences, const mha::KeyValueCache& cross,
+                      std::int64_t B, const std::vector<std::int64_t>& source_lengths) {
+    Matrix<T> y =
+        self_residual_.forward(x, [&](const Matrix<T>& u) { return self_attn_.attend_paged(u, self, sequences); });
+    y = cross_residual_.forward(
+        y, [&](const Matrix<T>& u) { return cross_attn_.attend(u, cross, B, source_lengths, false); });
     return ffn_residual_.forward(y, [&](const Matrix<T>& u) { return ffn_.forward(u); });
   }
 

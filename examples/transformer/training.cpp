@@ -113,6 +113,18 @@ TrainingResult train_on_dates(Transformer<float>& model, const Vocabulary& vocab
   return result;
 }
 
+namespace {
+
+// The model's input for sources[first, last) (the targets, unused, are placeholders).
+TokenBatch source_batch(const std::vector<std::string>& sources, std::size_t first, std::size_t last,
+                        const Vocabulary& vocab) {
+  std::vector<DateExample> examples;
+  for (std::size_t i = first; i < last; ++i) examples.push_back({sources[i], std::string(kIsoLength, '0'), {}});
+  return token_batch(make_batch(examples, vocab));
+}
+
+}  // namespace
+
 std::vector<Translation> translate_with_confidence(Transformer<float>& model, const Vocabulary& vocab,
                                                    const std::vector<std::string>& sources, std::int64_t batch_size,
                                                    bool use_cache) {
@@ -122,9 +134,7 @@ std::vector<Translation> translate_with_confidence(Transformer<float>& model, co
   std::vector<float> logits;  // [B, steps, V]
   for (std::size_t first = 0; first < sources.size(); first += static_cast<std::size_t>(batch_size)) {
     const std::size_t last = std::min(sources.size(), first + static_cast<std::size_t>(batch_size));
-    std::vector<DateExample> examples;
-    for (std::size_t i = first; i < last; ++i) examples.push_back({sources[i], std::string(kIsoLength, '0'), {}});
-    const TokenBatch batch = token_batch(make_batch(examples, vocab));
+    const TokenBatch batch = source_batch(sources, first, last, vocab);
     const std::vector<int> tokens = model.greedy_decode(batch, steps, Vocabulary::kBos, use_cache, &logits);
     for (std::int64_t b = 0; b < batch.batch; ++b) {
       double confidence = 1.0;
@@ -139,6 +149,25 @@ std::vector<Translation> translate_with_confidence(Transformer<float>& model, co
       out.push_back({vocab.decode(std::span<const int>(tokens).subspan(static_cast<std::size_t>(b * steps),
                                                                        static_cast<std::size_t>(steps))),
                      confidence});
+    }
+  }
+  return out;
+}
+
+std::vector<Translation> beam_translate(Transformer<float>& model, const Vocabulary& vocab,
+                                        const std::vector<std::string>& sources, std::int64_t beams,
+                                        std::int64_t batch_size) {
+  BeamOptions options;
+  options.beams = beams;
+  options.steps = static_cast<std::int64_t>(kIsoLength) + 1;  // 10 characters and <eos>
+  options.bos = Vocabulary::kBos;
+  options.eos = Vocabulary::kEos;
+  std::vector<Translation> out;
+  for (std::size_t first = 0; first < sources.size(); first += static_cast<std::size_t>(batch_size)) {
+    const std::size_t last = std::min(sources.size(), first + static_cast<std::size_t>(batch_size));
+    for (const BeamHypothesis& h : model.beam_decode(source_batch(sources, first, last, vocab), options)) {
+      const double lowest = *std::min_element(h.log_probs.begin(), h.log_probs.end());
+      out.push_back({vocab.decode(h.tokens), std::exp(lowest)});
     }
   }
   return out;

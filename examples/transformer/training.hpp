@@ -79,6 +79,13 @@ std::vector<Translation> translate_with_confidence(Transformer<float>& model, co
                                                    const std::vector<std::string>& sources,
                                                    std::int64_t batch_size = 250, bool use_cache = true);
 
+// Beam search with `beams` beams (Transformer::beam_decode): each source's best-scoring answer, with
+// the same confidence (the lowest probability among its tokens, <eos> included). beams = 1 gives
+// translate_with_confidence's answers. Throws std::invalid_argument for beams < 1.
+std::vector<Translation> beam_translate(Transformer<float>& model, const Vocabulary& vocab,
+                                        const std::vector<std::string>& sources, std::int64_t beams,
+                                        std::int64_t batch_size = 250);
+
 // The confidence below which an answer is to be called unsure: the 1st percentile of the confidences of
 // the correct translations of `examples` (held-out data), so that 1% of correct answers on data like
 // the training data are flagged; 0 when none is correct.

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "transformer/attention_kind.hpp"
+#include "transformer/beam_search.hpp"
 #include "transformer/decoder_layer.hpp"
 #include "transformer/embedding.hpp"
 #include "transformer/encoder_layer.hpp"
@@ -27,6 +28,16 @@ struct TokenBatch {
   std::vector<int> target;                   // [B, T]: the decoder's input (<bos> y1 ... y_{T-1})
   std::int64_t source_len() const { return static_cast<std::int64_t>(source.size()) / batch; }
   std::int64_t target_len() const { return static_cast<std::int64_t>(target.size()) / batch; }
+};
+
+// What Transformer::beam_decode searches.
+struct BeamOptions {
+  std::int64_t beams = 4;  // K >= 1 hypotheses kept per source
+  std::int64_t steps = 0;  // at most this many tokens after <bos> (>= 1)
+  int bos = 1, eos = 2;    // Vocabulary::kBos, kEos
+  // Positions per page of the self-attention caches. Small, because the date task's answers have 11
+  // positions: beams then share the full pages of their common prefix, and a fork copies at most 3 rows.
+  std::int64_t page_size = 4;
 };
 
 template <class T>
@@ -54,6 +65,19 @@ class Transformer {
   // Runs in evaluation mode (restores the mode afterwards).
   std::vector<int> greedy_decode(const TokenBatch& source, std::int64_t steps, int bos, bool use_cache,
                                  std::vector<T>* step_logits = nullptr);
+
+  // Beam search (beam_search.hpp: plain log-probability scores, exact early stopping) with
+  // options.beams beams per source and at most options.steps tokens after <bos>: the best hypothesis
+  // of each source [B]. The decoder's self-attention keeps its keys and values in one mha::PagedKVCache
+  // per layer: a beam that survives a step continues as a fork of its parent's sequence (sharing its
+  // pages; a write copies only a partly filled last page), and the sequences of the step before are
+  // released. The encoder-decoder attention reads each source's memory, projected once, from a
+  // KeyValueCache of batch B, the source's K beams being K queries. Beams = 1 writes greedy_decode's
+  // tokens up to its first <eos>. Runs in evaluation mode (restores the mode afterwards). Throws
+  // std::invalid_argument for beams, steps or page_size < 1 (beam_decode.cpp). finished, when given,
+  // receives every hypothesis that finished, per source [B][...], in the order they finished.
+  std::vector<BeamHypothesis> beam_decode(const TokenBatch& source, const BeamOptions& options,
+                                          std::vector<std::vector<BeamHypothesis>>* finished = nullptr);
 
   // Head gates (AttentionBlock::set_head_gate): gate [h] multiplies each head's output before W^O in
   // the attention block `kind` of layer `layer` (0 removes the head); an empty gate removes the gate.

@@ -221,8 +221,27 @@ std::vector<tf::DateExample> map_examples(std::int64_t count, std::uint64_t seed
 
 // ---- evaluation ------------------------------------------------------------------------------------
 
+// Beam search with K beams on the held-out sources, timed, against their targets and greedy's answers.
+BeamEvaluation evaluate_beams(tf::Transformer<float>& model, const tf::Vocabulary& vocab,
+                              const std::vector<tf::DateExample>& examples, const std::vector<std::string>& sources,
+                              const std::vector<std::string>& greedy, std::int64_t beams) {
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  const std::vector<tf::Translation> answers = tf::beam_translate(model, vocab, sources, beams);
+  BeamEvaluation out;
+  out.beams = beams;
+  out.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  int correct = 0;
+  for (std::size_t i = 0; i < examples.size(); ++i) {
+    correct += answers[i].text == examples[i].target;
+    out.differs_from_greedy += answers[i].text != greedy[i];
+  }
+  out.accuracy = examples.empty() ? 0.0 : static_cast<double>(correct) / static_cast<double>(examples.size());
+  return out;
+}
+
 Evaluation evaluate(tf::Transformer<float>& model, const tf::Vocabulary& vocab,
-                    const std::vector<tf::DateExample>& examples) {
+                    const std::vector<tf::DateExample>& examples, const std::vector<std::int64_t>& beams) {
   std::vector<std::string> sources;
   for (const auto& e : examples) sources.push_back(e.source);
   using Clock = std::chrono::steady_clock;
@@ -244,6 +263,7 @@ Evaluation evaluate(tf::Transformer<float>& model, const tf::Vocabulary& vocab,
     if (!ok) ev.wrong.emplace_back(examples[i], predicted[i]);
   }
   ev.accuracy = examples.empty() ? 0.0 : static_cast<double>(correct) / static_cast<double>(examples.size());
+  for (const std::int64_t k : beams) ev.beams.push_back(evaluate_beams(model, vocab, examples, sources, predicted, k));
   return ev;
 }
 
@@ -319,7 +339,7 @@ int run_demo(const DemoOptions& o) {
              mixed ? " in bfloat16 mixed precision" : "");
   const tf::TrainingResult training = train(model, vocab, o);
 
-  const Evaluation ev = evaluate(model, vocab, held_out);
+  const Evaluation ev = evaluate(model, vocab, held_out, o.beams);
   fmt::print("  trained in {} ({:.0f} target tokens/s{})\n", minutes(training.seconds),
              static_cast<double>(training.target_tokens) / training.seconds,
              float32 ? fmt::format("; float32: {}", minutes(float32->seconds)) : "");
@@ -330,6 +350,10 @@ int run_demo(const DemoOptions& o) {
   fmt::print("  greedy decoding of the {} dates: {:.2f} s through the KV cache, {:.2f} s recomputing every prefix; "
              "same outputs: {}\n",
              held_out.size(), ev.cached_seconds, ev.full_seconds, ev.same_outputs ? "yes" : "NO");
+  for (const BeamEvaluation& b : ev.beams)
+    fmt::print("  beam search, {} beams: {:.1f}% exact match in {:.2f} s (greedy: {:.1f}% in {:.2f} s); {} answers "
+               "differ from greedy's\n",
+               b.beams, 100 * b.accuracy, b.seconds, 100 * ev.accuracy, ev.cached_seconds, b.differs_from_greedy);
 
   // What `mha translate` will run: for a bf16 run, the float32 master weights decoded in float32.
   const std::unique_ptr<tf::Transformer<float>> masters = mixed ? float32_model(model) : nullptr;

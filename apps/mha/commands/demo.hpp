@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace mha_cli {
 
@@ -25,11 +26,12 @@ struct DemoOptions {
   std::int64_t warmup = 200;
   double lr_factor = 0.5;
   std::uint64_t seed = 1;
-  std::int64_t eval_examples = 1000;  // held-out examples of the final accuracy
-  std::int64_t eval_every = 200;      // steps between the learning curve's accuracy points
-  std::int64_t map_examples = 3;      // held-out examples drawn as attention maps
-  std::string dtype = "float32";      // "bf16": mixed precision, after a float32 run for the side-by-side
-  int threads = 0;                    // 0: OpenMP's default
+  std::int64_t eval_examples = 1000;         // held-out examples of the final accuracy
+  std::int64_t eval_every = 200;             // steps between the learning curve's accuracy points
+  std::int64_t map_examples = 3;             // held-out examples drawn as attention maps
+  std::string dtype = "float32";             // "bf16": mixed precision, after a float32 run for the side-by-side
+  std::vector<std::int64_t> beams = {2, 4};  // beam widths decoded beside greedy (accuracy, time)
+  int threads = 0;                           // 0: OpenMP's default
   bool progress = true;
 };
 

@@ -82,6 +82,23 @@ std::string precision_comparison(const DemoReport& r) {
                             100 * f.checkpoint_accuracy);
 }
 
+// Greedy decoding beside beam search of each --beams width, on the same held-out dates.
+std::string beam_comparison(const DemoReport& r) {
+  const Evaluation& ev = r.evaluation;
+  std::string html = fmt::format(
+      "<p>Greedy decoding takes the likeliest character at each step; beam search keeps the K likeliest "
+      "partial answers (by the sum of their characters' log-probabilities) and returns the likeliest complete one. "
+      "Its beams keep their keys and values in the library's paged KV cache, sharing the pages of their common "
+      "prefix.</p>\n<table class=\"s\" id=\"beams\">\n<tr><th>decoding</th><th>held-out exact match ({} "
+      "dates)</th><th>decode time</th><th>answers unlike greedy's</th></tr>\n"
+      "<tr><td>greedy</td><td>{:.1f}%</td><td>{:.2f} s</td><td></td></tr>\n",
+      r.eval_count, 100 * ev.accuracy, ev.cached_seconds);
+  for (const BeamEvaluation& b : ev.beams)
+    html += fmt::format("<tr><td>beam search, {} beams</td><td>{:.1f}%</td><td>{:.2f} s</td><td>{}</td></tr>\n",
+                        b.beams, 100 * b.accuracy, b.seconds, b.differs_from_greedy);
+  return html + "</table>\n";
+}
+
 // The result, the settings and the learning curve.
 std::string result_section(const DemoReport& r) {
   const Evaluation& ev = r.evaluation;
@@ -93,6 +110,7 @@ std::string result_section(const DemoReport& r) {
                       "attends for the new position only) and {:.2f} s recomputing every prefix; the two wrote {} "
                       "outputs.</p>\n",
                       r.eval_count, ev.cached_seconds, ev.full_seconds, ev.same_outputs ? "the same" : "DIFFERENT");
+  if (!ev.beams.empty()) html += beam_comparison(r);
   if (r.float32) html += precision_comparison(r);
   html += "<table class=\"s\">\n" + settings_rows(r.options, r.parameters) + "</table>\n";
   return html + "<h2>Learning curve</h2>\n<img src=\"learning_curve.svg\" alt=\"learning curve\">\n";
@@ -336,6 +354,12 @@ void write_summary(const std::filesystem::path& path, const DemoReport& r) {
   j["decode_seconds_cached"] = ev.cached_seconds;
   j["decode_seconds_recomputed"] = ev.full_seconds;
   j["decode_same_outputs"] = ev.same_outputs;
+  j["beam_search"] = nlohmann::json::array();
+  for (const BeamEvaluation& b : ev.beams)
+    j["beam_search"].push_back({{"beams", b.beams},
+                                {"held_out_exact_match", b.accuracy},
+                                {"decode_seconds", b.seconds},
+                                {"differs_from_greedy", b.differs_from_greedy}});
   for (const VariationResult& v : r.variations)
     j["variations"].push_back({{"name", v.name},
                                {"example", v.example},

@@ -21,12 +21,21 @@ namespace mha_cli {
 
 std::string minutes(double seconds);  // "1:05"
 
+// Beam search on the held-out dates (transformer::beam_translate), beside greedy decoding.
+struct BeamEvaluation {
+  std::int64_t beams = 0;       // K
+  double accuracy = 0;          // exact match
+  double seconds = 0;           // decoding every example
+  int differs_from_greedy = 0;  // answers unlike greedy decoding's
+};
+
 struct Evaluation {
   double accuracy = 0;
   double cached_seconds = 0, full_seconds = 0;                          // greedy decoding of every example, both ways
   bool same_outputs = false;                                            // the two ways wrote the same strings
   std::map<transformer::DateFormat, std::pair<int, int>> by_format;     // (correct, total)
   std::vector<std::pair<transformer::DateExample, std::string>> wrong;  // (example, what the model wrote)
+  std::vector<BeamEvaluation> beams;                                    // one per --beams width
 };
 
 struct MapFigure {

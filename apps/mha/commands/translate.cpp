@@ -74,7 +74,8 @@ int run_translate(const TranslateOptions& options) {
     transformer::Checkpoint checkpoint = transformer::load_checkpoint(options.checkpoint);
     if (const auto it = checkpoint.metadata.find("unsure_below"); it != checkpoint.metadata.end())
       unsure_below = confidence_threshold(it->second, options.checkpoint);
-    answers = transformer::translate_with_confidence(*checkpoint.model, vocab, readable);
+    answers = options.beams == 1 ? transformer::translate_with_confidence(*checkpoint.model, vocab, readable)
+                                 : transformer::beam_translate(*checkpoint.model, vocab, readable, options.beams);
   }
   bool failed = false, unsure = false;
   for (std::size_t i = 0, next = 0; i < texts.size(); ++i) {

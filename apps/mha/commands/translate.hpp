@@ -1,6 +1,7 @@
 // `mha translate`: normalises dates with the Transformer checkpoint that `mha demo` trains.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -9,6 +10,7 @@ namespace mha_cli {
 struct TranslateOptions {
   std::vector<std::string> texts;  // empty: read lines from standard input
   std::string checkpoint = "mha-demo/checkpoint.safetensors";
+  std::int64_t beams = 1;  // 1: greedy decoding; K > 1: beam search with K beams (transformer::beam_translate)
   int threads = 0;
 };
 

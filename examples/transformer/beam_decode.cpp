@@ -77,7 +77,8 @@ std::vector<BeamHypothesis> Transformer<T>::beam_decode(const TokenBatch& source
   std::vector<SequenceId> sequences;  // [B*K]: slot j's sequence
   for (std::int64_t j = 0; j < B * K; ++j) sequences.push_back(self.add_sequence());
 
-  for (std::int64_t t = 0;; ++t) {                                     // the decoder on position t of every slot
+  // Step t: the decoder on position t of every slot, then the search keeps the best continuations.
+  for (std::int64_t t = 0;; ++t) {
     Matrix<T> y = embedding_.embed(search.next_tokens(o.bos, o.bos));  // [B*K, d]
     add_positional_encoding(y, 1, t);
     for (std::size_t i = 0; i < decoder_.size(); ++i)
@@ -96,6 +97,6 @@ std::vector<BeamHypothesis> Transformer<T>::beam_decode(const TokenBatch& source
 template std::vector<BeamHypothesis> Transformer<float>::beam_decode(const TokenBatch&, const BeamOptions&,
                                                                      std::vector<std::vector<BeamHypothesis>>*);
 template std::vector<BeamHypothesis> Transformer<double>::beam_decode(const TokenBatch&, const BeamOptions&,
-                                                                     std::vector<std::vector<BeamHypothesis>>*);
+                                                                      std::vector<std::vector<BeamHypothesis>>*);
 
 }  // namespace transformer

@@ -71,8 +71,8 @@ class BeamSearch {
 
   std::int64_t beams_, max_steps_, steps_ = 0;
   int eos_;
-  std::vector<BeamHypothesis> live_;      // [B*K]; an empty slot has score -inf
-  std::vector<BeamHypothesis> finished_;  // [B]: the best finished so far (score -inf: none)
+  std::vector<BeamHypothesis> live_;                       // [B*K]; an empty slot has score -inf
+  std::vector<BeamHypothesis> finished_;                   // [B]: the best finished so far (score -inf: none)
   std::vector<std::vector<BeamHypothesis>> all_finished_;  // [B][...]
 };
 

@@ -555,8 +555,9 @@ inline void expect_fused_within_the_rule(const KernelCase& c) {
   const KernelRun ref64 = run_kernel(c, d, DType::Float64, mha::Kernel::Reference, true);
   EXPECT_TRUE(within_rule("out", fused.out, ref32.out, ref64.out, 2.0, {c.B, c.h, c.L, c.d_v}));
   EXPECT_TRUE(within_rule("lse", fused.lse, ref32.lse, ref64.lse, 2.0, {c.B, c.h, c.L}));
-  if (c.need_weights)
+  if (c.need_weights) {
     EXPECT_TRUE(within_rule("weights", fused.weights, ref32.weights, ref64.weights, 2.0, {c.B, c.h, c.L, c.S}));
+  }
   EXPECT_TRUE(
       within_rule("dq", fused.dq, ref32.dq, ref64.dq, 3.0, {c.B, c.h, c.L, c.d_k}, cancellation_slack(c, d, false)));
   EXPECT_TRUE(within_rule("dk", fused.dk, ref32.dk, ref64.dk, 3.0, {c.B, c.kv_heads(), c.S, c.d_k},

@@ -226,3 +226,24 @@ def test_grouped_query_layer_refuses_num_kv_heads_that_do_not_divide():
     layer = mha.MultiheadAttention(8, 4, num_kv_heads=2)
     assert "num_kv_heads=2" in repr(layer)
     assert layer.state_dict()["k_proj_weight"].shape == (4, 8)
+
+
+@pytest.mark.parametrize("kernel", ["flash", "reference"])
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_softcap_caps_an_infinite_logit_and_the_nan_stays_where_ieee_puts_it(kernel, sign):
+    """An Inf in a key makes its logit +-inf; soft-capping turns that into +-softcap (tanh(+-inf) = +-1),
+    so the output stays finite, and its slope 1 - tanh^2 = 0 stops dS there; dq's component along the
+    Inf is 0 * Inf = NaN, as the arithmetic says, in both kernels."""
+    q = np.ones((1, 1, 2, 16), np.float32)
+    k = np.ones((1, 1, 3, 16), np.float32)
+    v = (np.arange(48, dtype=np.float32) / 10).reshape(1, 1, 3, 16)
+    k[0, 0, 1, 3] = sign * np.inf
+    cap = 5.0
+    out, lse = mha.scaled_dot_product_attention(q, k, v, softcap=cap, kernel=kernel, need_lse=True)
+    logits = cap * np.tanh(np.array([16.0, sign * np.inf, 16.0]) / 4.0 / cap)  # q.k / sqrt(16), capped
+    weights = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
+    assert np.allclose(out[0, 0], np.broadcast_to(weights @ v[0, 0], (2, 16)), rtol=1e-5)
+    dq, dk, dv = mha.scaled_dot_product_attention_backward(np.ones_like(out), q, k, v, out, lse, softcap=cap,
+                                                           kernel=kernel)
+    assert np.isnan(dq[0, 0, :, 3]).all() and np.isfinite(np.delete(dq[0, 0], 3, axis=1)).all()
+    assert (dk[0, 0, 1] == 0).all() and np.isfinite(dk).all() and np.isfinite(dv).all()

@@ -120,19 +120,7 @@ TEST_P(WindowFlash, ForwardAndBackwardWithinTheRule) {
   c.need_weights = true;
   c.amplitude = 2.0;
   if (kSanitized) c.L = std::min<std::int64_t>(c.L, 40), c.S = std::min<std::int64_t>(c.S, 50);
-  const CaseData d = make_case_data(c);
-  const KernelRun fused = run_kernel(c, d, DType::Float32, mha::Kernel::Flash, true);
-  const KernelRun ref32 = run_kernel(c, d, DType::Float32, mha::Kernel::Reference, true);
-  const KernelRun ref64 = run_kernel(c, d, DType::Float64, mha::Kernel::Reference, true);
-  EXPECT_TRUE(within_rule("out", fused.out, ref32.out, ref64.out, 2.0, {c.B, c.h, c.L, c.d_v}));
-  EXPECT_TRUE(within_rule("lse", fused.lse, ref32.lse, ref64.lse, 2.0, {c.B, c.h, c.L}));
-  EXPECT_TRUE(within_rule("weights", fused.weights, ref32.weights, ref64.weights, 2.0, {c.B, c.h, c.L, c.S}));
-  EXPECT_TRUE(
-      within_rule("dq", fused.dq, ref32.dq, ref64.dq, 3.0, {c.B, c.h, c.L, c.d_k}, cancellation_slack(c, d, false)));
-  EXPECT_TRUE(within_rule("dk", fused.dk, ref32.dk, ref64.dk, 3.0, {c.B, c.kv_heads(), c.S, c.d_k},
-                          static_cast<double>(c.group()) * cancellation_slack(c, d, true)));
-  EXPECT_TRUE(within_rule("dv", fused.dv, ref32.dv, ref64.dv, 3.0, {c.B, c.kv_heads(), c.S, c.d_v}));
-  EXPECT_TRUE(masked_parts_exact(c, d.masks, fused));
+  expect_fused_within_the_rule(c);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, WindowFlash, ::testing::ValuesIn(kWindowShapes),

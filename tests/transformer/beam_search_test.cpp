@@ -237,7 +237,8 @@ TEST(BeamDecode, RefusesBadOptions) {
   EXPECT_THROW(model.beam_decode(sources, beam_options(2, 5, 0)), std::invalid_argument);
 }
 
-// A date model trained briefly (about half its answers right, so that beams have choices to make): on
+// A date model trained briefly (unsure enough that beams have choices to make: 49 of the 200 (K, date)
+// pairs scored higher than greedy when this was written, with 1 or 2 threads): on
 // 100 held-out dates, one beam writes greedy's answers, and 2 and 4 beams return answers that the full
 // forward scores at least as high as greedy's. (Beam search does not promise this in general: the
 // greedy prefix can be pushed out of the beams by K better-scoring ones that later fall below it; the

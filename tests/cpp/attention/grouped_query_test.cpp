@@ -4,8 +4,8 @@
 //       key/value head repeated for its group (the plain multi-head path, checked against finite
 //       differences in gradients_test.cpp), dk and dv being the sums of the repeated heads' gradients
 //       over each group; on 120 seeded configurations (15 under sanitizers);
-//   (b) the fused kernel on hand-picked grouped shapes where its stacked tiles are awkward (one query
-//       row, more heads in a group than a tile has rows, causal with L > S), forward and backward,
+//   (b) the fused kernel on hand-picked grouped shapes where its group items are awkward (one query
+//       row, 160 heads on one key/value head, causal with L > S), forward and backward,
 //       within the float32 rule against the float64 reference (the random sweeps of
 //       flash_vs_reference_test.cpp, gradients_test.cpp and bfloat16_test.cpp draw grouped heads too);
 //   (c) bfloat16 determinism with grouped heads (float32's is in flash_properties_test.cpp);
@@ -119,7 +119,7 @@ struct GroupedShape {
 
 const GroupedShape kShapes[] = {
     {"decode_one_row_8_per_group", 2, 8, 1, 1, 300, 64, 64, kCmpLengths, true, Layout::Interleaved},
-    {"group_taller_than_a_tile", 1, 160, 1, 3, 40, 16, 8, kCmpKeyPadding, false, Layout::Contiguous},
+    {"one_kv_head_for_160_heads", 1, 160, 1, 3, 40, 16, 8, kCmpKeyPadding, false, Layout::Contiguous},
     {"three_per_group_blocks", 2, 12, 4, kBlockQ + 1, kBlockK + 1, 32, 24, kCmpBool3d, true, Layout::Interleaved},
     {"causal_L_gt_S", 1, 6, 3, 300, 5, 8, 8, kCmpFloat3d, true, Layout::PaddedRows},
     {"odd_rows_per_head", 1, 5, 1, 77, 260, 59, 111, kCmpKeyPadding | kCmpFloat2d, false, Layout::Contiguous},

@@ -37,6 +37,13 @@ def test_prints_bandwidth_rows_and_targets(decode_run):
     assert not skipped
     assert measured == {(d, b, t, n) for d in ("f32", "bf16") for b in (1, 2) for t in (100, 300) for n in (1, 2)}
     assert "Targets (issue 13)" in stdout and stdout.count(" rows, worst ") == 3
+    # Each row names the read bandwidth it is compared with (measured around its group), and its share of it.
+    for r in rows:
+        bandwidth = float(r[5].rstrip("!"))
+        packed_rate, packed_share = float(r[8]), float(r[9].rstrip("%"))
+        assert bandwidth > 0 and packed_share == pytest.approx(100 * packed_rate / bandwidth, abs=1.5)
+    assert re.search(r"the read bandwidth itself, 2 threads over 1, beside those rows: \d+\.\d\dx to \d+\.\d\dx",
+                     stdout) is None  # no cache here exceeds the last-level cache: no scaling rows
 
 
 def test_skips_caches_over_the_cap(tmp_path):
@@ -56,5 +63,26 @@ def test_json_has_every_row(decode_run):
     assert len(report["runs"]) == 16
     for run in report["runs"]:
         assert run["packed_median_s"] > 0 and run["per_head_median_s"] > 0
+        assert run["read_bandwidth_bytes_per_s"] > 0 and isinstance(run["read_bandwidth_moved"], bool)
+        assert run["packed_fraction_of_bandwidth"] == pytest.approx(
+            run["cache_bytes"] / run["packed_median_s"] / run["read_bandwidth_bytes_per_s"])
         assert run["cache_bytes"] == run["batch"] * run["context"] * 8 * 2 * 128 * (4 if run["dtype"] == "f32" else 2)
     assert [t["target"] for t in report["targets"]][2].startswith("packed over per head")
+
+
+def test_scaling_target_names_the_read_bandwidths_own_scaling(tmp_path):
+    # One context whose caches (160 MiB float32, 80 MiB bf16) exceed the last-level cache of these machines.
+    args = [str(MHA), "bench", "--decode", "--contexts", "20480", "--batches", "1", "--threads", "1,2",
+            "--bandwidth-mib", "64", "--out", str(tmp_path)]
+    result = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"2 threads over 1 at batch 1, caches over the last-level cache: 2 rows, worst \d+\.\d\dx",
+                     result.stdout)
+    match = re.search(r"the read bandwidth itself, 2 threads over 1, beside those rows: (\d+\.\d\d)x to (\d+\.\d\d)x",
+                      result.stdout)
+    report = json.loads((tmp_path / "bench-decode.json").read_text())
+    by = {(run["dtype"], run["threads"]): run["read_bandwidth_bytes_per_s"] for run in report["runs"]}
+    ratios = [by[(d, 2)] / by[(d, 1)] for d in ("f32", "bf16")]  # each group's own bracket
+    low, high = report["targets"][1]["read_bandwidth_scaling"]
+    assert (low, high) == (pytest.approx(min(ratios)), pytest.approx(max(ratios)))
+    assert match and (float(match.group(1)), float(match.group(2))) == (round(low, 2), round(high, 2))

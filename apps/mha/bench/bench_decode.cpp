@@ -2,7 +2,9 @@
 // run (issue 13's benchmark; results in docs/PERFORMANCE.md).
 //
 //   bandwidth   a streaming SIMD sum of a buffer 8x the last-level cache, best of several passes, at each
-//               thread count (read_bandwidth.hpp)
+//               thread count (read_bandwidth.hpp): once at the start, then again just before and just after
+//               each group of rows (one dtype, batch and context), since on a shared machine it moves by
+//               2x within minutes; a row is compared with the better of its group's two
 //   decode      mha::decode_attention, h 32, h_kv 8, d_k = d_v 128, one new query per sequence, for each
 //               context length (tokens per sequence) and batch (sequences per step), float32 and bf16
 //               caches (caches over --max-cache-gib skipped): the median time of a step; the K/V bytes
@@ -18,6 +20,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -87,17 +90,19 @@ struct Row {
   std::int64_t batch = 0, context = 0, cache_bytes = 0;
   int threads = 0;
   Timing packed, per_head;
-  double bandwidth = 0;  // bytes/s at this thread count
+  double bandwidth = 0;          // bytes/s at this thread count: the better of before and after the group
+  bool bandwidth_moved = false;  // before and after differed by more than 15%
   double rate(const Timing& t) const { return static_cast<double>(cache_bytes) / t.median_s; }
 };
 
 void print_row(const Row& r, std::int64_t llc) {
   fmt::print(
-      "{:>6} {:>5} {:>7} {:>9.0f} {:>4}{} | {:>9.3f} {:>7.1f} {:>5.0f}% | {:>9.3f} {:>7.1f} {:>5.0f}% | {:>6.2f}x\n",
+      "{:>6} {:>5} {:>7} {:>9.0f} {:>4}{} {:>6.1f}{} | {:>9.3f} {:>7.1f} {:>5.0f}% | {:>9.3f} {:>7.1f} {:>5.0f}% | "
+      "{:>6.2f}x\n",
       r.dtype, r.batch, context_name(r.context), static_cast<double>(r.cache_bytes) / (1 << 20), r.threads,
-      r.cache_bytes > llc ? " " : "*", 1e3 * r.packed.median_s, r.rate(r.packed) * 1e-9,
-      100 * r.rate(r.packed) / r.bandwidth, 1e3 * r.per_head.median_s, r.rate(r.per_head) * 1e-9,
-      100 * r.rate(r.per_head) / r.bandwidth, r.per_head.median_s / r.packed.median_s);
+      r.cache_bytes > llc ? " " : "*", r.bandwidth * 1e-9, r.bandwidth_moved ? "!" : " ", 1e3 * r.packed.median_s,
+      r.rate(r.packed) * 1e-9, 100 * r.rate(r.packed) / r.bandwidth, 1e3 * r.per_head.median_s,
+      r.rate(r.per_head) * 1e-9, 100 * r.rate(r.per_head) / r.bandwidth, r.per_head.median_s / r.packed.median_s);
 }
 
 nlohmann::json row_json(const Row& r) {
@@ -111,6 +116,7 @@ nlohmann::json row_json(const Row& r) {
           {"per_head_median_s", r.per_head.median_s},
           {"per_head_min_s", r.per_head.min_s},
           {"read_bandwidth_bytes_per_s", r.bandwidth},
+          {"read_bandwidth_moved", r.bandwidth_moved},
           {"packed_fraction_of_bandwidth", r.rate(r.packed) / r.bandwidth},
           {"per_head_fraction_of_bandwidth", r.rate(r.per_head) / r.bandwidth}};
 }
@@ -119,6 +125,7 @@ nlohmann::json row_json(const Row& r) {
 nlohmann::json check_targets(const std::vector<Row>& rows, std::int64_t llc) {
   nlohmann::json t = nlohmann::json::array();
   double worst_fraction = 1e9, worst_packing = 1e9, worst_scaling = 1e9;
+  double stream_low = 1e9, stream_high = 0;  // the read bandwidth's own 2-over-1 ratio beside those rows
   int fraction_rows = 0, scaling_rows = 0;
   for (const Row& r : rows) {
     worst_packing = std::min(worst_packing, r.per_head.median_s / r.packed.median_s);
@@ -131,6 +138,8 @@ nlohmann::json check_targets(const std::vector<Row>& rows, std::int64_t llc) {
       if (one.threads == 1 && one.batch == 1 && one.context == r.context && one.dtype == r.dtype &&
           r.cache_bytes > llc) {
         worst_scaling = std::min(worst_scaling, one.packed.median_s / r.packed.median_s);
+        stream_low = std::min(stream_low, r.bandwidth / one.bandwidth);
+        stream_high = std::max(stream_high, r.bandwidth / one.bandwidth);
         ++scaling_rows;
       }
   }
@@ -145,6 +154,11 @@ nlohmann::json check_targets(const std::vector<Row>& rows, std::int64_t llc) {
   fmt::print("\nTargets (issue 13), from the packed medians:\n");
   line("fraction of the read bandwidth, caches over the last-level cache", fraction_rows, worst_fraction, 0.8, "");
   line("2 threads over 1 at batch 1, caches over the last-level cache", scaling_rows, worst_scaling, 1.7, "x");
+  if (scaling_rows > 0) {
+    fmt::print("    (the read bandwidth itself, 2 threads over 1, beside those rows: {:.2f}x to {:.2f}x)\n", stream_low,
+               stream_high);
+    t.back()["read_bandwidth_scaling"] = {stream_low, stream_high};
+  }
   line("packed over per head (h / h_kv = 4)", static_cast<int>(rows.size()), worst_packing, 3.0, "x");
   return t;
 }
@@ -166,22 +180,32 @@ int run_bench_decode(const BenchOptions& options, const std::string& command) {
                            {"head_dim", kDim},
                            {"page_size", options.decode_page_size},
                            {"load_start", load_average()}};
-  const std::int64_t buffer = options.bandwidth_mib > 0 ? options.bandwidth_mib << 20 : 8 * llc;
-  std::vector<double> bandwidth;
+  const ReadBandwidthProbe probe(options.bandwidth_mib > 0 ? options.bandwidth_mib << 20 : 8 * llc);
   for (const int threads : options.threads) {
     mha::set_num_threads(threads);
-    const ReadBandwidth bw = measure_read_bandwidth(buffer, 7);
-    bandwidth.push_back(bw.bytes_per_s);
+    const ReadBandwidth bw = probe.measure(7);
     fmt::print("read bandwidth, {} thread(s), {} MiB buffer: {:.1f} GB/s (best of 7 passes)\n", threads,
                bw.buffer_bytes >> 20, bw.bytes_per_s * 1e-9);
     report["read_bandwidth"].push_back(
         {{"threads", threads}, {"bytes_per_s", bw.bytes_per_s}, {"buffer_bytes", bw.buffer_bytes}});
   }
+  // The read bandwidth at each thread count, best of 3 passes (a group's bracket).
+  auto bandwidths = [&] {
+    std::vector<double> bw;
+    for (const int threads : options.threads) {
+      mha::set_num_threads(threads);
+      bw.push_back(probe.measure(3).bytes_per_s);
+    }
+    return bw;
+  };
   fmt::print("\nDecode step: h {}, h_kv {}, d {}, one query per sequence, pages of {} tokens; time = median of the "
-             "steps; GB/s = K/V bytes in the cache / time; * = cache within the last-level cache\n",
+             "steps; GB/s = K/V bytes in the cache / time; * = cache within the last-level cache; bw = the read "
+             "bandwidth (GB/s) at the same thread count, the better of just before and just after the row's group, "
+             "! where the two differed by more than 15%%\n",
              kHeads, kKvHeads, kDim, options.decode_page_size);
-  fmt::print("{:>6} {:>5} {:>7} {:>9} {:>4}  | {:>9} {:>7} {:>6} | {:>9} {:>7} {:>6} | {:>7}\n", "dtype", "batch",
-             "context", "cache MiB", "thr", "packed ms", "GB/s", "of bw", "head ms", "GB/s", "of bw", "packing");
+  fmt::print("{:>6} {:>5} {:>7} {:>9} {:>4}  {:>6}  | {:>9} {:>7} {:>6} | {:>9} {:>7} {:>6} | {:>7}\n", "dtype",
+             "batch", "context", "cache MiB", "thr", "bw", "packed ms", "GB/s", "of bw", "head ms", "GB/s", "of bw",
+             "packing");
   const RepeatPolicy policy{.warmup = 1, .min_reps = 5, .max_reps = 30, .min_time_s = 0.3, .max_time_s = 3.0};
   std::vector<Row> rows;
   for (const DType dtype : {DType::Float32, DType::BFloat16}) {
@@ -198,15 +222,24 @@ int run_bench_decode(const BenchOptions& options, const std::string& command) {
         const Tensor q =
             Tensor::copy_of(fill_block(3, DType::Float32).reshaped({kFillTokens * kKvHeads, kDim}).view(), dtype);
         const mha::TensorView q_step(q.data(), dtype, {B, 1, kHeads, kDim});
+        const std::vector<double> before = bandwidths();
+        std::vector<Row> group;
         for (std::size_t ti = 0; ti < options.threads.size(); ++ti) {
           mha::set_num_threads(options.threads[ti]);
-          Row r{dtype == DType::Float32 ? "f32" : "bf16", B, T, bytes, options.threads[ti], {}, {}, bandwidth[ti]};
+          Row r{dtype == DType::Float32 ? "f32" : "bf16", B, T, bytes, options.threads[ti], {}, {}};
           auto step = [&](Mode mode) {
             return measure([&] { (void)mha::detail::decode_attention_with_mode(q_step, c.cache, c.ids, {}, mode); },
                            policy);
           };
           r.packed = step(Mode::GroupPacked);
           r.per_head = step(Mode::PerHead);
+          group.push_back(r);
+        }
+        const std::vector<double> after = bandwidths();
+        for (std::size_t ti = 0; ti < group.size(); ++ti) {
+          Row& r = group[ti];
+          r.bandwidth = std::max(before[ti], after[ti]);
+          r.bandwidth_moved = std::abs(before[ti] - after[ti]) > 0.15 * r.bandwidth;
           print_row(r, llc);
           rows.push_back(r);
           report["runs"].push_back(row_json(r));

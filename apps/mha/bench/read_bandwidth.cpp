@@ -1,4 +1,4 @@
-// measure_read_bandwidth (read_bandwidth.hpp): four independent vector sums per thread (no dependency
+// ReadBandwidthProbe (read_bandwidth.hpp): four independent vector sums per thread (no dependency
 // chain limits the loads), dispatched to the best SIMD target of the machine like the library's kernels.
 #include "bench/read_bandwidth.hpp"
 
@@ -13,7 +13,6 @@
 #include <fstream>
 #include <string>
 
-#include "hwy/aligned_allocator.h"
 #include "hwy/highway.h"
 #include "mha/attention.hpp"
 
@@ -57,27 +56,32 @@ std::int64_t last_level_cache_bytes() {
   return best > 0 ? best : std::int64_t{32} << 20;
 }
 
-ReadBandwidth measure_read_bandwidth(std::int64_t bytes, int reps) {
+ReadBandwidthProbe::ReadBandwidthProbe(std::int64_t bytes)
+    : buffer_(mha::Tensor::uninitialized(mha::DType::Float32, {std::max<std::int64_t>(bytes / 4, 1)})) {
+  float* x = buffer_.data_as<float>();
+  const std::int64_t n = buffer_.numel();
+#pragma omp parallel for schedule(static)
+  for (std::int64_t i = 0; i < n; ++i) x[i] = 1.0f;
+}
+
+ReadBandwidth ReadBandwidthProbe::measure(int reps) const {
   const int threads = mha::num_threads();
   constexpr std::int64_t kPart = 4096;  // floats: every thread's part a multiple of any 4 vectors
-  const std::int64_t per_thread = std::max<std::int64_t>(1, bytes / 4 / threads / kPart) * kPart;
-  const std::int64_t n = per_thread * threads;
-  auto buffer = hwy::AllocateAligned<float>(static_cast<std::size_t>(n));
+  const std::int64_t per_thread = std::max<std::int64_t>(1, buffer_.numel() / threads / kPart) * kPart;
+  const int parts = static_cast<int>(std::min<std::int64_t>(threads, buffer_.numel() / per_thread));  // that fit
+  const float* x = buffer_.data_as<float>();
   volatile float sink = 0;
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (int t = 0; t < threads; ++t) std::fill(buffer.get() + t * per_thread, buffer.get() + (t + 1) * per_thread, 1.0f);
   double best = 0;
   for (int rep = 0; rep < reps; ++rep) {
     const auto start = std::chrono::steady_clock::now();
     float total = 0;
-#pragma omp parallel for schedule(static) num_threads(threads) reduction(+ : total)
-    for (int t = 0; t < threads; ++t)
-      total += HWY_DYNAMIC_DISPATCH(SumFloats)(buffer.get() + t * per_thread, per_thread);
+#pragma omp parallel for schedule(static) num_threads(parts) reduction(+ : total)
+    for (int t = 0; t < parts; ++t) total += HWY_DYNAMIC_DISPATCH(SumFloats)(x + t * per_thread, per_thread);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     sink = sink + total;
-    best = std::max(best, static_cast<double>(n) * 4 / s);
+    best = std::max(best, static_cast<double>(parts * per_thread) * 4 / s);
   }
-  return {threads, best, n * 4};
+  return {parts, best, parts * per_thread * 4};
 }
 
 }  // namespace mha_cli::bench

@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "mha/tensor.hpp"
+
 namespace mha_cli::bench {
 
 // The last-level cache of CPU 0 in bytes (sysfs), 32 MiB when it cannot be read.
@@ -15,8 +17,16 @@ struct ReadBandwidth {
   std::int64_t buffer_bytes = 0;
 };
 
-// Sums a buffer of `bytes` (filled once, first touched by the threads that read it) `reps` times
-// with mha::num_threads() threads, each reading one contiguous part with Highway's widest vectors.
-ReadBandwidth measure_read_bandwidth(std::int64_t bytes, int reps);
+// A buffer of `bytes` to sum again and again: allocated and filled once (as a mha::Tensor, so on the same
+// huge-page storage as a PagedKVCache's pool), then each measure() sums it `reps` times with
+// mha::num_threads() threads, each reading one contiguous part with Highway's widest vectors.
+class ReadBandwidthProbe {
+ public:
+  explicit ReadBandwidthProbe(std::int64_t bytes);
+  ReadBandwidth measure(int reps) const;
+
+ private:
+  mha::Tensor buffer_;
+};
 
 }  // namespace mha_cli::bench

@@ -20,6 +20,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -92,17 +93,19 @@ struct Row {
   Timing packed, per_head;
   double bandwidth = 0;          // bytes/s at this thread count: the better of before and after the group
   bool bandwidth_moved = false;  // before and after differed by more than 15%
+  double steal_fraction = 0;     // of the group's CPU time, taken by the hypervisor for others
   double rate(const Timing& t) const { return static_cast<double>(cache_bytes) / t.median_s; }
 };
 
 void print_row(const Row& r, std::int64_t llc) {
   fmt::print(
-      "{:>6} {:>5} {:>7} {:>9.0f} {:>4}{} {:>6.1f}{} | {:>9.3f} {:>7.1f} {:>5.0f}% | {:>9.3f} {:>7.1f} {:>5.0f}% | "
+      "{:>6} {:>5} {:>7} {:>9.0f} {:>4}{} {:>6.1f}{}{} | {:>9.3f} {:>7.1f} {:>5.0f}% | {:>9.3f} {:>7.1f} {:>5.0f}% | "
       "{:>6.2f}x\n",
       r.dtype, r.batch, context_name(r.context), static_cast<double>(r.cache_bytes) / (1 << 20), r.threads,
-      r.cache_bytes > llc ? " " : "*", r.bandwidth * 1e-9, r.bandwidth_moved ? "!" : " ", 1e3 * r.packed.median_s,
-      r.rate(r.packed) * 1e-9, 100 * r.rate(r.packed) / r.bandwidth, 1e3 * r.per_head.median_s,
-      r.rate(r.per_head) * 1e-9, 100 * r.rate(r.per_head) / r.bandwidth, r.per_head.median_s / r.packed.median_s);
+      r.cache_bytes > llc ? " " : "*", r.bandwidth * 1e-9, r.bandwidth_moved ? "!" : " ",
+      r.steal_fraction > 0.02 ? "~" : " ", 1e3 * r.packed.median_s, r.rate(r.packed) * 1e-9,
+      100 * r.rate(r.packed) / r.bandwidth, 1e3 * r.per_head.median_s, r.rate(r.per_head) * 1e-9,
+      100 * r.rate(r.per_head) / r.bandwidth, r.per_head.median_s / r.packed.median_s);
 }
 
 nlohmann::json row_json(const Row& r) {
@@ -117,6 +120,7 @@ nlohmann::json row_json(const Row& r) {
           {"per_head_min_s", r.per_head.min_s},
           {"read_bandwidth_bytes_per_s", r.bandwidth},
           {"read_bandwidth_moved", r.bandwidth_moved},
+          {"steal_fraction", r.steal_fraction},
           {"packed_fraction_of_bandwidth", r.rate(r.packed) / r.bandwidth},
           {"per_head_fraction_of_bandwidth", r.rate(r.per_head) / r.bandwidth}};
 }
@@ -145,10 +149,13 @@ nlohmann::json check_targets(const std::vector<Row>& rows, std::int64_t llc) {
   }
   auto line = [&](const char* what, int n, double worst, double target, const char* unit) {
     const bool met = n > 0 && worst >= target;
+    if (n == 0) {
+      fmt::print("  {}: no rows (target >= {:.2f}{})\n", what, target, unit);
+      t.push_back({{"target", what}, {"rows", 0}, {"worst", nullptr}, {"goal", target}, {"met", false}});
+      return;
+    }
     fmt::print("  {}: {} rows, worst {:.2f}{} (target >= {:.2f}{}): {}\n", what, n, worst, unit, target, unit,
-               n == 0 ? "no rows"
-               : met  ? "met"
-                      : "NOT met");
+               met ? "met" : "NOT met");
     t.push_back({{"target", what}, {"rows", n}, {"worst", worst}, {"goal", target}, {"met", met}});
   };
   fmt::print("\nTargets (issue 13), from the packed medians:\n");
@@ -180,6 +187,7 @@ int run_bench_decode(const BenchOptions& options, const std::string& command) {
                            {"head_dim", kDim},
                            {"page_size", options.decode_page_size},
                            {"load_start", load_average()}};
+  const double run_steal_start = steal_seconds();
   const ReadBandwidthProbe probe(options.bandwidth_mib > 0 ? options.bandwidth_mib << 20 : 8 * llc);
   for (const int threads : options.threads) {
     mha::set_num_threads(threads);
@@ -201,9 +209,10 @@ int run_bench_decode(const BenchOptions& options, const std::string& command) {
   fmt::print("\nDecode step: h {}, h_kv {}, d {}, one query per sequence, pages of {} tokens; time = median of the "
              "steps; GB/s = K/V bytes in the cache / time; * = cache within the last-level cache; bw = the read "
              "bandwidth (GB/s) at the same thread count, the better of just before and just after the row's group, "
-             "! where the two differed by more than 15%%\n",
+             "! where the two differed by more than 15%; ~ where the hypervisor took more than 2% of the group's CPU "
+             "time (steal)\n",
              kHeads, kKvHeads, kDim, options.decode_page_size);
-  fmt::print("{:>6} {:>5} {:>7} {:>9} {:>4}  {:>6}  | {:>9} {:>7} {:>6} | {:>9} {:>7} {:>6} | {:>7}\n", "dtype",
+  fmt::print("{:>6} {:>5} {:>7} {:>9} {:>4}  {:>6}   | {:>9} {:>7} {:>6} | {:>9} {:>7} {:>6} | {:>7}\n", "dtype",
              "batch", "context", "cache MiB", "thr", "bw", "packed ms", "GB/s", "of bw", "head ms", "GB/s", "of bw",
              "packing");
   const RepeatPolicy policy{.warmup = 1, .min_reps = 5, .max_reps = 30, .min_time_s = 0.3, .max_time_s = 3.0};
@@ -223,6 +232,8 @@ int run_bench_decode(const BenchOptions& options, const std::string& command) {
             Tensor::copy_of(fill_block(3, DType::Float32).reshaped({kFillTokens * kKvHeads, kDim}).view(), dtype);
         const mha::TensorView q_step(q.data(), dtype, {B, 1, kHeads, kDim});
         const std::vector<double> before = bandwidths();
+        const double steal_start = steal_seconds();
+        const auto wall_start = std::chrono::steady_clock::now();
         std::vector<Row> group;
         for (std::size_t ti = 0; ti < options.threads.size(); ++ti) {
           mha::set_num_threads(options.threads[ti]);
@@ -235,11 +246,14 @@ int run_bench_decode(const BenchOptions& options, const std::string& command) {
           r.per_head = step(Mode::PerHead);
           group.push_back(r);
         }
+        const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
+        const double steal = (steal_seconds() - steal_start) / (wall * std::max(m.logical_cpus, 1));
         const std::vector<double> after = bandwidths();
         for (std::size_t ti = 0; ti < group.size(); ++ti) {
           Row& r = group[ti];
           r.bandwidth = std::max(before[ti], after[ti]);
           r.bandwidth_moved = std::abs(before[ti] - after[ti]) > 0.15 * r.bandwidth;
+          r.steal_fraction = steal;
           print_row(r, llc);
           rows.push_back(r);
           report["runs"].push_back(row_json(r));
@@ -249,7 +263,10 @@ int run_bench_decode(const BenchOptions& options, const std::string& command) {
   }
   report["targets"] = check_targets(rows, llc);
   report["load_end"] = load_average();
-  fmt::print("load average at the end: {}\n", load_average());
+  report["steal_seconds"] = steal_seconds() - run_steal_start;
+  fmt::print("load average at the end: {}; CPU time taken by the hypervisor for others (steal) during the run: "
+             "{:.1f} s\n",
+             load_average(), report["steal_seconds"].get<double>());
   double load = 0;
   for (const std::string& at : {report["load_start"].get<std::string>(), report["load_end"].get<std::string>()})
     load = std::max(load, std::atof(at.c_str()));  // the 1-minute average, first of the three

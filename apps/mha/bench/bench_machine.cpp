@@ -103,4 +103,14 @@ std::string load_average() {
   return fmt::format("{} {} {}", one, five, fifteen);
 }
 
+double steal_seconds() {
+  std::ifstream in("/proc/stat");
+  std::string cpu;
+  double ticks[8] = {};  // user nice system idle iowait irq softirq steal
+  if (!(in >> cpu) || cpu != "cpu") return 0;
+  for (double& t : ticks)
+    if (!(in >> t)) return 0;
+  return ticks[7] / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
 }  // namespace mha_cli::bench

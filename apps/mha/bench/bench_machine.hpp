@@ -26,5 +26,8 @@ MachineInfo describe_machine();
 
 // /proc/loadavg's 1, 5 and 15 minute load averages, e.g. "0.52 0.61 0.70": how busy the machine was.
 std::string load_average();
+// CPU time the hypervisor gave to others while our virtual CPUs wanted to run ("steal" in /proc/stat,
+// all CPUs together), in seconds since boot; 0 where it cannot be read.
+double steal_seconds();
 
 }  // namespace mha_cli::bench

@@ -19,6 +19,8 @@
 namespace transformer {
 namespace {
 
+using testing::short_training;
+using testing::small_date_config;
 using testing::tiny_config;
 constexpr int kBos = 1, kEos = 2;
 
@@ -245,21 +247,8 @@ TEST(BeamDecode, RefusesBadOptions) {
 // test checks that it holds for this model.)
 TEST(BeamDecode, OnATrainedModelBeamsScoreAtLeastGreedy) {
   Vocabulary vocab;
-  TransformerConfig model_config;
-  model_config.vocab = vocab.size();
-  model_config.d_model = 32;
-  model_config.heads = 2;
-  model_config.d_ff = 64;
-  model_config.encoder_layers = 1;
-  model_config.decoder_layers = 1;
-  Transformer<float> model(model_config, 3);
-  TrainingConfig config;
-  config.steps = 300;
-  config.batch_size = 32;
-  config.warmup = 100;
-  config.lr_factor = 1.0;
-  config.eval_every = 300;
-  config.eval_examples = 20;
+  Transformer<float> model(small_date_config(vocab.size()), 3);
+  const TrainingConfig config = short_training(/*steps=*/300, /*warmup=*/100, /*lr_factor=*/1.0, /*eval_every=*/300);
   train_on_dates(model, vocab, config);
   const std::vector<DateExample> dates = sample_dates(Split::HeldOut, 5, 100);
   const TokenBatch sources = token_batch(make_batch(dates, vocab));

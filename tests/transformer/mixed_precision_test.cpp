@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include "tiny_config.hpp"
 #include "transformer/linear_products.hpp"
 #include "transformer/training.hpp"
 #include "transformer/transformer.hpp"
@@ -17,18 +18,8 @@
 namespace transformer {
 namespace {
 
-// 1 + 1 layers, d_model 32, 2 heads, d_ff 64: small enough for a few hundred steps in seconds.
-TransformerConfig small_config(const Vocabulary& vocab, Compute compute) {
-  TransformerConfig c;
-  c.vocab = vocab.size();
-  c.d_model = 32;
-  c.heads = 2;
-  c.d_ff = 64;
-  c.encoder_layers = 1;
-  c.decoder_layers = 1;
-  c.compute = compute;
-  return c;
-}
+using testing::short_training;
+using testing::small_date_config;
 
 bool is_bfloat16_number(float x) { return static_cast<float>(mha::bfloat16(x)) == x; }
 
@@ -90,13 +81,9 @@ TEST(MixedPrecision, LinearProductsMultiplyTheBf16RoundingsAndAccumulateInFloat3
 
 TEST(MixedPrecision, MastersStayFloat32AndTheLayersComputeOnTheirBf16Rounding) {
   const Vocabulary vocab;
-  Transformer<float> model(small_config(vocab, Compute::BFloat16), 5);
-  TrainingConfig config;
-  config.steps = 20;
-  config.batch_size = 16;
-  config.warmup = 10;
-  config.eval_every = 20;
-  config.eval_examples = 8;
+  Transformer<float> model(small_date_config(vocab.size(), Compute::BFloat16), 5);
+  const TrainingConfig config = short_training(/*steps=*/20, /*warmup=*/10, /*lr_factor=*/1.0,
+                                               /*eval_every=*/20, /*batch_size=*/16, /*eval_examples=*/8);
   train_on_dates(model, vocab, config);
   // A forward pushes the current masters into the layers (their compute copies).
   model.train(true);
@@ -132,20 +119,16 @@ TEST(MixedPrecision, MastersStayFloat32AndTheLayersComputeOnTheirBf16Rounding) {
 
 TEST(MixedPrecision, BFloat16NeedsFloat32Masters) {
   const Vocabulary vocab;
-  EXPECT_THROW({ Transformer<double> model(small_config(vocab, Compute::BFloat16), 1); }, std::invalid_argument);
+  EXPECT_THROW({ Transformer<double> model(small_date_config(vocab.size(), Compute::BFloat16), 1); },
+               std::invalid_argument);
 }
 
 // The same short run in float32 and in bf16 mixed precision, same seed and data: 600 steps of 32.
 TrainingResult short_run(Compute compute, double& accuracy) {
   const Vocabulary vocab;
-  Transformer<float> model(small_config(vocab, compute), 1);
-  TrainingConfig config;
-  config.steps = 600;
-  config.batch_size = 32;
-  config.warmup = 100;
-  config.lr_factor = 1.0;
-  config.eval_every = 150;
-  config.eval_examples = 50;
+  Transformer<float> model(small_date_config(vocab.size(), compute), 1);
+  const TrainingConfig config = short_training(/*steps=*/600, /*warmup=*/100, /*lr_factor=*/1.0, /*eval_every=*/150,
+                                               /*batch_size=*/32, /*eval_examples=*/50);
   const TrainingResult result = train_on_dates(model, vocab, config);
   accuracy = exact_match(model, vocab, sample_dates(Split::HeldOut, 11, 200));
   return result;

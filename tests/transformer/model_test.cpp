@@ -19,7 +19,9 @@ namespace {
 
 using testing::add_parameter_slots;
 using testing::expect_matches_finite_differences;
+using testing::short_training;
 using testing::Slot;
+using testing::small_date_config;
 using testing::tiny_config;
 
 // B = 3 sources of lengths 6, 2, 4 (padded with 0) and targets of length 5.
@@ -107,21 +109,8 @@ TEST(CachedDecoding, EqualsFullRecomputation) {
 
 TEST(Training, ShortRunOnDatesLowersTheLoss) {
   Vocabulary vocab;
-  TransformerConfig model_config;
-  model_config.vocab = vocab.size();
-  model_config.d_model = 32;
-  model_config.heads = 2;
-  model_config.d_ff = 64;
-  model_config.encoder_layers = 1;
-  model_config.decoder_layers = 1;
-  Transformer<float> model(model_config, 3);
-  TrainingConfig config;
-  config.steps = 60;
-  config.batch_size = 32;
-  config.warmup = 30;
-  config.lr_factor = 2.0;
-  config.eval_every = 30;
-  config.eval_examples = 20;
+  Transformer<float> model(small_date_config(vocab.size()), 3);
+  const TrainingConfig config = short_training(/*steps=*/60, /*warmup=*/30, /*lr_factor=*/2.0, /*eval_every=*/30);
   const TrainingResult result = train_on_dates(model, vocab, config);
   ASSERT_EQ(result.curve.size(), 2u);
   // Uniform guessing over V tokens costs log V ~ 4.3 per token; after 60 steps the model has learnt at

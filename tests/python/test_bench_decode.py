@@ -66,6 +66,9 @@ def test_json_has_every_row(decode_run):
         assert run["packed_median_s"] > 0 and run["per_head_median_s"] > 0
         assert run["read_bandwidth_bytes_per_s"] > 0 and isinstance(run["read_bandwidth_moved"], bool)
         assert 0 <= run["steal_fraction"] <= 1
+        before, after = run["read_bandwidth_before_after"]  # measured around the row's group: the better counts
+        assert run["read_bandwidth_bytes_per_s"] == max(before, after) and min(before, after) > 0
+        assert run["read_bandwidth_moved"] == (abs(before - after) > 0.15 * max(before, after))
         assert run["packed_fraction_of_bandwidth"] == pytest.approx(
             run["cache_bytes"] / run["packed_median_s"] / run["read_bandwidth_bytes_per_s"])
         assert run["cache_bytes"] == run["batch"] * run["context"] * 8 * 2 * 128 * (4 if run["dtype"] == "f32" else 2)

@@ -91,9 +91,10 @@ struct Row {
   std::int64_t batch = 0, context = 0, cache_bytes = 0;
   int threads = 0;
   Timing packed, per_head;
-  double bandwidth = 0;          // bytes/s at this thread count: the better of before and after the group
-  bool bandwidth_moved = false;  // before and after differed by more than 15%
-  double steal_fraction = 0;     // of the group's CPU time, taken by the hypervisor for others
+  double bandwidth_before = 0, bandwidth_after = 0;  // bytes/s at this thread count, around the row's group
+  double bandwidth = 0;                              // the better of the two
+  bool bandwidth_moved = false;                      // before and after differed by more than 15%
+  double steal_fraction = 0;                         // of the group's CPU time, taken by the hypervisor for others
   double rate(const Timing& t) const { return static_cast<double>(cache_bytes) / t.median_s; }
 };
 
@@ -120,6 +121,7 @@ nlohmann::json row_json(const Row& r) {
           {"per_head_min_s", r.per_head.min_s},
           {"read_bandwidth_bytes_per_s", r.bandwidth},
           {"read_bandwidth_moved", r.bandwidth_moved},
+          {"read_bandwidth_before_after", {r.bandwidth_before, r.bandwidth_after}},
           {"steal_fraction", r.steal_fraction},
           {"packed_fraction_of_bandwidth", r.rate(r.packed) / r.bandwidth},
           {"per_head_fraction_of_bandwidth", r.rate(r.per_head) / r.bandwidth}};
@@ -251,6 +253,7 @@ int run_bench_decode(const BenchOptions& options, const std::string& command) {
         const std::vector<double> after = bandwidths();
         for (std::size_t ti = 0; ti < group.size(); ++ti) {
           Row& r = group[ti];
+          r.bandwidth_before = before[ti], r.bandwidth_after = after[ti];
           r.bandwidth = std::max(before[ti], after[ti]);
           r.bandwidth_moved = std::abs(before[ti] - after[ti]) > 0.15 * r.bandwidth;
           r.steal_fraction = steal;

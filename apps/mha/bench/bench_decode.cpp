@@ -92,10 +92,11 @@ struct Row {
   int threads = 0;
   Timing packed, per_head;
   double bandwidth_before = 0, bandwidth_after = 0;  // bytes/s at this thread count, around the row's group
-  double bandwidth = 0;                              // the better of the two
-  bool bandwidth_moved = false;                      // before and after differed by more than 15%
   double steal_fraction = 0;                         // of the group's CPU time, taken by the hypervisor for others
   double rate(const Timing& t) const { return static_cast<double>(cache_bytes) / t.median_s; }
+  double bandwidth() const { return std::max(bandwidth_before, bandwidth_after); }  // the better of the two
+  // Before and after differed by more than 15%: the machine's memory was busier at one end.
+  bool bandwidth_moved() const { return std::abs(bandwidth_before - bandwidth_after) > 0.15 * bandwidth(); }
 };
 
 void print_row(const Row& r, std::int64_t llc) {
@@ -103,10 +104,10 @@ void print_row(const Row& r, std::int64_t llc) {
       "{:>6} {:>5} {:>7} {:>9.0f} {:>4}{} {:>6.1f}{}{} | {:>9.3f} {:>7.1f} {:>5.0f}% | {:>9.3f} {:>7.1f} {:>5.0f}% | "
       "{:>6.2f}x\n",
       r.dtype, r.batch, context_name(r.context), static_cast<double>(r.cache_bytes) / (1 << 20), r.threads,
-      r.cache_bytes > llc ? " " : "*", r.bandwidth * 1e-9, r.bandwidth_moved ? "!" : " ",
+      r.cache_bytes > llc ? " " : "*", r.bandwidth() * 1e-9, r.bandwidth_moved() ? "!" : " ",
       r.steal_fraction > 0.02 ? "~" : " ", 1e3 * r.packed.median_s, r.rate(r.packed) * 1e-9,
-      100 * r.rate(r.packed) / r.bandwidth, 1e3 * r.per_head.median_s, r.rate(r.per_head) * 1e-9,
-      100 * r.rate(r.per_head) / r.bandwidth, r.per_head.median_s / r.packed.median_s);
+      100 * r.rate(r.packed) / r.bandwidth(), 1e3 * r.per_head.median_s, r.rate(r.per_head) * 1e-9,
+      100 * r.rate(r.per_head) / r.bandwidth(), r.per_head.median_s / r.packed.median_s);
 }
 
 nlohmann::json row_json(const Row& r) {
@@ -119,12 +120,12 @@ nlohmann::json row_json(const Row& r) {
           {"packed_min_s", r.packed.min_s},
           {"per_head_median_s", r.per_head.median_s},
           {"per_head_min_s", r.per_head.min_s},
-          {"read_bandwidth_bytes_per_s", r.bandwidth},
-          {"read_bandwidth_moved", r.bandwidth_moved},
+          {"read_bandwidth_bytes_per_s", r.bandwidth()},
+          {"read_bandwidth_moved", r.bandwidth_moved()},
           {"read_bandwidth_before_after", {r.bandwidth_before, r.bandwidth_after}},
           {"steal_fraction", r.steal_fraction},
-          {"packed_fraction_of_bandwidth", r.rate(r.packed) / r.bandwidth},
-          {"per_head_fraction_of_bandwidth", r.rate(r.per_head) / r.bandwidth}};
+          {"packed_fraction_of_bandwidth", r.rate(r.packed) / r.bandwidth()},
+          {"per_head_fraction_of_bandwidth", r.rate(r.per_head) / r.bandwidth()}};
 }
 
 // Issue 13's three targets, from the rows: each line says which rows it covers and the worst of them.
@@ -136,7 +137,7 @@ nlohmann::json check_targets(const std::vector<Row>& rows, std::int64_t llc) {
   for (const Row& r : rows) {
     worst_packing = std::min(worst_packing, r.per_head.median_s / r.packed.median_s);
     if (r.cache_bytes > llc) {
-      worst_fraction = std::min(worst_fraction, r.rate(r.packed) / r.bandwidth);
+      worst_fraction = std::min(worst_fraction, r.rate(r.packed) / r.bandwidth());
       ++fraction_rows;
     }
     if (r.batch != 1 || r.threads != 2) continue;
@@ -144,8 +145,8 @@ nlohmann::json check_targets(const std::vector<Row>& rows, std::int64_t llc) {
       if (one.threads == 1 && one.batch == 1 && one.context == r.context && one.dtype == r.dtype &&
           r.cache_bytes > llc) {
         worst_scaling = std::min(worst_scaling, one.packed.median_s / r.packed.median_s);
-        stream_low = std::min(stream_low, r.bandwidth / one.bandwidth);
-        stream_high = std::max(stream_high, r.bandwidth / one.bandwidth);
+        stream_low = std::min(stream_low, r.bandwidth() / one.bandwidth());
+        stream_high = std::max(stream_high, r.bandwidth() / one.bandwidth());
         ++scaling_rows;
       }
   }
@@ -254,8 +255,6 @@ int run_bench_decode(const BenchOptions& options, const std::string& command) {
         for (std::size_t ti = 0; ti < group.size(); ++ti) {
           Row& r = group[ti];
           r.bandwidth_before = before[ti], r.bandwidth_after = after[ti];
-          r.bandwidth = std::max(before[ti], after[ti]);
-          r.bandwidth_moved = std::abs(before[ti] - after[ti]) > 0.15 * r.bandwidth;
           r.steal_fraction = steal;
           print_row(r, llc);
           rows.push_back(r);

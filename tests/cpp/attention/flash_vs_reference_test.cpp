@@ -91,18 +91,7 @@ class FlashVsReference : public ::testing::TestWithParam<KernelCase> {};
 TEST_P(FlashVsReference, ForwardWithinTwiceTheFloat32ReferenceError) {
   const KernelCase& c = GetParam();
   SCOPED_TRACE(case_name(c));
-  const CaseData d = make_case_data(c);
-  const KernelRun fused = run_kernel(c, d, DType::Float32, mha::Kernel::Flash, false);
-  const KernelRun ref32 = run_kernel(c, d, DType::Float32, mha::Kernel::Reference, false);
-  const KernelRun ref64 = run_kernel(c, d, DType::Float64, mha::Kernel::Reference, false);
-
-  EXPECT_TRUE(within_rule("out", fused.out, ref32.out, ref64.out, 2.0, {c.B, c.h, c.L, c.d_v}));
-  EXPECT_TRUE(within_rule("lse", fused.lse, ref32.lse, ref64.lse, 2.0, {c.B, c.h, c.L}));
-  if (c.need_weights) {
-    EXPECT_TRUE(within_rule("weights", fused.weights, ref32.weights, ref64.weights, 2.0, {c.B, c.h, c.L, c.S}));
-  }
-  EXPECT_TRUE(masked_parts_exact(c, d.masks, fused)) << "fused";
-  EXPECT_TRUE(masked_parts_exact(c, d.masks, ref64)) << "reference, float64";
+  expect_fused_within_the_rule(c, /*backward=*/false);
 }
 
 INSTANTIATE_TEST_SUITE_P(Sweep, FlashVsReference, ::testing::ValuesIn(all_cases()),

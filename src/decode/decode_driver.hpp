@@ -30,7 +30,7 @@ struct ChunkScratch {
   std::int64_t* visible = nullptr;       // [R]: row r sees the block's keys j < visible[r]
   const T** k_rows = nullptr;            // [kKeyBlock]: the block's key rows
   const T** v_rows = nullptr;            // [kKeyBlock]: its value rows
-  const T** k_ahead = nullptr;           // [kKeyBlock]: the key rows of the block kPrefetchBlocks ahead
+  const T** k_ahead = nullptr;           // [kKeyBlock]: the key rows read next (split_kv.hpp)
   const T** v_ahead = nullptr;           // [kKeyBlock]: its value rows
   std::uint8_t* all_weighted = nullptr;  // [kKeyBlock]: no row has weight exactly 0 at key j
 };
@@ -59,9 +59,9 @@ void block_rows(const DecodeParams<T, A>& p, std::int64_t s, std::int64_t head, 
 // over its positions, see split_kv.hpp).
 template <class T, class A, class Chunk>
 void run_decode(const DecodeParams<T, A>& p, DecodeMode mode, Chunk chunk) {
-  const std::int64_t g = p.group_size(), heads_per_group = mode == DecodeMode::GroupPacked ? g : 1;
-  const WorkPlan plan = plan_work(p.lengths, p.page_size, p.h_kv, g, heads_per_group);
-  const std::int64_t R = heads_per_group * p.q_len, items = static_cast<std::int64_t>(plan.items.size());
+  const bool packed = mode == DecodeMode::GroupPacked;
+  const WorkPlan plan = plan_work(p.lengths, p.page_size, p.h, p.h_kv, packed);
+  const std::int64_t R = (packed ? p.h : 1) * p.q_len, items = static_cast<std::int64_t>(plan.items.size());
   const SlotLayout layout{R, (p.d_v + 15) / 16 * 16};
   const auto partials = allocate_aligned<A>(items * layout.size());
   double positions = 0;

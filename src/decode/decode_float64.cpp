@@ -24,11 +24,12 @@ void decode_chunk(const DecodeParams<double, double>& p, const decode::WorkItem&
   std::fill(acc, acc + R * layout.ld, 0.0);
   std::fill(m, m + R, kMinusInf);
   std::fill(l, l + R, 0.0);
+  const std::int64_t Rg = R / item.kv_heads;  // the rows of one kv head: its g query heads x Lq
   for (std::int64_t t0 = item.begin; t0 < item.end; t0 += kKeyBlock) {
     const std::int64_t kb = std::min(kKeyBlock, item.end - t0);
-    decode::block_rows(p, item.seq, item.kv_head, t0, kb, w.k_rows, w.v_rows);
     decode::block_visibility(T_s, p.q_len, R, t0, w.visible);
     for (std::int64_t r = 0; r < R; ++r) {
+      if (r % Rg == 0) decode::block_rows(p, item.seq, item.kv_head + r / Rg, t0, kb, w.k_rows, w.v_rows);
       const double* q = p.query_row(item.seq, r % p.q_len, item.first_head + r / p.q_len);
       double* s = w.s + r * kKeyBlock;
       double block_max = kMinusInf;

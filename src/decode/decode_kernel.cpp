@@ -1,16 +1,18 @@
 // The decode kernel for float32 and bfloat16 caches: split-KV (flash-decoding, Dao et al. 2023) with
-// the query heads of a group packed into one work item, so each key/value byte is read once per group.
+// the query heads of a group packed together, so each key/value byte is read once per group.
 //
-// One work item: positions [begin, end) of one sequence, one kv head, its R = g x Lq query rows:
+// One work item: positions [begin, end) of one sequence, all its kv heads (one in the per-head mode),
+// the R_g = g x Lq query rows of each:
 //   m = -inf, l = 0, acc = 0                                    per row; acc [R, d_v]
-//   for each block of kKeyBlock positions (rows found through the page table, in place):
-//     S = scale Q K_blk^T   (-inf where the row may not see the key)    [R, kKeyBlock]
+//   for each block of kKeyBlock positions, for each kv head k (rows found through the page table):
+//     S = scale Q_k K_blk,k^T   (-inf where the row may not see the key)    [R_g, kKeyBlock]
 //     m' = max(m, rowmax S);  P = exp(S - m');  a = exp(m - m')
-//     l = a l + rowsum P;  acc = a acc + P V_blk;  m = m'
-// leaving (m, l, acc) in the item's slot; decode_driver.hpp merges the slots by log-sum-exp. While a
-// block is computed, the rows kPrefetchBlocks blocks ahead are prefetched (split_kv.hpp says why). Both
-// products and the softmax are float32 in Highway vectors (bfloat16 rows widened as they are loaded),
-// dispatched once per call to the best SIMD target of the machine.
+//     l = a l + rowsum P;  acc = a acc + P V_blk,k;  m = m'        (the rows of head group k)
+// leaving (m, l, acc) in the item's slot; decode_driver.hpp merges the slots by log-sum-exp. The heads'
+// blocks are read in address order and the next one is prefetched while one is computed (split_kv.hpp
+// says why). Every row is computed as it would be alone, so the packed and per-head results agree
+// bitwise. Both products and the softmax are float32 in Highway vectors (bfloat16 rows widened as they
+// are loaded), dispatched once per call to the best SIMD target of the machine.
 //
 // Legend: n sequences, Lq new queries per sequence, h query heads, h_kv key/value heads, g = h / h_kv,
 // R rows of an item, d_k, d_v, T the sequence's length.
@@ -51,6 +53,7 @@ template <class T>
 void DecodeChunk(const DecodeParams<T, float>& p, const WorkItem& item, const SlotLayout& layout, float* slot,
                  const ChunkScratch<T, float>& w) {
   const std::int64_t R = layout.rows, T_s = p.lengths[static_cast<std::size_t>(item.seq)];
+  const std::int64_t Rg = R / item.kv_heads;  // the rows of one kv head: its g query heads x Lq
   GatherQueryRows(p, item, R, w);
   float* acc = slot;  // [R, ld]
   float* m = slot + layout.m_offset();
@@ -58,30 +61,34 @@ void DecodeChunk(const DecodeParams<T, float>& p, const WorkItem& item, const Sl
   std::fill(acc, acc + R * layout.ld, 0.0f);
   std::fill(m, m + R, -std::numeric_limits<float>::infinity());
   std::fill(l, l + R, 0.0f);
-  // The first blocks' rows are asked for now; each block then asks for those kPrefetchBlocks ahead.
   RowsAhead<T> ahead{w.k_ahead, w.v_ahead, 0, p.d_k * static_cast<std::int64_t>(sizeof(T)),
                      p.d_v * static_cast<std::int64_t>(sizeof(T))};
-  const std::int64_t lead = decode::kPrefetchBlocks * kKeyBlock;
-  for (std::int64_t t0 = item.begin; t0 < std::min(item.end, item.begin + lead); t0 += kKeyBlock) {
-    const std::int64_t kb = std::min(kKeyBlock, item.end - t0);
-    decode::block_rows(p, item.seq, item.kv_head, t0, kb, w.k_ahead, w.v_ahead);
+  {  // the first block of the first kv head is asked for now; each block then asks for the next
+    const std::int64_t kb = std::min(kKeyBlock, item.end - item.begin);
+    decode::block_rows(p, item.seq, item.kv_head, item.begin, kb, w.k_ahead, w.v_ahead);
     for (std::int64_t j = 0; j < kb; ++j)
       PrefetchRow(w.k_ahead[j], ahead.k_bytes), PrefetchRow(w.v_ahead[j], ahead.v_bytes);
   }
   for (std::int64_t t0 = item.begin; t0 < item.end; t0 += kKeyBlock) {
     const std::int64_t kb = std::min(kKeyBlock, item.end - t0);
-    decode::block_rows(p, item.seq, item.kv_head, t0, kb, w.k_rows, w.v_rows);
-    ahead.count = std::max<std::int64_t>(0, std::min(kKeyBlock, item.end - (t0 + lead)));
-    if (ahead.count > 0) decode::block_rows(p, item.seq, item.kv_head, t0 + lead, ahead.count, w.k_ahead, w.v_ahead);
-    decode::block_visibility(T_s, p.q_len, R, t0, w.visible);
-    BlockLogits(w.q, w.ld_q, R, w.k_rows, kb, p.d_k, p.scale, w.visible, ahead, w.s);
-    BlockOnlineSoftmax(w.s, R, m, l, acc, layout.ld);
-    for (std::int64_t j = 0; j < kb; ++j) {
-      bool all = true;
-      for (std::int64_t r = 0; r < R; ++r) all = all && w.s[r * kKeyBlock + j] != 0.0f;
-      w.all_weighted[j] = all;
+    for (std::int64_t kh = 0; kh < item.kv_heads; ++kh) {  // rows [kh Rg, (kh + 1) Rg) read kv head kh
+      decode::block_rows(p, item.seq, item.kv_head + kh, t0, kb, w.k_rows, w.v_rows);
+      const bool last_head = kh + 1 == item.kv_heads;
+      const std::int64_t next_t0 = last_head ? t0 + kKeyBlock : t0, next_head = last_head ? 0 : kh + 1;
+      ahead.count = std::max<std::int64_t>(0, std::min(kKeyBlock, item.end - next_t0));
+      if (ahead.count > 0)
+        decode::block_rows(p, item.seq, item.kv_head + next_head, next_t0, ahead.count, w.k_ahead, w.v_ahead);
+      decode::block_visibility(T_s, p.q_len, Rg, t0, w.visible);
+      float* acc_g = acc + kh * Rg * layout.ld;
+      BlockLogits(w.q + kh * Rg * w.ld_q, w.ld_q, Rg, w.k_rows, kb, p.d_k, p.scale, w.visible, ahead, w.s);
+      BlockOnlineSoftmax(w.s, Rg, m + kh * Rg, l + kh * Rg, acc_g, layout.ld);
+      for (std::int64_t j = 0; j < kb; ++j) {
+        bool all = true;
+        for (std::int64_t r = 0; r < Rg; ++r) all = all && w.s[r * kKeyBlock + j] != 0.0f;
+        w.all_weighted[j] = all;
+      }
+      BlockAccumulate(w.s, Rg, w.v_rows, kb, p.d_v, w.all_weighted, acc_g, layout.ld);
     }
-    BlockAccumulate(w.s, R, w.v_rows, kb, p.d_v, w.all_weighted, acc, layout.ld);
   }
 }
 

@@ -22,35 +22,37 @@ namespace mha::detail::decode {
 // item's start (its Q rows, its first page) cost more than the chunk's reads. 256 positions of
 // d = 128 in float32 are 256 KiB of keys and values, about 10 us of one core's reads here.
 inline constexpr std::int64_t kMinChunkPositions = 256;
-// Work items a sequence is cut into, about (chunks x kv heads), when it is long enough: enough that
-// two threads (or a few more) finish together under a dynamic schedule (the last item is at most
-// 1/64 of the sequence's work), few enough that the partials stay small. A size of the problem,
-// never the thread count: results must not depend on the number of threads.
-inline constexpr std::int64_t kItemsPerSequence = 64;
+// Chunks a sequence is cut into when it is long enough: enough that two threads (or a few more) finish
+// together under a dynamic schedule (a chunk is at most 1/16 of the sequence's work), few enough that
+// the partials stay small. A size of the problem, never the thread count: results must not depend on
+// the number of threads.
+inline constexpr std::int64_t kChunksPerSequence = 16;
 // Positions per block inside a chunk: the logits tile of a block is R x kKeyBlock floats, and its
 // K and V rows (32 x 512 B each at d = 128 in float32) stay in L1 between the two products.
 inline constexpr std::int64_t kKeyBlock = 32;
-// How many blocks ahead the kernel prefetches the rows it will read. A head's rows in a page are
-// contiguous (P x d elements), but consecutive pages lie anywhere in the pool, so the hardware's
-// stream prefetchers stop at every page: without software prefetch the loads of each block waited on
-// memory (one core read 4 GB/s of the cache against 25 GB/s of a plain stream).
-inline constexpr std::int64_t kPrefetchBlocks = 2;
+// What the kernel reads, in order, and what it prefetches: a group-packed item holds every kv head of
+// its sequence and reads each block of positions head after head, so one block's reads walk through
+// each page's keys [h_kv, P, d] and values in address order (one item per head jumped from a head's
+// P rows to the next page's, h_kv P d elements apart: on a Zen 3 with pages of 16 tokens, 1.3-2.2x
+// slower; the hardware's stream prefetchers stop at every jump). While one head's block is computed,
+// the next head's block (or the first head's next block) is prefetched: software prefetch is still
+// needed (without it one core read 4-5 GB/s of the cache against 11-25 GB/s of a plain stream).
 
-// Pages per chunk for a sequence of `length` positions: from the sequence's own size and the cache's
-// shape only, so a sequence's result does not depend on the rest of the batch.
-inline std::int64_t chunk_pages(std::int64_t length, std::int64_t page_size, std::int64_t h_kv) {
+// Pages per chunk for a sequence of `length` positions: from the sequence's own size and the page size
+// only, so a sequence's result does not depend on the rest of the batch (nor on the mode).
+inline std::int64_t chunk_pages(std::int64_t length, std::int64_t page_size) {
   const std::int64_t pages = (length + page_size - 1) / page_size;
-  const std::int64_t chunks_wanted = (kItemsPerSequence + h_kv - 1) / h_kv;
   const std::int64_t min_pages = (kMinChunkPositions + page_size - 1) / page_size;
-  return std::max({min_pages, (pages + chunks_wanted - 1) / chunks_wanted, std::int64_t{1}});
+  return std::max({min_pages, (pages + kChunksPerSequence - 1) / kChunksPerSequence, std::int64_t{1}});
 }
 
-// A work item: positions [begin, end) of one sequence for one group of query heads.
+// A work item: positions [begin, end) of one sequence for query heads [first_head, first_head + heads),
+// which read kv heads [kv_head, kv_head + kv_heads): all h heads and all h_kv kv heads when group-packed
+// (the g query heads of kv head k are the item's heads k g .. k g + g - 1), one of each per head.
 struct WorkItem {
   std::int64_t seq = 0;
-  std::int64_t kv_head = 0;     // the key/value head the group reads
-  std::int64_t first_head = 0;  // the group's query heads: [first_head, first_head + heads)
-  std::int64_t heads = 0;
+  std::int64_t kv_head = 0, kv_heads = 0;
+  std::int64_t first_head = 0, heads = 0;
   std::int64_t begin = 0, end = 0;
 };
 
@@ -61,20 +63,22 @@ struct WorkPlan {
   std::vector<std::int64_t> group_first;
 };
 
-// groups_per_seq groups of `heads` query heads each (h_kv groups of g for group packing, h groups of 1
-// per head); group k of a sequence reads kv head k * heads / g.
-inline WorkPlan plan_work(const std::vector<std::int64_t>& lengths, std::int64_t page_size, std::int64_t h_kv,
-                          std::int64_t g, std::int64_t heads_per_group) {
+// Group packing: one group of all h query heads per sequence; per head: h groups of one.
+inline WorkPlan plan_work(const std::vector<std::int64_t>& lengths, std::int64_t page_size, std::int64_t h,
+                          std::int64_t h_kv, bool group_packed) {
   WorkPlan plan;
-  const std::int64_t groups = h_kv * g / heads_per_group;
+  const std::int64_t g = h / h_kv, groups = group_packed ? 1 : h;
   for (std::size_t s = 0; s < lengths.size(); ++s) {
-    const std::int64_t T = lengths[s], chunk = chunk_pages(T, page_size, h_kv) * page_size;
+    const std::int64_t T = lengths[s], chunk = chunk_pages(T, page_size) * page_size;
     for (std::int64_t k = 0; k < groups; ++k) {
       plan.group_first.push_back(static_cast<std::int64_t>(plan.items.size()));
-      const std::int64_t first_head = k * heads_per_group;
-      for (std::int64_t begin = 0; begin < T; begin += chunk)
-        plan.items.push_back({static_cast<std::int64_t>(s), first_head / g, first_head, heads_per_group, begin,
-                              std::min(T, begin + chunk)});
+      const WorkItem group = group_packed ? WorkItem{static_cast<std::int64_t>(s), 0, h_kv, 0, h}
+                                          : WorkItem{static_cast<std::int64_t>(s), k / g, 1, k, 1};
+      for (std::int64_t begin = 0; begin < T; begin += chunk) {
+        WorkItem item = group;
+        item.begin = begin, item.end = std::min(T, begin + chunk);
+        plan.items.push_back(item);
+      }
     }
   }
   plan.group_first.push_back(static_cast<std::int64_t>(plan.items.size()));

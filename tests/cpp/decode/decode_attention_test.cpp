@@ -192,7 +192,7 @@ TEST(DecodeAttention, LongSequencesSplitIntoManyChunks) {
   Rng rng(11);
   const Shape5 s{8, 2, 32, 32, 16};
   const std::int64_t T = kUnderSanitizers ? 1500 : 9000;
-  ASSERT_GT(T, 4 * mha::detail::decode::chunk_pages(T, s.P, s.h_kv) * s.P) << "at least 4 chunks";
+  ASSERT_GT(T, 4 * mha::detail::decode::chunk_pages(T, s.P) * s.P) << "at least 4 chunks";
   for (DType dtype : {DType::Float32, DType::Float64}) {
     const Batch b = make_batch(dtype, s, {T, 300}, rng);
     expect_matches_reference(random_q(dtype, 2, 3, s.h, s.d_k, rng), b, b.ids);
@@ -205,11 +205,11 @@ TEST(DecodeAttention, BitwiseTheSameForOneAndTwoThreadsAloneOrInABatchPackedOrPe
   Rng rng(5);
   const int saved = mha::num_threads();
   for (DType dtype : {DType::Float32, DType::BFloat16, DType::Float64}) {
-    // h_kv 8: 8 chunks wanted per kv head, so the long sequence's chunks are sized by its length
-    // (kItemsPerSequence), not by kMinChunkPositions: a chunk size that followed the thread count would show.
+    // The long sequence's chunks are sized by its length (kChunksPerSequence), not by kMinChunkPositions:
+    // a chunk size that followed the thread count would show.
     const Shape5 s{16, 8, 40, 24, 16};
-    const std::int64_t T = kUnderSanitizers ? 3000 : 6000;
-    ASSERT_GT(mha::detail::decode::chunk_pages(T, s.P, s.h_kv) * s.P, mha::detail::decode::kMinChunkPositions);
+    const std::int64_t T = kUnderSanitizers ? 4800 : 6000;
+    ASSERT_GT(mha::detail::decode::chunk_pages(T, s.P) * s.P, mha::detail::decode::kMinChunkPositions);
     const Batch b = make_batch(dtype, s, {T, 3, 600}, rng);
     const Tensor q = random_q(dtype, 3, 2, s.h, s.d_k, rng);
     mha::set_num_threads(1);

@@ -32,11 +32,12 @@ inline constexpr std::int64_t kChunksPerSequence = 16;
 inline constexpr std::int64_t kKeyBlock = 32;
 // What the kernel reads, in order, and what it prefetches: a group-packed item holds every kv head of
 // its sequence and reads each block of positions head after head, so one block's reads walk through
-// each page's keys [h_kv, P, d] and values in address order (one item per head jumped from a head's
-// P rows to the next page's, h_kv P d elements apart: on a Zen 3 with pages of 16 tokens, 1.3-2.2x
-// slower; the hardware's stream prefetchers stop at every jump). While one head's block is computed,
-// the next head's block (or the first head's next block) is prefetched: software prefetch is still
-// needed (without it one core read 4-5 GB/s of the cache against 11-25 GB/s of a plain stream).
+// each page's keys [h_kv, P, d] and values in address order. (One item per head jumped from a head's
+// P rows to the next page's, h_kv P d elements apart: on a Zen 3 with pages of 16 tokens, 1.4-1.6x
+// slower for float32 on one core; the hardware's stream prefetchers stop at every jump.) While one
+// head's block is computed, the next head's block (or the first head's next block) is prefetched:
+// software prefetch is still needed (without it one core read 4-5 GB/s of the cache against 11-25 GB/s
+// of a plain stream).
 
 // Pages per chunk for a sequence of `length` positions: from the sequence's own size and the page size
 // only, so a sequence's result does not depend on the rest of the batch (nor on the mode).

@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <utility>
 
 #include "decode/decode_driver.hpp"
 #include "decode/decode_rows-inl.h"
@@ -61,33 +62,36 @@ void DecodeChunk(const DecodeParams<T, float>& p, const WorkItem& item, const Sl
   std::fill(acc, acc + R * layout.ld, 0.0f);
   std::fill(m, m + R, -std::numeric_limits<float>::infinity());
   std::fill(l, l + R, 0.0f);
-  RowsAhead<T> ahead{w.k_ahead, w.v_ahead, 0, p.d_k * static_cast<std::int64_t>(sizeof(T)),
+  // The rows of the block being computed and of the block read next: each block's rows are found once,
+  // as the next block's (and prefetched then), and become the current ones on the next step.
+  const T **k_rows = w.k_rows, **v_rows = w.v_rows, **k_next = w.k_ahead, **v_next = w.v_ahead;
+  RowsAhead<T> ahead{k_next, v_next, 0, p.d_k * static_cast<std::int64_t>(sizeof(T)),
                      p.d_v * static_cast<std::int64_t>(sizeof(T))};
   {  // the first block of the first kv head is asked for now; each block then asks for the next
     const std::int64_t kb = std::min(kKeyBlock, item.end - item.begin);
-    decode::block_rows(p, item.seq, item.kv_head, item.begin, kb, w.k_ahead, w.v_ahead);
-    for (std::int64_t j = 0; j < kb; ++j)
-      PrefetchRow(w.k_ahead[j], ahead.k_bytes), PrefetchRow(w.v_ahead[j], ahead.v_bytes);
+    decode::block_rows(p, item.seq, item.kv_head, item.begin, kb, k_next, v_next);
+    for (std::int64_t j = 0; j < kb; ++j) PrefetchRow(k_next[j], ahead.k_bytes), PrefetchRow(v_next[j], ahead.v_bytes);
   }
   for (std::int64_t t0 = item.begin; t0 < item.end; t0 += kKeyBlock) {
     const std::int64_t kb = std::min(kKeyBlock, item.end - t0);
-    for (std::int64_t kh = 0; kh < item.kv_heads; ++kh) {  // rows [kh Rg, (kh + 1) Rg) read kv head kh
-      decode::block_rows(p, item.seq, item.kv_head + kh, t0, kb, w.k_rows, w.v_rows);
+    decode::block_visibility(T_s, p.q_len, Rg, t0, w.visible);  // the same for every kv head's rows
+    for (std::int64_t kh = 0; kh < item.kv_heads; ++kh) {       // rows [kh Rg, (kh + 1) Rg) read kv head kh
+      std::swap(k_rows, k_next), std::swap(v_rows, v_next);
       const bool last_head = kh + 1 == item.kv_heads;
       const std::int64_t next_t0 = last_head ? t0 + kKeyBlock : t0, next_head = last_head ? 0 : kh + 1;
-      ahead.count = std::max<std::int64_t>(0, std::min(kKeyBlock, item.end - next_t0));
+      ahead = {k_next, v_next, std::max<std::int64_t>(0, std::min(kKeyBlock, item.end - next_t0)), ahead.k_bytes,
+               ahead.v_bytes};
       if (ahead.count > 0)
-        decode::block_rows(p, item.seq, item.kv_head + next_head, next_t0, ahead.count, w.k_ahead, w.v_ahead);
-      decode::block_visibility(T_s, p.q_len, Rg, t0, w.visible);
+        decode::block_rows(p, item.seq, item.kv_head + next_head, next_t0, ahead.count, k_next, v_next);
       float* acc_g = acc + kh * Rg * layout.ld;
-      BlockLogits(w.q + kh * Rg * w.ld_q, w.ld_q, Rg, w.k_rows, kb, p.d_k, p.scale, w.visible, ahead, w.s);
+      BlockLogits(w.q + kh * Rg * w.ld_q, w.ld_q, Rg, k_rows, kb, p.d_k, p.scale, w.visible, ahead, w.s);
       BlockOnlineSoftmax(w.s, Rg, m + kh * Rg, l + kh * Rg, acc_g, layout.ld);
       for (std::int64_t j = 0; j < kb; ++j) {
         bool all = true;
         for (std::int64_t r = 0; r < Rg; ++r) all = all && w.s[r * kKeyBlock + j] != 0.0f;
         w.all_weighted[j] = all;
       }
-      BlockAccumulate(w.s, Rg, w.v_rows, kb, p.d_v, w.all_weighted, acc_g, layout.ld);
+      BlockAccumulate(w.s, Rg, v_rows, kb, p.d_v, w.all_weighted, acc_g, layout.ld);
     }
   }
 }

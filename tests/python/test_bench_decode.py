@@ -29,7 +29,8 @@ def test_prints_bandwidth_rows_and_targets(decode_run):
     stdout, _ = decode_run
     assert re.search(r"machine: .+ CPUs.+last-level cache \d+ MiB", stdout)
     assert len(re.findall(r"read bandwidth, [12] thread\(s\), 16 MiB buffer: \d+\.\d GB/s", stdout)) == 2
-    rows = [line.split() for line in stdout.splitlines() if re.match(r"^\s*(f32|bf16)\s+\d+\s+\d+", line)]
+    row_lines = [line for line in stdout.splitlines() if re.match(r"^\s*(f32|bf16)\s+\d+\s+\d+", line)]
+    rows = [line.split() for line in row_lines]
     measured = {(r[0], int(r[1]), int(r[2]), int(r[4].rstrip("*"))) for r in rows if "skipped" not in r}
     skipped = {(r[0], int(r[1]), int(r[2])) for r in rows if "skipped:" in r}
     # The largest cache, 2 x 300 tokens x 8 heads x 2 x 128 x 4 B = 4.9 MB, is under --max-cache-gib 0.005
@@ -40,9 +41,7 @@ def test_prints_bandwidth_rows_and_targets(decode_run):
     assert "Targets (issue 13)" in stdout and stdout.count(" rows, worst ") == 1 and stdout.count(": no rows (") == 2
     # Each row names the read bandwidth it is compared with (measured around its group), and its share of it.
     # The flags after the bandwidth ("!", "~" or both) may stand apart: the columns are read by section.
-    for line in stdout.splitlines():
-        if not re.match(r"^\s*(f32|bf16)\s+\d+\s+\d+", line):
-            continue
+    for line in row_lines:
         head, packed = line.split("|")[:2]
         bandwidth = float(head.split()[5].rstrip("!~"))
         packed_rate, packed_share = float(packed.split()[1]), float(packed.split()[2].rstrip("%"))

@@ -24,14 +24,16 @@ namespace mha::detail::decode {
 // One thread's workspace for its items.
 template <class T, class A>
 struct ChunkScratch {
-  A* s = nullptr;                        // [R, kKeyBlock]: a block's logits, then its weights
-  A* q = nullptr;                        // [R, ld_q]: the item's query rows, in A
-  std::int64_t ld_q = 0;                 // a multiple of 16
-  std::int64_t* visible = nullptr;       // [R]: row r sees the block's keys j < visible[r]
-  const T** k_rows = nullptr;            // [kKeyBlock]: the block's key rows
-  const T** v_rows = nullptr;            // [kKeyBlock]: its value rows
-  const T** k_ahead = nullptr;           // [kKeyBlock]: the key rows read next (split_kv.hpp)
-  const T** v_ahead = nullptr;           // [kKeyBlock]: its value rows
+  A* s = nullptr;                   // [R, kKeyBlock]: a block's logits, then its weights
+  A* q = nullptr;                   // [R, ld_q]: the item's query rows, in A
+  std::int64_t ld_q = 0;            // a multiple of 16
+  std::int64_t* visible = nullptr;  // [R]: row r sees the block's keys j < visible[r]
+  // Two pairs of row-pointer arrays, [kKeyBlock] each: the block being computed and the block read next
+  // (split_kv.hpp); the kernel swaps their roles at each step.
+  const T** k_rows = nullptr;            // key rows
+  const T** v_rows = nullptr;            // value rows
+  const T** k_ahead = nullptr;           // key rows
+  const T** v_ahead = nullptr;           // value rows
   std::uint8_t* all_weighted = nullptr;  // [kKeyBlock]: no row has weight exactly 0 at key j
 };
 

@@ -101,7 +101,7 @@ HWY_INLINE void PrefetchRow(const void* row, std::int64_t bytes) {
   for (std::int64_t b = 0; b < bytes; b += 64) hwy::Prefetch(static_cast<const char*>(row) + b);
 }
 
-// Rows a block ahead, prefetched one key row and one value row per key of the current block.
+// The rows of the block read next, prefetched one key row and one value row per key of the current block.
 template <class T>
 struct RowsAhead {
   const T* const* k = nullptr;

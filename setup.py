@@ -5,6 +5,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import sysconfig
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -14,16 +15,32 @@ ROOT = pathlib.Path(__file__).resolve().parent
 
 class CMakeBuild(build_ext):
     """Configures the project once, builds each extension's target (_core, _distributed), and copies the
-    module where setuptools expects it."""
+    module where setuptools expects it.
+
+    By default the build is a fresh one in pip's temporary folder. With MHA_CMAKE_BUILD_DIR naming a
+    build tree that CMake has configured already (`make build`'s), the targets are built there instead:
+    what that tree has compiled is reused, and the tree's configuration is left as it is (make test-pip
+    does this, so that the library is not compiled a third time)."""
 
     def build_extension(self, ext):
         name = ext.name.split(".")[-1]
-        build_dir = pathlib.Path(self.build_temp).resolve() / "cmake"
-        subprocess.check_call([
-            "cmake", "-S", str(ROOT), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
-            f"-DPython_EXECUTABLE={sys.executable}", "-DMHA_BUILD_APPS=OFF", "-DMHA_BUILD_TESTS=OFF", "-Wno-dev"])
+        existing = os.environ.get("MHA_CMAKE_BUILD_DIR")
+        if existing:
+            build_dir = pathlib.Path(existing).resolve()
+            if not (build_dir / "CMakeCache.txt").exists():
+                sys.exit(f"setup.py: MHA_CMAKE_BUILD_DIR={existing} is not a configured CMake build tree "
+                         "(no CMakeCache.txt); run `make build`, or unset it for a fresh build")
+        else:
+            build_dir = pathlib.Path(self.build_temp).resolve() / "cmake"
+            subprocess.check_call([
+                "cmake", "-S", str(ROOT), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
+                f"-DPython_EXECUTABLE={sys.executable}", "-DMHA_BUILD_APPS=OFF", "-DMHA_BUILD_TESTS=OFF", "-Wno-dev"])
         subprocess.check_call(["cmake", "--build", str(build_dir), "--target", name, "-j", str(os.cpu_count() or 2)])
-        built = next((build_dir / "python" / "mha").glob(f"{name}*.so"))
+        suffix = sysconfig.get_config_var("EXT_SUFFIX")
+        built = build_dir / "python" / "mha" / f"{name}{suffix}"
+        if not built.exists():
+            sys.exit(f"setup.py: {built} was not built: the build tree was configured for another Python "
+                     f"(this one, {sys.executable}, loads modules named *{suffix})")
         target = pathlib.Path(self.get_ext_fullpath(ext.name))
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(built, target)

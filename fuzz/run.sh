@@ -37,24 +37,52 @@ flags=(-std=c++20 -O1 -g -fno-omit-frame-pointer
        -Iinclude -Isrc)
 mkdir -p "$OUT/artifacts"
 
-status=0
-for t in "${targets[@]}"; do
-  echo "== $t: building"
-  "$CXX" "${flags[@]}" "fuzz/${t}_fuzzer.cpp" "${sources[@]}" -o "$OUT/${t}_fuzzer"
-  mkdir -p "$OUT/corpus/$t"
-  echo "== $t: fuzzing for ${FUZZ_TIME} s"
-  set +e
+build() {  # build <target>: the fuzzer binary, from its entry point and the readers' sources
+  "$CXX" "${flags[@]}" "fuzz/${1}_fuzzer.cpp" "${sources[@]}" -o "$OUT/${1}_fuzzer" >"$OUT/$1-build.log" 2>&1
+}
+
+fuzz() {  # fuzz <target>: runs it for FUZZ_TIME seconds, its output in $OUT/<target>.log
+  mkdir -p "$OUT/corpus/$1"
   MHA_STORAGE_CACHE_MIB=0 ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=0 \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    "$OUT/${t}_fuzzer" -max_total_time="$FUZZ_TIME" -rss_limit_mb=2048 -malloc_limit_mb=1 -max_len=65536 \
-    -timeout=10 -print_final_stats=1 -dict="fuzz/$t.dict" -artifact_prefix="$OUT/artifacts/$t-" \
-    ${FUZZ_ARGS:-} "$OUT/corpus/$t" "fuzz/corpus/$t" >"$OUT/$t.log" 2>&1
-  rc=$?
-  set -e
+    "$OUT/${1}_fuzzer" -max_total_time="$FUZZ_TIME" -rss_limit_mb=2048 -malloc_limit_mb=1 -max_len=65536 \
+    -timeout=10 -print_final_stats=1 -dict="fuzz/$1.dict" -artifact_prefix="$OUT/artifacts/$1-" \
+    ${FUZZ_ARGS:-} "$OUT/corpus/$1" "fuzz/corpus/$1" >"$OUT/$1.log" 2>&1
+}
+
+# each_target <step>: runs the step for every target, side by side when the machine has a core for each
+# (each build and each fuzzer is one process on one core; FUZZ_TIME stays each target's own time), and
+# sets rc_<target> to each one's exit status.
+each_target() {
+  local t pids=()
+  if [ "$(nproc)" -ge ${#targets[@]} ]; then
+    for t in "${targets[@]}"; do "$1" "$t" & pids+=($!); done
+    for i in "${!targets[@]}"; do
+      set +e; wait "${pids[$i]}"; printf -v "rc_${targets[$i]}" '%d' $?; set -e
+    done
+  else
+    for t in "${targets[@]}"; do set +e; "$1" "$t"; printf -v "rc_$t" '%d' $?; set -e; done
+  fi
+}
+
+status=0
+echo "== building ${targets[*]}"
+each_target build
+for t in "${targets[@]}"; do
+  rc_var="rc_$t"
+  if [ "${!rc_var}" -ne 0 ]; then
+    echo "== $t: build FAILED" >&2; cat "$OUT/$t-build.log" >&2; exit 1
+  fi
+done
+echo "== fuzzing ${targets[*]} for ${FUZZ_TIME} s each"
+each_target fuzz
+for t in "${targets[@]}"; do
+  rc_var="rc_$t"
+  rc=${!rc_var}
   runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$OUT/$t.log" | tail -1 | awk '{print $2}')
   speed=$(grep -o 'stat::average_exec_per_sec: *[0-9]*' "$OUT/$t.log" | tail -1 | awk '{print $2}')
   cov=$(grep -o 'cov: [0-9]*' "$OUT/$t.log" | tail -1 | awk '{print $2}')
-  if [ $rc -ne 0 ]; then
+  if [ "$rc" -ne 0 ]; then
     echo "== $t: FAILED (exit $rc); log: $OUT/$t.log" >&2
     tail -40 "$OUT/$t.log" >&2
     status=1

@@ -6,8 +6,13 @@
   tables and class bodies aside);
 - one call of oneDNN's sgemm in the library and the example Transformer: src/gemm.cpp's.
 
-The function scan is textual: the code is formatted by .clang-format, so a definition at namespace
-scope starts at column 0 and its closing brace is a `}` at column 0. Exits 1 listing what is over.
+The function scan is textual: with comments and string literals blanked out, every `{` is matched to
+its `}`, and a brace opens a function body when what precedes it is a parameter list `(...)` (after
+qualifiers such as const, noexcept, override or a trailing return type) that follows no control keyword,
+or a lambda's capture list. So functions at namespace scope, member functions defined in a class body,
+operator() bodies and lambdas are all measured, from the first line of their declaration (after the
+template header) to their closing brace; a lambda's lines count in its enclosing function too. Exits 1
+listing what is over.
 """
 import pathlib
 import re
@@ -18,7 +23,7 @@ MAX_FILE_LINES = 450
 MAX_FUNCTION_LINES = 80
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
-NOT_A_FUNCTION = re.compile(r"^(template\s*<.*>\s*)?(namespace|struct|class|enum|union)\b|=\s*\{?$|^extern\b")
+CONTROL = re.compile(r"(?<![\w:])(if|for|while|switch|catch|sizeof|alignof|decltype|requires)$")
 
 
 def tracked(*patterns):
@@ -26,30 +31,101 @@ def tracked(*patterns):
     return [ROOT / line for line in out.stdout.split()]
 
 
+def blank_comments_and_strings(text):
+    """text with comments, string and character literals replaced by spaces (newlines kept), so that
+    braces and parentheses inside them do not count."""
+    literal = re.compile(r'//[^\n]*|/\*.*?\*/|R"([^(]*)\(.*?\)\1"|"(\\.|[^"\\\n])*"|(?<![\w\d])\'(\\.|[^\'\\\n])+\'', re.S)
+    return literal.sub(lambda m: re.sub(r"[^\n]", " ", m.group()), text)
+
+
+def strip_qualifiers(head):
+    """head without what may stand between a parameter list and the body: const, noexcept (with its
+    condition), override, final, mutable, HWY_ATTR, a trailing return type."""
+    while True:
+        head = head.rstrip()
+        trailing = re.search(r"->[\w:<>,\s*&]*$", head)
+        word = re.search(r"\b(const|noexcept|override|final|mutable|HWY_ATTR)$", head)
+        if trailing:
+            head = head[:trailing.start()]
+        elif word:
+            head = head[:word.start()]
+        elif head.endswith(")") and re.search(r"\bnoexcept$", head[:matching_paren(head)].rstrip()):
+            head = head[:matching_paren(head)].rstrip()[:-len("noexcept")]
+        else:
+            return head
+
+
+def matching_paren(head):
+    """The index of the `(` that the `)` ending head closes (-1 if none)."""
+    depth, k = 0, len(head) - 1
+    while k >= 0:
+        depth += {")": 1, "(": -1}.get(head[k], 0)
+        if depth == 0:
+            return k
+        k -= 1
+    return -1
+
+
+def opens_function_body(before):
+    """Whether a `{` preceded by the text `before` opens a function (or lambda) body."""
+    head = strip_qualifiers(before)
+    if head.endswith("]"):
+        return True  # a lambda without parameters: [&] { ... }
+    if not head.endswith(")"):
+        return False  # a class, namespace, initializer, or a block after else, do, try
+    name = head[:matching_paren(head)].rstrip()
+    return bool(name) and not CONTROL.search(name) and not name.endswith(("=", ",", "(", "return", "&&", "||"))
+
+
+def declaration_start(text, brace):
+    """Where the declaration whose body opens at `brace` begins: after the previous `;`, `{`, `}` or access
+    specifier, and after a template header."""
+    k = brace
+    depth = 0
+    while k > 0:
+        k -= 1
+        c = text[k]
+        if c in ")]" or (c == ">" and text[k - 1] != "-"):
+            depth += 1
+        elif c in "([<":
+            depth -= 1
+        elif depth <= 0 and (c in ";{}" or (c == ":" and re.search(r"\b(public|private|protected)\s*$", text[:k]))):
+            break
+    start = k + 1 if k > 0 else 0
+    while start < brace and text[start].isspace():
+        start += 1
+    template = re.match(r"template\s*<", text[start:])
+    if template:  # skip the template header: the first `>` that closes it
+        depth, j = 0, start + template.end() - 1
+        while j < brace:
+            depth += {"<": 1, ">": -1}.get(text[j], 0)
+            j += 1
+            if depth == 0:
+                break
+        start = j
+        while start < brace and text[start].isspace():
+            start += 1
+    return start
+
+
 def long_functions(path):
-    """(first line, length) of each namespace-scope definition over the limit."""
-    lines = path.read_text().splitlines()
-    found, start = [], None
-    for n, line in enumerate(lines):
-        if start is None and line.endswith("{") and not line.startswith((" ", "}", "#", "//")):
-            signature = n  # the definition starts here, or at the nearest column-0 line above
-            while signature > 0 and lines[signature].startswith(" "):
-                signature -= 1
-            if not NOT_A_FUNCTION.search(lines[signature]) and not NOT_A_FUNCTION.search(line):
-                start = signature
-        elif start is None and line.endswith("{") and line.startswith(" ") and n > 0:
-            signature = n  # a signature wrapped onto indented lines ends with the brace
-            while signature > 0 and lines[signature].startswith(" "):
-                signature -= 1
-            head = lines[signature]
-            if head and not head.startswith(("}", "#", "//")) and "(" in head and not NOT_A_FUNCTION.search(head) \
-                    and not head.rstrip().endswith((";", "{")):
-                start = signature
-        elif start is not None and line.startswith("}"):
-            if n - start + 1 > MAX_FUNCTION_LINES:
-                found.append((start + 1, n - start + 1))
-            start = None
-    return found
+    """(first line, length) of each function body over the limit: functions, member functions, operator()
+    bodies and lambdas alike."""
+    text = blank_comments_and_strings(path.read_text())
+    found, opened = [], []
+    for match in re.finditer(r"[{}]", text):
+        if match.group() == "{":
+            opened.append((match.start(), opens_function_body(text[max(0, match.start() - 2000):match.start()])))
+            continue
+        if not opened:
+            continue  # an unbalanced brace (a macro's): nothing to measure
+        brace, is_function = opened.pop()
+        if is_function:
+            first = text.count("\n", 0, declaration_start(text, brace)) + 1
+            length = text.count("\n", 0, match.start()) + 1 - first + 1
+            if length > MAX_FUNCTION_LINES:
+                found.append((first, length))
+    return sorted(found)
 
 
 def main():

@@ -5,7 +5,7 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake pkg-config
+  build-essential cmake pkg-config ninja-build
   libdnnl-dev          # oneDNN: GEMM for the projections
   libhwy-dev           # Google Highway: SIMD with run-time dispatch (fused kernel)
   libgtest-dev libgmock-dev googletest libbenchmark-dev

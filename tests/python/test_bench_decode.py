@@ -25,8 +25,21 @@ def decode_run(tmp_path_factory):
     return result.stdout, json.loads((out / "bench-decode.json").read_text())
 
 
+def printed_row(run):
+    """The figures bench_decode.cpp's print_row writes for a JSON run, computed as it computes them and
+    formatted with its precisions, so that a printed row can be compared as text, exactly, whatever the
+    machine's speed (comparing a figure recomputed from rounded printed figures fails at low rates)."""
+    rate = {side: run["cache_bytes"] / run[f"{side}_median_s"] for side in ("packed", "per_head")}
+    bandwidth = run["read_bandwidth_bytes_per_s"]
+    return [f"{bandwidth * 1e-9:.1f}"] + [
+        figure for side in ("packed", "per_head")
+        for figure in (f"{1e3 * run[f'{side}_median_s']:.3f}", f"{rate[side] * 1e-9:.1f}",
+                       f"{100 * rate[side] / bandwidth:.0f}%")] + [
+        f"{run['per_head_median_s'] / run['packed_median_s']:.2f}x"]
+
+
 def test_prints_bandwidth_rows_and_targets(decode_run):
-    stdout, _ = decode_run
+    stdout, report = decode_run
     assert re.search(r"machine: .+ CPUs.+last-level cache \d+ MiB", stdout)
     assert len(re.findall(r"read bandwidth, [12] thread\(s\), 16 MiB buffer: \d+\.\d GB/s", stdout)) == 2
     row_lines = [line for line in stdout.splitlines() if re.match(r"^\s*(f32|bf16)\s+\d+\s+\d+", line)]
@@ -39,13 +52,17 @@ def test_prints_bandwidth_rows_and_targets(decode_run):
     assert measured == {(d, b, t, n) for d in ("f32", "bf16") for b in (1, 2) for t in (100, 300) for n in (1, 2)}
     # Every cache here fits the last-level cache: the two targets about larger caches have no rows to judge.
     assert "Targets (issue 13)" in stdout and stdout.count(" rows, worst ") == 1 and stdout.count(": no rows (") == 2
-    # Each row names the read bandwidth it is compared with (measured around its group), and its share of it.
-    # The flags after the bandwidth ("!", "~" or both) may stand apart: the columns are read by section.
+    # Each row names the read bandwidth it is compared with (measured around its group), its rates and their
+    # shares of it: the same figures as the JSON's run, rounded as printed. The flags after the bandwidth
+    # ("!", "~" or both) may stand apart from it: the columns are read by "|" section.
+    runs = {(r["dtype"], r["batch"], r["context"], r["threads"]): r for r in report["runs"]}
     for line in row_lines:
-        head, packed = line.split("|")[:2]
-        bandwidth = float(head.split()[5].rstrip("!~"))
-        packed_rate, packed_share = float(packed.split()[1]), float(packed.split()[2].rstrip("%"))
-        assert bandwidth > 0 and packed_share == pytest.approx(100 * packed_rate / bandwidth, abs=1.5)
+        head, packed, per_head, packing = line.split("|")
+        key = head.split()
+        run = runs[(key[0], int(key[1]), int(key[2]), int(key[4].rstrip("*")))]
+        shown = [key[5].rstrip("!~")] + packed.split() + per_head.split() + packing.split()
+        assert shown == printed_row(run), line
+        assert ("!" in head) == run["read_bandwidth_moved"] and ("~" in head) == (run["steal_fraction"] > 0.02)
     assert re.search(r"the read bandwidth itself, 2 threads over 1, beside those rows: \d+\.\d\dx to \d+\.\d\dx",
                      stdout) is None  # no cache here exceeds the last-level cache: no scaling rows
 
@@ -95,4 +112,4 @@ def test_scaling_target_names_the_read_bandwidths_own_scaling(tmp_path):
     ratios = [by[(d, 2)] / by[(d, 1)] for d in ("f32", "bf16")]  # each group's own bracket
     low, high = report["targets"][1]["read_bandwidth_scaling"]
     assert (low, high) == (pytest.approx(min(ratios)), pytest.approx(max(ratios)))
-    assert match and (float(match.group(1)), float(match.group(2))) == (round(low, 2), round(high, 2))
+    assert match and match.groups() == (f"{low:.2f}", f"{high:.2f}")  # as printed: compared as text, not re-rounded

@@ -6,6 +6,7 @@
 #   make api-docs      the C++ API reference (Doxygen) from include/mha's /// comments; not part of make test
 BUILD       ?= build
 BUILD_ASAN  ?= build-asan
+BUILD_TSAN  ?= build-tsan
 JOBS        ?= $(shell nproc)
 PYTHON      ?= /usr/bin/python3
 DEMO_OUT    ?= mha-demo
@@ -14,7 +15,7 @@ DEMO_OUT    ?= mha-demo
 # (1.4 of 2 cores busy over a build). A tree configured already keeps its generator.
 export CMAKE_GENERATOR ?= Ninja
 
-.PHONY: all deps build demo test test-cpp test-python test-asan test-fuzz test-install test-pip clean format format-check \
+.PHONY: all deps build demo test test-cpp test-python test-asan test-tsan test-fuzz test-install test-pip clean format format-check \
   check-structure api-docs
 
 all: build
@@ -52,13 +53,23 @@ test-asan: deps
 	cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  tests/mha_tests --gtest_filter='StorageCache.*:Tensor*'
 
+# The threads contracts' tests (PagedKVCache's reader/writer hold) under ThreadSanitizer, in a tree of
+# their own (library at -O1, this machine's Highway target, one OpenMP thread: Debian's libgomp is not
+# instrumented). Not part of make test: the tree takes a few minutes to build; run it after changing
+# anything shared between threads.
+test-tsan: deps
+	cmake -S . -B $(BUILD_TSAN) -DCMAKE_BUILD_TYPE=Debug -DMHA_SANITIZE_THREAD=ON -DMHA_BUILD_PYTHON=OFF \
+	  -DMHA_BUILD_APPS=OFF -DMHA_BUILD_DISTRIBUTED=OFF -Wno-dev
+	cmake --build $(BUILD_TSAN) -j $(JOBS) --target mha_threads_tests
+	cd $(BUILD_TSAN) && ctest --output-on-failure -R mha_threads_tests
+
 # libFuzzer + ASan + UBSan on the safetensors and .npy readers, FUZZ_TIME seconds each (default 30);
 # fails on any crash, leak, sanitizer report or oversized allocation (fuzz/run.sh, docs/FUZZING.md).
 test-fuzz: deps
 	bash fuzz/run.sh
 
 clean:
-	rm -rf $(BUILD) $(BUILD_ASAN)
+	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_TSAN)
 
 # clang-format (Debian's, 14) with .clang-format on every tracked .cpp/.hpp/.h/.cc: scripts/format.sh
 # rewrites the files; scripts/format.sh --check lists those that differ and fails (make test runs it first:

@@ -10,9 +10,15 @@
 #   compiles every target.
 # GCC's -Wmaybe-uninitialized is unreliable with ASan's instrumentation (it flagged std::regex's own
 # state 64 times at -O1); the Release build keeps the warning.
-add_compile_options(-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -O1 -g1
+# MHA_SANITIZE_THREAD instead: ThreadSanitizer (`make test-tsan`), same optimisation and targets.
+if(MHA_SANITIZE_THREAD)
+  set(mha_sanitizers thread)
+else()
+  set(mha_sanitizers address,undefined)
+endif()
+add_compile_options(-fsanitize=${mha_sanitizers} -fno-sanitize-recover=all -fno-omit-frame-pointer -O1 -g1
                     -Wno-maybe-uninitialized)
-add_link_options(-fsanitize=address,undefined)
+add_link_options(-fsanitize=${mha_sanitizers})
 
 try_run(mha_hwy_run mha_hwy_compiled ${CMAKE_BINARY_DIR}/hwy_machine_target
         SOURCES ${CMAKE_CURRENT_LIST_DIR}/hwy_machine_target.cpp

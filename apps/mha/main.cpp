@@ -1,12 +1,22 @@
 // The `mha` command: multi-head attention (Vaswani et al. 2017, section 3.2) from the shell.
 //
 // Exit status: 0 success; 1 an error while running (printed as "mha: error: <message>"), including
-// `mha heads` whose heads fail their check; 2 a command-line misuse (CLI11's message).
+// `mha heads` whose heads fail their check and output that could not be written (a full disk, a closed
+// standard output: whatever the command's status would have been); 2 a command-line misuse (CLI11's
+// message).
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <exception>
+#include <iostream>
 #include <optional>
+#include <sstream>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include <fmt/core.h>
@@ -244,6 +254,11 @@ void add_bench_command(CLI::App& app, mha_cli::BenchOptions& options) {
                                "--decode: MiB read to measure the read bandwidth (0: 8 x the last-level cache)"),
              0, 1 << 20)
       ->capture_default_str();
+  integer_in(bench->add_option("--llc-mib", options.llc_mib,
+                               "--decode: the last-level cache size in MiB that decides which caches are over it "
+                               "(0: this machine's, from sysfs)"),
+             0, 1 << 20)
+      ->capture_default_str();
   bench->add_option("--python", options.python, "The Python with torch")->capture_default_str();
   bench->add_option("--torch-script", options.torch_script, "PyTorch's side (default: apps/mha/bench/torch_mha.py)");
   number_in(bench->add_option("--torch-memory-limit", options.torch_memory_limit_gib,
@@ -369,9 +384,33 @@ std::optional<int> help_or_unknown_command(CLI::App& app, int argc, char** argv)
   return kExitUsage;
 }
 
-}  // namespace
+// A standard descriptor that is closed (`mha ... >&-`) gets /dev/null opened the other way round, so
+// that reading or writing it still fails (EBADF, as when closed) but no file the command opens takes
+// its number: output meant for the terminal would otherwise land in that file.
+void hold_closed_standard_descriptors() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+    const int held = open("/dev/null", fd == 0 ? O_WRONLY : O_RDONLY);
+    if (held != -1 && held != fd) dup2(held, fd), close(held);
+  }
+}
 
-int main(int argc, char** argv) {
+// The command's status, or kExitError when its output could not all be written: stdio reports a failed
+// write only through ferror and the final flush (fmt::print throws only once its buffer fails), so a
+// command whose few lines sat in the buffer would exit 0 having written nothing.
+int check_standard_output(int status) {
+  errno = 0;
+  const bool flushed = std::fflush(stdout) == 0;
+  const int error = flushed ? 0 : errno;  // unknown when an earlier write failed and this one had nothing left
+  std::cout.flush();                      // unused here, but CLI11's default stream
+  if (flushed && !std::ferror(stdout) && std::cout.good()) return status;
+  // fprintf, not fmt::print: a standard error that fails too must not throw from here
+  std::fprintf(stderr, "mha: error: cannot write the output to standard output%s%s\n", error != 0 ? ": " : "",
+               error != 0 ? std::strerror(error) : "");
+  return kExitError;
+}
+
+int command_line(int argc, char** argv) {
   CLI::App app{"mha: multi-head attention (\"Attention Is All You Need\", section 3.2)", "mha"};
   app.set_version_flag("--version", std::string("mha ") + MHA_VERSION);
   app.require_subcommand(1);
@@ -404,7 +443,12 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     // app.exit prints --help / --version (status 0) or the misuse (CLI11's own codes, 100+): we use 2.
-    return app.exit(e) == 0 ? 0 : kExitUsage;
+    // Help and version go where every command's output goes (CLI11 writes std::cout): a failed write fails.
+    std::ostringstream out;
+    const int code = app.exit(e, out);
+    if (std::fputs(out.str().c_str(), stdout) == EOF)  // as fmt::print, which throws its errno
+      throw std::system_error(errno, std::generic_category(), "cannot write to standard output");
+    return code == 0 ? 0 : kExitUsage;
   }
 
   try {
@@ -435,4 +479,17 @@ int main(int argc, char** argv) {
     return kExitError;
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  hold_closed_standard_descriptors();
+  int status = kExitError;
+  try {
+    status = command_line(argc, argv);
+  } catch (const std::exception& e) {  // a failed write outside the commands' handler (`mha help`), or in it
+    std::fprintf(stderr, "mha: error: %s\n", mha_cli::terminal_safe(e.what()).c_str());
+  }
+  return check_standard_output(status);
 }

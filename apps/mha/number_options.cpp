@@ -34,6 +34,13 @@ bool read_whole(const std::string& text, T& value, bool& out_of_range) {
   return ec == std::errc() && ptr == end;
 }
 
+// "010", "00", "-07": digits that start with a 0 and do not stop there. C's strtol (base 0), CLI11 and
+// the shell's $(( )) read them as octal, from_chars and Python as decimal: refused, not guessed at.
+bool has_leading_zero(const std::string& text) {
+  const std::size_t digits = !text.empty() && text[0] == '-' ? 1 : 0;
+  return text.size() > digits + 1 && text[digits] == '0';
+}
+
 template <class T>
 CLI::Option* integer_option(CLI::Option* option, T lo, T hi) {
   const std::string range = fmt::format("in [{}, {}]", lo, hi);
@@ -43,9 +50,13 @@ CLI::Option* integer_option(CLI::Option* option, T lo, T hi) {
         bool out_of_range = false;
         if (!read_whole(input, value, out_of_range) && !out_of_range)
           return fmt::format("{} is not a decimal integer; expected an integer {}", quoted_printable(input), range);
+        if (has_leading_zero(input))  // before the range: 0100 is 64 in octal, inside --beam's [1, 64]
+          return fmt::format("{} has a leading zero, which some tools read as octal; expected a decimal integer {} "
+                             "written without one",
+                             input, range);
         if (out_of_range || value < lo || value > hi)
           return fmt::format("{} is out of range; expected an integer {}", input, range);
-        input = fmt::format("{}", value);  // "010" -> "10": CLI11 would read a leading 0 as octal
+        input = fmt::format("{}", value);  // "-0" -> "0": CLI11 reads what was checked
         return "";
       },
       ""));

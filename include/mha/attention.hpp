@@ -40,9 +40,18 @@
 /// and log-sum-exp -inf.
 ///
 /// Sizes: B, h, L, S and d_v may be 0 (the results are then empty or, for S = 0, zero); d_k >= 1.
-/// scale may be any finite number. key_padding_mask and key_lengths may be given together (both apply).
+/// key_padding_mask and key_lengths may be given together (both apply).
 /// A float attn_mask must have q's dtype (MultiHeadAttention converts the other float dtype for you);
 /// with bfloat16 q it may also be float32, the dtype the logits are computed in.
+///
+/// The numbers a logit is formed with, scale, softcap and the ALiBi slopes, must each be 0 or a normal
+/// finite number of the dtype the logits are computed in: float32 for float32 and bfloat16 inputs
+/// (magnitude in [1.1754944e-38, 3.4028235e+38]), float64 for float64 inputs (magnitude in
+/// [2.2250738585072014e-308, 1.7976931348623157e+308]); softcap is also >= 0, scale and slopes may be
+/// negative. Anything else (NaN, Inf, 1e39 or 1e-40 for float32, a subnormal float64) throws mha::Error
+/// naming the argument and the range: converted to float32, 1e39 would be inf (every output NaN where the
+/// float64 result is finite) and softcap 5e-324 would be 0, "none". Within the range, a logit that
+/// overflows still follows the NaN and Inf rules above (scale 1e38 with q . k = 10 gives +inf logits).
 ///
 /// bfloat16 (DType::BFloat16): q, k, v, out, weights and the gradients are bfloat16; the log-sum-exp is
 /// float32 (and the backward takes it as float32). Both products of a tile take bfloat16 operands with
@@ -69,7 +78,7 @@ enum class Kernel {
 };
 
 struct AttentionOptions {
-  std::optional<double> scale;                 ///< default 1 / sqrt(d_k)
+  std::optional<double> scale;                 ///< default 1 / sqrt(d_k); 0 or normal in the logit dtype (above)
   bool causal = false;                         ///< bottom-right aligned, see above
   std::optional<TensorView> key_padding_mask;  ///< bool [B, S], true = padding; or q's dtype, added
   std::vector<std::int64_t> key_lengths;       ///< alternative to key_padding_mask: B lengths in [0, S]
@@ -80,11 +89,13 @@ struct AttentionOptions {
   std::int64_t window_left = -1;
   std::int64_t window_right = -1;  ///< see window_left
   /// ALiBi (Press et al., 2022): [h] slopes, float32 or float64; adds -slope[head] * |i' - j| to logit
-  /// (i, j), after the scale (and after softcap), like an additive mask.
+  /// (i, j), after the scale (and after softcap), like an additive mask. Each slope 0 or a normal number
+  /// of the logit dtype (above).
   std::optional<TensorView> alibi_slopes;
   /// Logit soft-capping (Gemma 2's, in FlashAttention-2's order): > 0 replaces each scaled logit x by
   /// softcap * tanh(x / softcap) before ALiBi and the masks are added; 0 (the default) leaves logits
-  /// alone. IEEE arithmetic decides infinite logits (+inf caps to softcap).
+  /// alone. IEEE arithmetic decides infinite logits (+inf caps to softcap). 0 or a normal positive
+  /// number of the logit dtype (above): 5e-324 is refused, not read as 0.
   double softcap = 0.0;
   double dropout_p = 0.0;          ///< probability of zeroing a weight, in [0, 1)
   std::uint64_t dropout_seed = 0;  ///< keys the counter-based dropout mask

@@ -50,8 +50,12 @@
 namespace mha {
 
 struct DecodeOptions {
-  std::optional<double> scale;  ///< default 1 / sqrt(d_k); any finite number
-  bool need_lse = false;        ///< also return each query's log-sum-exp
+  /// default 1 / sqrt(d_k); 0 or a normal finite number of the dtype the logits are computed in (float32
+  /// for float32 and bfloat16 caches, magnitude in [1.1754944e-38, 3.4028235e+38]; float64 for float64,
+  /// [2.2250738585072014e-308, 1.7976931348623157e+308]), as scaled_dot_product_attention takes it: 1e300
+  /// would be inf in float32 and every output NaN
+  std::optional<double> scale;
+  bool need_lse = false;  ///< also return each query's log-sum-exp
 };
 
 struct DecodeResult {
@@ -63,7 +67,7 @@ struct DecodeResult {
 /// cache (an id may appear more than once), each holding at least q_len positions. Returns out
 /// [n, q_len, h, d_v]: row s attends to sequences[s]. Throws mha::Error, naming the argument, for an
 /// unknown or released sequence, q of the wrong rank, dtype or width, h not a multiple of h_kv, n not
-/// the number of ids, q_len 0 or longer than a sequence, n 0, or a scale that is not finite.
+/// the number of ids, q_len 0 or longer than a sequence, n 0, or a scale outside the range above.
 DecodeResult decode_attention(const TensorView& q, const PagedKVCache& cache,
                               std::span<const PagedKVCache::SequenceId> sequences, const DecodeOptions& options = {});
 

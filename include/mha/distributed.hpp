@@ -72,7 +72,7 @@ Tensor shard_sequence(const TensorView& full, std::int64_t dim, int ranks, int r
 Tensor unshard_sequence(const std::vector<TensorView>& shards, std::int64_t dim, Layout layout);
 
 struct RingOptions {
-  std::optional<double> scale;  ///< default 1 / sqrt(d_k)
+  std::optional<double> scale;  ///< default 1 / sqrt(d_k); 0 or a normal number of the dtype (attention.hpp)
   bool causal = false;          ///< over the whole sequence; needs L == S
   Layout layout = Layout::Zigzag;
   std::optional<TensorView> key_padding_mask;  ///< bool [B, S_r]: this rank's keys, true = padding

@@ -90,7 +90,9 @@ struct MultiHeadAttentionInputs {
   /// A sliding window over the S input keys, ALiBi slopes [h] and logit soft-capping, as
   /// AttentionOptions has them (attention.hpp): forward, backward and forward_cached (whose positions are
   /// the cache's). A layer with add_bias_kv / add_zero_attn refuses the window and ALiBi (its appended
-  /// positions have no place in the sequence); soft-capping applies to every logit.
+  /// positions have no place in the sequence); soft-capping applies to every logit. softcap and each
+  /// slope must be 0 or a normal number of the layer's logit dtype (float32 for float32 and bfloat16
+  /// layers, float64 for float64), as attention.hpp says; others throw mha::Error naming them.
   std::int64_t window_left = -1;
   std::int64_t window_right = -1;          ///< see window_left
   std::optional<TensorView> alibi_slopes;  ///< see window_left
@@ -139,7 +141,9 @@ class MultiHeadAttention;
 /// Threads: forward_cached() calls on one cache may overlap each other (from one or several layers);
 /// append_to_cache(), clear() and moving the cache need it alone. A call that would overlap an
 /// incompatible one on the same cache (say, two threads appending to it) is detected and throws
-/// mha::Error ("cache: in use by another call"); the cache is then unchanged. Move-only, like Tensor.
+/// mha::Error ("cache: in use by another call"); the cache is then unchanged. batch(), length() and
+/// capacity() may be read at any time, from any thread (during an append: the value before or after
+/// it). Move-only, like Tensor.
 class KeyValueCache {
  public:
   KeyValueCache() = default;  ///< empty; the first append fixes the batch size
@@ -176,7 +180,9 @@ class KeyValueCache {
 
   Tensor keys_;    // [B, capacity, h*d_k]: projected keys, then the layer's extra positions
   Tensor values_;  // [B, capacity, h*d_v]: projected values, likewise
-  std::int64_t batch_ = 0, length_ = 0, capacity_ = 0;
+  // Atomic so that batch(), length() and capacity() may be read while another thread appends (they see
+  // the value before or after it); only append_to_cache(), clear() and moves change them.
+  std::atomic<std::int64_t> batch_ = 0, length_ = 0, capacity_ = 0;
   // The layer that appended: per-head widths, dtype and the positions it appends after the keys.
   std::int64_t num_heads_ = 0, num_kv_heads_ = 0, d_k_ = 0, d_v_ = 0;  // rows hold num_kv_heads_ heads
   DType dtype_ = DType::Float32;
@@ -235,6 +241,9 @@ class MultiHeadAttention {
   /// forward's out), returns dLoss/d(query, key, value) and dLoss/d(every parameter). Gradients are
   /// returned in new tensors: they overwrite nothing and accumulate nothing (sum them yourself when
   /// query, key and value are one tensor). No gradient flows through the returned attention weights.
+  /// A key position that no query sees (padding, key_lengths, a masked attn_mask column, a window)
+  /// changes no gradient: a NaN or Inf in its key or value row reaches neither the inputs' gradients
+  /// nor the parameters' (dW_k = dK^T X reads such a row as 0, not as 0 * NaN).
   /// Throws mha::Error when there is no training-mode forward, when a parameter was set (set_parameter,
   /// load_state_dict) after it (as PyTorch refuses a backward through modified weights), when an input
   /// lent with borrow_inputs changed after it, or when dout has the wrong shape or dtype.
@@ -281,6 +290,8 @@ class MultiHeadAttention {
   /// sequence may appear once. Not with add_bias_kv / add_zero_attn; inputs other than the defaults
   /// (masks, key_lengths, head_gate, the variants) are refused. Throws mha::Error naming the argument,
   /// before anything is appended, on bad input or when the cache lacks the pages the new positions need.
+  /// Holds the cache for writing from its checks to its last read (PagedKVCache's threads contract): a
+  /// concurrent call on the same cache waits, and never sees this one's appends without its decode.
   MultiHeadAttentionOutput forward_paged(const TensorView& query, PagedKVCache& cache,
                                          std::span<const PagedKVCache::SequenceId> sequences,
                                          const MultiHeadAttentionInputs& inputs = {}) const;

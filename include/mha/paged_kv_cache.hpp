@@ -15,6 +15,17 @@
 ///
 /// Every refused call (unknown or released sequence, keys or values of the wrong shape or dtype, not
 /// enough free pages) throws mha::Error naming the cause and leaves the cache exactly as it was.
+///
+/// Threads: every method may be called from several threads at once, on one cache. Readers (length,
+/// contains, sequences, pages_in_use, free_pages, page_table, page_users, key_page, value_page, keys,
+/// values, decode_attention) share the cache; writers (add_sequence, append, fork, release,
+/// MultiHeadAttention::forward_paged) have it alone: a writer waits until the reads in progress end,
+/// and reads wait for it. config() and page_count() never change. The span and the pointers that
+/// page_table(), key_page() and value_page() return stay valid only while no writer runs: a thread that
+/// uses them while other threads may write holds the cache with read_hold() around the use. A thread
+/// may nest calls and holds on one cache (a read inside its read or write hold, a write inside its
+/// write hold); a write inside its own read hold would wait for itself for ever, and throws mha::Error
+/// instead. Moving a cache, and destroying it, need it alone (no call in progress).
 #pragma once
 
 #if __cplusplus < 202002L
@@ -23,6 +34,7 @@
 
 #include <cstdint>
 #include <map>
+#include <shared_mutex>
 #include <span>
 #include <vector>
 
@@ -44,8 +56,28 @@ class PagedKVCache {
   using SequenceId = std::int64_t;
 
   /// Allocates the whole pool. Throws mha::Error for sizes < 1 (value_dim and capacity may be 0), a
-  /// dtype that is not floating, or a pool larger than a tensor may be.
+  /// dtype that is not floating, or a page or pool larger than a tensor may be (each product of the
+  /// sizes is checked for overflow: page_size = 2^63 - 1 or head_dim = 2^62 is refused by name).
   explicit PagedKVCache(const PagedKVCacheConfig& config);
+  PagedKVCache(PagedKVCache&& other) noexcept;             ///< needs `other` alone (threads, above)
+  PagedKVCache& operator=(PagedKVCache&& other) noexcept;  ///< needs both alone
+
+  /// This thread's hold on the cache, for its scope (see Threads above): a read hold shares the cache
+  /// with other readers, a write hold has it alone. Nested in a hold of this thread, a hold does nothing.
+  class Hold {
+   public:
+    ~Hold();
+    Hold(const Hold&) = delete;
+    Hold& operator=(const Hold&) = delete;
+
+   private:
+    friend class PagedKVCache;
+    Hold(const PagedKVCache& cache, bool write);
+    const PagedKVCache* cache_ = nullptr;  // null when nested: nothing to undo
+    bool write_ = false;
+  };
+  [[nodiscard]] Hold read_hold() const { return Hold(*this, false); }
+  [[nodiscard]] Hold write_hold() { return Hold(*this, true); }
 
   const PagedKVCacheConfig& config() const { return config_; }  ///< value_dim resolved
 
@@ -63,10 +95,11 @@ class PagedKVCache {
   bool contains(SequenceId sequence) const;        ///< added and not released
   std::vector<SequenceId> sequences() const;       ///< those held, in the order they were added
   std::int64_t page_count() const { return static_cast<std::int64_t>(users_.size()); }
-  std::int64_t pages_in_use() const { return page_count() - static_cast<std::int64_t>(free_.size()); }
-  std::int64_t free_pages() const { return static_cast<std::int64_t>(free_.size()); }
+  std::int64_t pages_in_use() const { return page_count() - free_pages(); }
+  std::int64_t free_pages() const;
 
-  /// The pages of a sequence, in order: position t is at row t % P of page page_table(s)[t / P].
+  /// The pages of a sequence, in order: position t is at row t % P of page page_table(s)[t / P]. The
+  /// span, like the page pointers below, is valid until the next write (hold the cache to keep it).
   std::span<const std::int32_t> page_table(SequenceId sequence) const;
   /// How many sequences use a page (0: free).
   std::int32_t page_users(std::int32_t page) const;
@@ -96,6 +129,7 @@ class PagedKVCache {
   std::vector<std::int32_t> free_;            // free pages, the next one taken from the back
   std::map<SequenceId, Sequence> sequences_;  // ordered by id, i.e. by when they were added
   SequenceId next_id_ = 0;
+  mutable std::shared_mutex mutex_;  // shared by readers, exclusive for writers (Hold)
 };
 
 }  // namespace mha

@@ -75,6 +75,8 @@ def _as_dtype(dtype):
     """numpy.float32 / numpy.float64 (or their names), or "bfloat16" -> (numpy dtype or "bfloat16", _core.DType)."""
     if isinstance(dtype, str) and dtype == _BFLOAT16:
         return _BFLOAT16, _core.DType.bfloat16
+    if dtype is None:  # numpy.dtype(None) is float64: not a silent choice of the layer's dtype
+        raise Error('dtype: expected numpy.float32, numpy.float64 or "bfloat16", got None')
     try:
         resolved = np.dtype(dtype)
     except TypeError:
@@ -106,6 +108,20 @@ def _int64_arg(value, name):
     if not -2**63 <= value < 2**63:
         raise Error(f"{name}: expected an integer that fits 64 bits, got {value}")
     return value
+
+
+def _float_arg(value, name):
+    """A real number argument as a float (an int, a float, a NumPy scalar); mha.Error naming it for
+    None, a str (float("0.5") would parse it), a complex or an int beyond float64's range."""
+    refused = f"{name}: expected a real number (float or int), got {type(value).__name__} {value!r:.60}"
+    if value is None or isinstance(value, (str, bytes)):
+        raise Error(refused)
+    try:
+        return float(value)
+    except OverflowError:
+        raise Error(f"{name}: {value!r:.60} is beyond the range of float64") from None
+    except (TypeError, ValueError):
+        raise Error(refused) from None
 
 
 def _mask_to_dtype(attn_mask, dtype):
@@ -171,16 +187,11 @@ def _refuse_autograd_tensors(**arrays):
 
 def _variants(window, alibi_slopes, softcap):
     """Keyword arguments for the attention variants: window=(left, right) with -1 for an unbounded
-    side, alibi_slopes [h] (float32 / float64), softcap (0: none)."""
-    options = dict(softcap=float(softcap))
-    if window is not None:
-        try:
-            left, right = window
-            options["window"] = (operator.index(left), operator.index(right))
-        except (TypeError, ValueError):
-            raise Error(f"window: expected (left, right), two integers >= -1 (-1: unbounded), got {window!r}") from None
+    side, alibi_slopes [h] (float32 / float64), softcap (None or 0: none). _core converts window and
+    softcap, refusing by name what is not two 64-bit integers or a real number."""
+    options = dict(softcap=softcap, window=window)
     if alibi_slopes is not None:
-        options["alibi_slopes"] = np.asarray(alibi_slopes)
+        options["alibi_slopes"] = np.asarray(_numpy_of(alibi_slopes))
     return options
 
 
@@ -196,9 +207,11 @@ def _attention_options(q, k, attn_mask, is_causal, scale, key_padding_mask, key_
         else:
             attn_mask = attn_mask.reshape((-1,) + attn_mask.shape[2:])
     key_padding_mask = _mask_to_dtype(key_padding_mask, mask_dtype)  # a float one is added per key, O(B S)
+    # scale, dropout_p and dropout_seed as given: _core converts them, naming what is not a real number
+    # (scale, dropout_p) or an integer in [0, 2**64) (dropout_seed).
     options = dict(attn_mask=attn_mask, is_causal=bool(is_causal), scale=scale,
                    key_padding_mask=key_padding_mask, key_lengths=_key_lengths(key_lengths),
-                   dropout_p=float(dropout_p), dropout_seed=int(dropout_seed),
+                   dropout_p=dropout_p, dropout_seed=dropout_seed,
                    **_variants(window, alibi_slopes, softcap))
     kernel = _kernel_arg(kernel)
     if kernel is not None:
@@ -224,7 +237,8 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, scale
             [L, S], [B*h, L, S] or [B, h, L, S].
         is_causal: apply a causal mask, aligned to the bottom right: query i may see key j only
             when j <= i + S - L (the usual lower triangle when L == S).
-        scale: the logit scale; None means 1 / sqrt(d_k).
+        scale: the logit scale; None means 1 / sqrt(d_k). 0 or a normal finite number of the dtype the
+            logits are computed in (see "Logit numbers" below).
         key_padding_mask: optional [B, S] (or [S] unbatched); boolean True (or nonzero integer)
             marks padding keys; a float mask is added to the logits of its key as in PyTorch
             (memory O(B S)), also next to a boolean attn_mask (PyTorch 1.13 reads it as boolean there).
@@ -241,12 +255,23 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, scale
         window: a sliding window (left, right), FlashAttention-2's window_size: query i, at position
             i' = i + S - L, sees key j only when i' - left <= j <= i' + right; -1 leaves a side
             unbounded. Key blocks outside it are skipped.
-        alibi_slopes: ALiBi, [h] float slopes: -slope[head] * |i' - j| is added to each logit.
+        alibi_slopes: ALiBi, [h] float slopes: -slope[head] * |i' - j| is added to each logit. Each
+            slope 0 or a normal finite number of the logit dtype.
         softcap: logit soft-capping (> 0): each scaled logit x becomes softcap * tanh(x / softcap)
-            before ALiBi and the masks are added; 0 (default) leaves logits alone.
+            before ALiBi and the masks are added; 0 (default) or None leaves logits alone. Else a
+            normal positive number of the logit dtype.
 
     Masks combine: a position is allowed only if every mask allows it. A query row with no allowed
     key gets output 0 and weights 0.
+
+    Logit numbers: scale, softcap and each ALiBi slope must be 0 or a normal finite number of the
+    dtype the logits are computed in: float32 for float32 and bfloat16 inputs (magnitude in
+    [1.1754944e-38, 3.4028235e+38]), float64 for float64 inputs (magnitude in
+    [2.2250738585072014e-308, 1.7976931348623157e+308]). Others (NaN, inf, 1e39 or 1e-40 with
+    float32 q, a subnormal float64) raise mha.Error naming the argument and the range: in float32,
+    1e39 would be inf (every output NaN) and softcap=5e-324 would be 0, no soft-capping at all.
+    A real number is a float, an int or a NumPy scalar (not a str); window and dropout_seed take
+    64-bit integers (dropout_seed in [0, 2**64)); others raise mha.Error naming the argument.
 
     Returns:
         out [B, h, L, d_v] (or [h, L, d_v]); with need_weights and/or need_lse, the tuple
@@ -388,12 +413,16 @@ class MultiheadAttention:
         config.bias = bool(bias)
         config.add_bias_kv = bool(add_bias_kv)
         config.add_zero_attn = bool(add_zero_attn)
-        config.dropout = float(dropout)
+        config.dropout = _float_arg(dropout, "dropout")
         config.batch_first = bool(batch_first)
         config.dtype = core_dtype
         if seed is None:
             seed = int.from_bytes(os.urandom(8), "little")
-        self.seed = operator.index(seed)
+        try:
+            self.seed = operator.index(seed)
+        except TypeError:
+            raise Error(f"seed: expected an integer in [0, 2**64) or None, "
+                        f"got {type(seed).__name__} {seed!r:.60}") from None
         if not 0 <= self.seed < 2**64:
             raise Error(f"seed: expected an integer in [0, 2**64), got {self.seed}")
         try:
@@ -561,7 +590,9 @@ class MultiheadAttention:
                 "head_gate" (the head-importance score of Michel et al. 2019).
             window, alibi_slopes, softcap: a sliding window (left, right) over the S input keys,
                 ALiBi slopes [h] and logit soft-capping, as scaled_dot_product_attention takes them
-                (not with add_bias_kv / add_zero_attn, except softcap).
+                (not with add_bias_kv / add_zero_attn, except softcap; softcap None or 0: none).
+                softcap and each slope must be 0 or a normal number of the layer's logit dtype
+                (float32 for float32 and bfloat16 layers, float64 for float64), else mha.Error.
 
         Returns:
             (out like query, weights or None); unbatched input gives weights [L, S'] or [h, L, S'].

@@ -53,18 +53,42 @@ def shard_sequence(full, dim, ranks, rank, layout="zigzag"):
     return np.ascontiguousarray(np.take(full, np.concatenate(rows).astype(np.int64), axis=dim))
 
 
+def _rows_of_rank(n, ranks, rank, layout):
+    return sum(length for _, length in shard_chunks(n, ranks, rank, layout))
+
+
+def _likeliest_length(rows, layout):
+    """The whole length that shards of rows[r] rows most likely came from, so that an error names the
+    shard that is wrong (their sum, which holds the wrong shard too, can blame another): the length
+    whose layout the most shards fit; on a tie one that shard 0 fits, then one under which the first
+    shard that does not fit is the odd one out, then the nearest to the sum. As the library's
+    likeliest_length (src/distributed/agreement.hpp), which names the rank in ring_attention's errors."""
+    ranks, total = len(rows), sum(rows)
+    if all(_rows_of_rank(total, ranks, r, layout) == c for r, c in enumerate(rows)):
+        return total
+    holders = {c: rows.count(c) for c in rows}
+    counts = sorted(holders, key=lambda c: (-holders[c], c))[:4] + [rows[0]]
+    candidates = {total} | {n for c in counts for n in range(max(0, (c - 2) * ranks), (c + 2) * ranks + 1)}
+
+    def score(n):
+        misfits = [r for r, c in enumerate(rows) if _rows_of_rank(n, ranks, r, layout) != c]
+        first = misfits[0] if misfits else None
+        return (ranks - len(misfits), first != 0, 0 if first is None else -holders[rows[first]], -abs(n - total), -n)
+    return max(candidates, key=score)
+
+
 def unshard_sequence(shards, dim, layout="zigzag"):
     """The whole sequence from every rank's shard (shards[r] is rank r's), along `dim`."""
     shards = [np.asarray(s) for s in shards]
     if not shards:
         raise Error("shards: expected one shard per rank, got none")
-    n = sum(s.shape[dim] for s in shards)
+    n = _likeliest_length([s.shape[dim] for s in shards], layout)
     pieces = []
     for r, s in enumerate(shards):
         chunks = shard_chunks(n, len(shards), r, layout)
         if sum(length for _, length in chunks) != s.shape[dim]:
-            raise Error(f"shards: shard {r} has {s.shape[dim]} rows in dim {dim}; the layout gives it "
-                        f"{sum(length for _, length in chunks)} of the {n}")
+            raise Error(f"shards: shard {r} has {s.shape[dim]} rows in dim {dim}; the layout of the {n} rows that "
+                        f"the shards fit best gives it {sum(length for _, length in chunks)}")
         local = 0
         for start, length in chunks:
             pieces.append((start, np.take(s, np.arange(local, local + length), axis=dim)))
@@ -80,7 +104,7 @@ def _options(causal, scale, layout, key_padding_mask, key_lengths, dropout_p, dr
             raise Error(f"key_padding_mask: ring attention takes a boolean mask [B, S_r], got {key_padding_mask.dtype}")
     kernel = _kernel_arg(kernel)
     return dict(causal=bool(causal), scale=scale, layout=_layout(layout), key_padding_mask=key_padding_mask,
-                key_lengths=_key_lengths(key_lengths), dropout_p=float(dropout_p), dropout_seed=int(dropout_seed),
+                key_lengths=_key_lengths(key_lengths), dropout_p=dropout_p, dropout_seed=dropout_seed,
                 kernel=Kernel.flash if kernel is None else kernel)
 
 
@@ -93,6 +117,8 @@ def ring_attention(q, k, v, comm, *, causal=False, scale=None, layout="zigzag", 
             [B, h, S_r, d_v] (float32 or float64), as the layout cuts the sequence.
         comm: an mpi4py communicator; every rank of it must call.
         causal: causal over the whole sequence (needs L == S).
+        scale: None (1 / sqrt(d_k)) or 0 or a normal finite number of q's dtype, as
+            mha.scaled_dot_product_attention takes it.
         key_padding_mask: boolean [B, S_r], True = padding, for this rank's keys.
         key_lengths: B lengths over the whole sequence (the same on every rank).
         dropout_p, dropout_seed: dropout, drawn at global positions (the single-process mask).

@@ -37,6 +37,12 @@ _NO_DOUBLE_BACKWARD = (
     "mha.torch.MultiheadAttention does not support double backward (backward with create_graph=True, as "
     "gradient penalties and Hessian-vector products need): its backward is mha's fused kernel, whose own "
     "derivative is not implemented. Use torch.nn.MultiheadAttention for second derivatives.")
+_NO_BATCHED_GRADIENTS = (
+    "mha.torch.MultiheadAttention's backward cannot run under torch's vmap, which "
+    "torch.autograd.grad(..., is_grads_batched=True) and torch.autograd.functional.jacobian / hessian(..., "
+    "vectorize=True) use: the batched gradient is a BatchedTensor, whose memory mha's kernel cannot read. "
+    "Pass the gradients one at a time (is_grads_batched=False, a loop over grad_outputs) or use "
+    "vectorize=False (the default); both give the same gradients.")
 
 # Idle mha layers kept per kind (see _WorkerPool). Two cover a training loop, where the graph of
 # step n (one layer checked out) is still alive during the forward of step n + 1 (a second one).
@@ -85,9 +91,13 @@ class MultiheadAttention(_torch.nn.Module):
         * ``is_causal=True`` applies a causal mask (query i may see key j when j <= i + S - L,
           the usual lower triangle when L == S), combined with any attn_mask. (torch 1.13 has no
           such argument; torch 2.x reads it as a hint that attn_mask is causal.)
-        * float32, float64 and bfloat16 only, CPU only; other dtypes or devices raise mha.Error (a
-          ValueError) naming the argument, as do inputs whose dtype differs from the parameters'
-          (torch's module raises a RuntimeError there). No double backward (create_graph=True).
+        * float32, float64 and bfloat16 only, CPU only, dense tensors only (not sparse or nested);
+          other dtypes, devices or layouts raise mha.Error (a ValueError) naming the argument, as do
+          inputs whose dtype differs from the parameters' (torch's module raises a RuntimeError
+          there). No double backward (create_graph=True), and no batched gradients: the backward does
+          not run under torch's vmap, so ``torch.autograd.grad(..., is_grads_batched=True)`` and
+          ``torch.autograd.functional.jacobian(..., vectorize=True)`` raise a RuntimeError saying so;
+          pass the gradients one at a time, or vectorize=False (the default), instead.
         * bfloat16 runs mha's bfloat16 layer: bfloat16 products accumulated in float32, softmax in
           float32; torch 1.13's bfloat16 module rounds more often, so the two differ by bfloat16
           rounding (mha's error against float64 is no larger than torch's; tests/python/test_bfloat16.py).
@@ -380,6 +390,8 @@ class _MultiheadAttentionFunction(_torch.autograd.Function):
         # Grad mode is on here only under create_graph=True, i.e. for a gradient to be differentiated.
         if _torch.is_grad_enabled():
             raise RuntimeError(_NO_DOUBLE_BACKWARD)
+        if _is_vmapped(grad_out):
+            raise RuntimeError(_NO_BATCHED_GRADIENTS)
         grads = ctx.worker.layer.backward(_array_of(grad_out.detach()))
         wanted = ctx.needs_input_grad  # (call, query, key, value, head_gate, *params)
         inputs = [_tensor_of(grads[n]) if wanted[1 + i] else None
@@ -389,6 +401,21 @@ class _MultiheadAttentionFunction(_torch.autograd.Function):
                   for i, n in enumerate(ctx.names)]
         # query is key is value (self-attention): autograd sums the three gradients.
         return (None, *inputs, gate, *params)
+
+
+def _is_vmapped(t):
+    """Whether t is a BatchedTensor of torch's vmap (torch 1.13's Batched dispatch key; functorch's
+    FuncTorchBatched in torch 2.x). torch has no public test for it."""
+    dispatch_keys = getattr(_torch._C, "_dispatch_keys", None)
+    return dispatch_keys is not None and "Batched" in str(dispatch_keys(t))
+
+
+def _dense_cpu(t, name, what=""):
+    """Raises mha.Error naming `name` unless t is a dense (strided, not nested) CPU tensor; a nested
+    tensor reports torch.strided as its layout in torch 1.13, so it is asked for by is_nested."""
+    if t.device.type != "cpu" or t.layout != _torch.strided or getattr(t, "is_nested", False):
+        layout = "nested" if getattr(t, "is_nested", False) else str(t.layout)
+        raise _mha.Error(f"{name}: mha runs on dense CPU tensors only, got {what}{t.device} {layout}")
 
 
 def _array_of(t):
@@ -424,8 +451,7 @@ def _check_input(t, name, dtype):
     """t itself, once checked to be a strided CPU tensor of the layer's dtype."""
     if not isinstance(t, _torch.Tensor):
         raise _mha.Error(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    if t.device.type != "cpu" or t.layout != _torch.strided:
-        raise _mha.Error(f"{name}: mha runs on dense CPU tensors only, got {t.device} {t.layout}")
+    _dense_cpu(t, name)
     if t.dtype != dtype:
         raise _mha.Error(f"{name}: expected {dtype} (the layer's dtype), got {t.dtype} {list(t.shape)}")
     return t
@@ -438,8 +464,7 @@ def _check_head_gate(gate):
         return None
     if not isinstance(gate, _torch.Tensor):
         raise _mha.Error(f"head_gate: expected a torch.Tensor, got {type(gate).__name__}")
-    if gate.device.type != "cpu" or gate.layout != _torch.strided:
-        raise _mha.Error(f"head_gate: mha runs on dense CPU tensors only, got {gate.device} {gate.layout}")
+    _dense_cpu(gate, "head_gate")
     return gate
 
 
@@ -449,8 +474,7 @@ def _mask_array(mask, name):
         return None
     if not isinstance(mask, _torch.Tensor):
         return np.asarray(mask)
-    if mask.device.type != "cpu":
-        raise _mha.Error(f"{name}: mha runs on the CPU only, got a mask on {mask.device}")
+    _dense_cpu(mask, name, "a mask on ")
     if mask.requires_grad and _torch.is_grad_enabled():
         raise _mha.Error(f"{name}: no gradient flows into masks; pass {name}.detach()")
     return _array_of(mask)

@@ -4,12 +4,15 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include <pybind11/stl.h>
 
+#include "arguments.hpp"
 #include "bindings.hpp"
+#include "mha/error.hpp"
 #include "tensor_conversion.hpp"
 
 namespace mha::python {
@@ -25,32 +28,32 @@ struct HeldOptions {
 };
 
 // The attention variants of AttentionOptions as Python passes them: window (left, right) or None,
-// alibi_slopes [h] or None, softcap (0: none).
+// alibi_slopes [h] or None, softcap (None or 0: none); converted by window_arg and softcap_arg.
 struct Variants {
-  std::optional<std::pair<std::int64_t, std::int64_t>> window;
+  py::handle window;
   py::handle alibi_slopes;
-  double softcap = 0.0;
+  py::handle softcap;
 };
 
-HeldOptions attention_options(py::handle attn_mask, bool is_causal, std::optional<double> scale,
-                              py::handle key_padding_mask, std::vector<std::int64_t> key_lengths, double dropout_p,
-                              std::uint64_t dropout_seed, Kernel kernel, const Variants& variants) {
+HeldOptions attention_options(py::handle attn_mask, bool is_causal, py::handle scale, py::handle key_padding_mask,
+                              std::vector<std::int64_t> key_lengths, py::handle dropout_p, py::handle dropout_seed,
+                              Kernel kernel, const Variants& variants) {
   HeldOptions held;
   held.alibi_slopes = optional_view_of(variants.alibi_slopes, "alibi_slopes", Accept::Float);
   if (held.alibi_slopes) held.options.alibi_slopes = held.alibi_slopes->view;
-  if (variants.window)
-    held.options.window_left = variants.window->first, held.options.window_right = variants.window->second;
-  held.options.softcap = variants.softcap;
+  if (const auto window = window_arg(variants.window))
+    held.options.window_left = window->first, held.options.window_right = window->second;
+  held.options.softcap = softcap_arg(variants.softcap);
   held.attn_mask = optional_view_of(attn_mask, "attn_mask", Accept::Mask);
   held.key_padding_mask = optional_view_of(key_padding_mask, "key_padding_mask", Accept::Mask);
   AttentionOptions& o = held.options;
-  o.scale = scale;
+  o.scale = optional_float_arg(scale, "scale");
   o.causal = is_causal;
   if (held.key_padding_mask) o.key_padding_mask = held.key_padding_mask->view;
   o.key_lengths = std::move(key_lengths);
   if (held.attn_mask) o.attn_mask = held.attn_mask->view;
-  o.dropout_p = dropout_p;
-  o.dropout_seed = dropout_seed;
+  o.dropout_p = float_arg(dropout_p, "dropout_p");
+  o.dropout_seed = uint64_arg(dropout_seed, "dropout_seed");
   o.kernel = kernel;
   return held;
 }
@@ -58,10 +61,10 @@ HeldOptions attention_options(py::handle attn_mask, bool is_causal, std::optiona
 // q: [B, h, L, d_k], k: [B, h, S, d_k], v: [B, h, S, d_v]. Returns (out [B, h, L, d_v],
 // weights [B, h, L, S] or None, lse [B, h, L] or None); bfloat16 results are float32 arrays, or
 // BFloat16Bits when q is one.
-py::tuple sdpa(py::handle q, py::handle k, py::handle v, py::handle attn_mask, bool is_causal,
-               std::optional<double> scale, py::handle key_padding_mask, std::vector<std::int64_t> key_lengths,
-               double dropout_p, std::uint64_t dropout_seed, bool need_weights, bool need_lse, Kernel kernel,
-               std::optional<std::pair<std::int64_t, std::int64_t>> window, py::handle alibi_slopes, double softcap) {
+py::tuple sdpa(py::handle q, py::handle k, py::handle v, py::handle attn_mask, bool is_causal, py::handle scale,
+               py::handle key_padding_mask, std::vector<std::int64_t> key_lengths, py::handle dropout_p,
+               py::handle dropout_seed, bool need_weights, bool need_lse, Kernel kernel, py::handle window,
+               py::handle alibi_slopes, py::handle softcap) {
   const ArrayView q_view = view_of(q, "q", Accept::Float);
   const ArrayView k_view = view_of(k, "k", Accept::Float);
   const ArrayView v_view = view_of(v, "v", Accept::Float);
@@ -84,10 +87,9 @@ py::tuple sdpa(py::handle q, py::handle k, py::handle v, py::handle attn_mask, b
 // dout, out: [B, h, L, d_v], lse: [B, h, L] from the forward with the same inputs and options.
 // Returns (dq [B, h, L, d_k], dk [B, h, S, d_k], dv [B, h, S, d_v]).
 py::tuple sdpa_backward(py::handle dout, py::handle q, py::handle k, py::handle v, py::handle out, py::handle lse,
-                        py::handle attn_mask, bool is_causal, std::optional<double> scale, py::handle key_padding_mask,
-                        std::vector<std::int64_t> key_lengths, double dropout_p, std::uint64_t dropout_seed,
-                        Kernel kernel, std::optional<std::pair<std::int64_t, std::int64_t>> window,
-                        py::handle alibi_slopes, double softcap) {
+                        py::handle attn_mask, bool is_causal, py::handle scale, py::handle key_padding_mask,
+                        std::vector<std::int64_t> key_lengths, py::handle dropout_p, py::handle dropout_seed,
+                        Kernel kernel, py::handle window, py::handle alibi_slopes, py::handle softcap) {
   const ArrayView dout_view = view_of(dout, "dout", Accept::Float);
   const ArrayView q_view = view_of(q, "q", Accept::Float);
   const ArrayView k_view = view_of(k, "k", Accept::Float);
@@ -134,13 +136,23 @@ void register_attention(py::module_& m) {
         "The gradients (dq, dk, dv) of scaled_dot_product_attention, given dout = dLoss/dout and the\n"
         "forward's out and lse (need_lse=True), with the forward's options. New arrays, nothing accumulated.");
 
-  m.def("set_num_threads", &set_num_threads, py::arg("threads"),
-        "Sets the number of OpenMP threads the library's calls made from the calling thread use, in\n"
-        "[1, max_num_threads()]; raises mha.Error naming the value and the bound otherwise.\n\n"
-        "Scope: the calling thread only, silently (OpenMP keeps one count per thread). A call from\n"
-        "another threading.Thread runs with that thread's own count, which starts at OpenMP's default\n"
-        "(OMP_NUM_THREADS, else one per core) whatever was set here; call set_num_threads in each\n"
-        "thread that calls the library.");
+  m.def(
+      "set_num_threads",
+      [](py::handle threads) {
+        const std::int64_t n = int64_arg(threads, "threads");
+        if (n != static_cast<int>(n))  // beyond C int: out of [1, max_num_threads()] either way
+          throw Error("threads: " + std::to_string(n) +
+                      (n < 1 ? std::string(" is not a positive thread count")
+                             : " is more than this machine's bound: at most " + std::to_string(max_num_threads())));
+        set_num_threads(static_cast<int>(n));
+      },
+      py::arg("threads"),
+      "Sets the number of OpenMP threads the library's calls made from the calling thread use, in\n"
+      "[1, max_num_threads()]; raises mha.Error naming the value and the bound otherwise.\n\n"
+      "Scope: the calling thread only, silently (OpenMP keeps one count per thread). A call from\n"
+      "another threading.Thread runs with that thread's own count, which starts at OpenMP's default\n"
+      "(OMP_NUM_THREADS, else one per core) whatever was set here; call set_num_threads in each\n"
+      "thread that calls the library.");
   m.def("num_threads", &num_threads, "The number of OpenMP threads the calling thread's library calls use.");
   m.def("max_num_threads", &max_num_threads,
         "The largest count set_num_threads accepts: max(64, 4 x the machine's cores). More threads\n"

@@ -8,6 +8,7 @@
 
 #include <pybind11/stl.h>
 
+#include "arguments.hpp"
 #include "bindings.hpp"
 #include "tensor_conversion.hpp"
 
@@ -16,14 +17,18 @@ namespace {
 
 // q: [n, q_len, num_heads, head_dim]. Returns out [n, q_len, num_heads, value_dim], or (out, lse
 // [n, q_len, num_heads]) with need_lse; bfloat16 results are float32 arrays, or BFloat16Bits when q is one.
-py::object decode(py::handle q, const PagedKVCache& cache, const std::vector<PagedKVCache::SequenceId>& sequences,
-                  std::optional<double> scale, bool need_lse) {
+py::object decode(py::handle q, py::handle cache_obj, py::handle sequence_ids, py::handle scale_arg,
+                  py::handle need_lse_obj) {
+  const PagedKVCache& cache = object_arg<PagedKVCache>(cache_obj, "cache", "an mha.PagedKVCache");
+  const bool need_lse = flag_arg(need_lse_obj, "need_lse");
   ArrayView q_view = view_of(q, "q", Accept::Float);
+  const std::vector<PagedKVCache::SequenceId> sequences = int64_sequence_arg(sequence_ids, "sequences");
+  const std::optional<double> scale = optional_float_arg(scale_arg, "scale");
   if (cache.config().dtype == DType::BFloat16) q_view = converted_to(std::move(q_view), DType::BFloat16);
   DecodeResult result;
   {
-    py::gil_scoped_release release;  // the cache is not changed by another Python thread meanwhile: its
-                                     // methods hold the GIL, and this call only reads it
+    py::gil_scoped_release release;  // the call holds the cache for reading (PagedKVCache's threads
+                                     // contract): another thread's append, fork or release waits for it
     result = decode_attention(q_view.view, cache, sequences, {.scale = scale, .need_lse = need_lse});
   }
   py::object out = to_python(std::move(result.out), bfloat16_out_like(q));
@@ -40,10 +45,14 @@ void register_decode(py::module_& m) {
         "table. q: [n, q_len, num_heads, head_dim]; sequences: n ids of the cache (repeats allowed), each\n"
         "holding at least q_len positions, the last q_len being the new tokens themselves: query i sees\n"
         "positions <= length - q_len + i. num_heads must be a multiple of the cache's num_kv_heads (query\n"
-        "head i reads kv head i // (num_heads // num_kv_heads)). scale: default 1 / sqrt(head_dim).\n"
+        "head i reads kv head i // (num_heads // num_kv_heads)). scale: default 1 / sqrt(head_dim); else 0\n"
+        "or a normal finite number of the logit dtype (float32 for float32 and bfloat16 caches, magnitude\n"
+        "in [1.1754944e-38, 3.4028235e+38]; float64 for float64), else mha.Error naming scale. sequences:\n"
+        "a sequence of int64 ids.\n"
         "Returns out [n, q_len, num_heads, value_dim] (with need_lse: (out, lse [n, q_len, num_heads])).\n"
         "q has the cache's dtype; for a bfloat16 cache float32 / float64 q is rounded to bfloat16 and\n"
-        "the result is float32 (a BFloat16Bits q gives a BFloat16Bits result).");
+        "the result is float32 (a BFloat16Bits q gives a BFloat16Bits result). Runs without the GIL,\n"
+        "holding the cache for reading: writes to it from other threads wait until it returns.");
 }
 
 }  // namespace mha::python

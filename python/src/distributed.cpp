@@ -12,6 +12,7 @@
 
 #include <pybind11/stl.h>
 
+#include "arguments.hpp"
 #include "error_translation.hpp"
 #include "tensor_conversion.hpp"
 
@@ -32,26 +33,27 @@ struct HeldRingOptions {
   std::optional<ArrayView> key_padding_mask;
 };
 
-HeldRingOptions ring_options(bool causal, std::optional<double> scale, Layout layout, py::handle key_padding_mask,
-                             std::vector<std::int64_t> key_lengths, double dropout_p, std::uint64_t dropout_seed,
+// scale (None: the default), dropout_p and dropout_seed converted by name (arguments.hpp).
+HeldRingOptions ring_options(bool causal, py::handle scale, Layout layout, py::handle key_padding_mask,
+                             std::vector<std::int64_t> key_lengths, py::handle dropout_p, py::handle dropout_seed,
                              Kernel kernel) {
   HeldRingOptions held;
   held.key_padding_mask = optional_view_of(key_padding_mask, "key_padding_mask", Accept::Mask);
   distributed::RingOptions& o = held.options;
-  o.scale = scale;
+  o.scale = optional_float_arg(scale, "scale");
   o.causal = causal;
   o.layout = layout;
   if (held.key_padding_mask) o.key_padding_mask = held.key_padding_mask->view;
   o.key_lengths = std::move(key_lengths);
-  o.dropout_p = dropout_p;
-  o.dropout_seed = dropout_seed;
+  o.dropout_p = float_arg(dropout_p, "dropout_p");
+  o.dropout_seed = uint64_arg(dropout_seed, "dropout_seed");
   o.kernel = kernel;
   return held;
 }
 
-py::tuple ring(py::handle q, py::handle k, py::handle v, py::handle comm, bool causal, std::optional<double> scale,
-               Layout layout, py::handle key_padding_mask, std::vector<std::int64_t> key_lengths, double dropout_p,
-               std::uint64_t dropout_seed, Kernel kernel) {
+py::tuple ring(py::handle q, py::handle k, py::handle v, py::handle comm, bool causal, py::handle scale, Layout layout,
+               py::handle key_padding_mask, std::vector<std::int64_t> key_lengths, py::handle dropout_p,
+               py::handle dropout_seed, Kernel kernel) {
   const MPI_Comm c = communicator(comm);
   const ArrayView qv = view_of(q, "q", Accept::Float), kv = view_of(k, "k", Accept::Float),
                   vv = view_of(v, "v", Accept::Float);
@@ -66,9 +68,9 @@ py::tuple ring(py::handle q, py::handle k, py::handle v, py::handle comm, bool c
 }
 
 py::tuple ring_backward(py::handle dout, py::handle q, py::handle k, py::handle v, py::handle out, py::handle lse,
-                        py::handle comm, bool causal, std::optional<double> scale, Layout layout,
-                        py::handle key_padding_mask, std::vector<std::int64_t> key_lengths, double dropout_p,
-                        std::uint64_t dropout_seed, Kernel kernel) {
+                        py::handle comm, bool causal, py::handle scale, Layout layout, py::handle key_padding_mask,
+                        std::vector<std::int64_t> key_lengths, py::handle dropout_p, py::handle dropout_seed,
+                        Kernel kernel) {
   const MPI_Comm c = communicator(comm);
   const ArrayView dv = view_of(dout, "dout", Accept::Float), qv = view_of(q, "q", Accept::Float),
                   kv = view_of(k, "k", Accept::Float), vv = view_of(v, "v", Accept::Float),

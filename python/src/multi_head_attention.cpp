@@ -49,11 +49,11 @@ struct HeldInputs {
 };
 
 // The attention variants as Python passes them: window (left, right) or None, alibi_slopes [h] or
-// None, softcap (0: none).
+// None, softcap (None or 0: none); converted by window_arg and softcap_arg.
 struct Variants {
-  std::optional<std::pair<std::int64_t, std::int64_t>> window;
+  py::handle window;
   py::handle alibi_slopes;
-  double softcap = 0.0;
+  py::handle softcap;
 };
 
 HeldInputs inputs_of(py::handle key_padding_mask, py::handle attn_mask, py::handle head_gate,
@@ -62,9 +62,9 @@ HeldInputs inputs_of(py::handle key_padding_mask, py::handle attn_mask, py::hand
   HeldInputs held;
   held.alibi_slopes = optional_view_of(variants.alibi_slopes, "alibi_slopes", Accept::Float);
   if (held.alibi_slopes) held.inputs.alibi_slopes = held.alibi_slopes->view;
-  if (variants.window)
-    held.inputs.window_left = variants.window->first, held.inputs.window_right = variants.window->second;
-  held.inputs.softcap = variants.softcap;
+  if (const auto window = window_arg(variants.window))
+    held.inputs.window_left = window->first, held.inputs.window_right = window->second;
+  held.inputs.softcap = softcap_arg(variants.softcap);
   held.key_padding_mask = optional_view_of(key_padding_mask, "key_padding_mask", Accept::Mask);
   held.attn_mask = optional_view_of(attn_mask, "attn_mask", Accept::Mask);
   held.head_gate = optional_view_of(head_gate, "head_gate", Accept::Float);  // float32 / float64, as it is
@@ -106,9 +106,8 @@ QueryKeyValue layer_inputs(py::handle query, py::handle key, py::handle value, D
 // for backward, which raises mha.Error if one was modified in between.
 py::tuple forward(LockedModule& self, py::handle query, py::handle key, py::handle value, py::handle key_padding_mask,
                   py::handle attn_mask, py::handle head_gate, std::vector<std::int64_t> key_lengths, bool is_causal,
-                  bool need_weights, bool average_attn_weights,
-                  std::optional<std::pair<std::int64_t, std::int64_t>> window, py::handle alibi_slopes,
-                  double softcap) {
+                  bool need_weights, bool average_attn_weights, py::handle window, py::handle alibi_slopes,
+                  py::handle softcap) {
   const auto [query_view, key_view, value_view] = layer_inputs(query, key, value, self.module.config().dtype);
   HeldInputs held = inputs_of(key_padding_mask, attn_mask, head_gate, std::move(key_lengths), is_causal, need_weights,
                               average_attn_weights, {window, alibi_slopes, softcap});
@@ -160,7 +159,8 @@ py::tuple backward(LockedModule& self, py::handle dout) {
 }
 
 // Projects key and value (the layout forward takes) and appends them to `cache`.
-void append_to_cache(LockedModule& self, KeyValueCache& cache, py::handle key, py::handle value) {
+void append_to_cache(LockedModule& self, py::handle cache_obj, py::handle key, py::handle value) {
+  KeyValueCache& cache = object_arg<KeyValueCache>(cache_obj, "cache", "an mha.KeyValueCache");
   const DType layer_dtype = self.module.config().dtype;
   const ArrayView key_view = layer_input(key, "key", layer_dtype);
   const ArrayView value_view = value.is(key) ? key_view : layer_input(value, "value", layer_dtype);
@@ -171,11 +171,11 @@ void append_to_cache(LockedModule& self, KeyValueCache& cache, py::handle key, p
 
 // query (the layout forward takes) attended to every position in `cache`, in evaluation mode; masks
 // refer to cache positions. Returns (out like query, weights or None).
-py::tuple forward_cached(LockedModule& self, py::handle query, const KeyValueCache& cache, py::handle key_padding_mask,
+py::tuple forward_cached(LockedModule& self, py::handle query, py::handle cache_obj, py::handle key_padding_mask,
                          py::handle attn_mask, py::handle head_gate, std::vector<std::int64_t> key_lengths,
-                         bool is_causal, bool need_weights, bool average_attn_weights,
-                         std::optional<std::pair<std::int64_t, std::int64_t>> window, py::handle alibi_slopes,
-                         double softcap) {
+                         bool is_causal, bool need_weights, bool average_attn_weights, py::handle window,
+                         py::handle alibi_slopes, py::handle softcap) {
+  const KeyValueCache& cache = object_arg<KeyValueCache>(cache_obj, "cache", "an mha.KeyValueCache");
   const ArrayView query_view = layer_input(query, "query", self.module.config().dtype);
   const HeldInputs held = inputs_of(key_padding_mask, attn_mask, head_gate, std::move(key_lengths), is_causal,
                                     need_weights, average_attn_weights, {window, alibi_slopes, softcap});

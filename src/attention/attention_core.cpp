@@ -13,6 +13,7 @@
 #include "attention/params.hpp"
 #include "attention/reference.hpp"
 #include "dtype_dispatch.hpp"
+#include "logit_scalars.hpp"
 #include "mha/error.hpp"
 
 namespace mha::detail {
@@ -53,7 +54,16 @@ void validate_attention_masks(const AttentionOptions& o, DType dtype, std::int64
     if (a.shape() != Shape{h})
       fail("alibi_slopes: expected one slope per query head, [h] = " + shape_str({h}) + ", got " +
            shape_str(a.shape()));
+    for (std::int64_t head = 0; head < h; ++head) {
+      const double slope = a.dtype() == DType::Float32 ? a.data_as<float>()[head * a.stride(0)]
+                                                       : a.data_as<double>()[head * a.stride(0)];
+      if (!zero_or_normal(slope, dtype))
+        fail("alibi_slopes: expected each slope 0 or a finite number of magnitude in " + normal_range(dtype) +
+             ", got " + number_str(slope) + " for head " + std::to_string(head));
+    }
   }
+  if (!(o.softcap >= 0.0 && zero_or_normal(o.softcap, dtype)))
+    fail("softcap: expected 0 (none) or a finite number in " + normal_range(dtype) + ", got " + number_str(o.softcap));
   if (o.key_padding_mask) {
     const TensorView& m = *o.key_padding_mask;
     if (m.dtype() != DType::Bool && !additive_mask_dtype_ok(m.dtype(), dtype))
@@ -103,9 +113,9 @@ void validate_attention(const TensorView& q, const TensorView& k, const TensorVi
          std::to_string(S) + ", d_v] to match q and k, got " + shape_str(v.shape()));
   if (d_k < 1) fail("q: expected d_k >= 1, got shape " + shape_str(q.shape()));
 
-  if (o.scale && !std::isfinite(*o.scale)) fail("scale: expected a finite number, got " + std::to_string(*o.scale));
-  if (!(o.softcap >= 0.0 && std::isfinite(o.softcap)))
-    fail("softcap: expected a finite number > 0 (or 0 for none), got " + std::to_string(o.softcap));
+  if (o.scale && !zero_or_normal(*o.scale, q.dtype()))
+    fail("scale: expected 0 or a finite number of magnitude in " + normal_range(q.dtype()) + ", got " +
+         number_str(*o.scale));
   if (!(o.dropout_p >= 0.0 && o.dropout_p < 1.0))
     fail("dropout_p: expected a probability in [0, 1), got " + std::to_string(o.dropout_p));
   if (o.dropout_query_offset < 0 || o.dropout_key_offset < 0)

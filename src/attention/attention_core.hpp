@@ -12,7 +12,9 @@ namespace mha::detail {
 // Throws mha::Error naming the argument when q, k, v or options are invalid (see attention.hpp).
 void validate_attention(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionOptions& options);
 
-// The mask checks of validate_attention alone, for callers that build q, k, v themselves.
+// The checks of validate_attention on the score's description alone (masks, key lengths, window, ALiBi
+// slopes, softcap), for callers that build q, k, v themselves; `dtype` is the inputs' (it decides the
+// logit dtype the slopes and softcap must fit, see logit_scalars.hpp).
 void validate_attention_masks(const AttentionOptions& options, DType dtype, std::int64_t B, std::int64_t h,
                               std::int64_t L, std::int64_t S);
 

@@ -7,6 +7,7 @@
 
 #include "decode/decode_params.hpp"
 #include "dtype_dispatch.hpp"
+#include "logit_scalars.hpp"
 #include "mha/error.hpp"
 
 namespace mha {
@@ -40,8 +41,9 @@ void check_arguments(const TensorView& q, const PagedKVCache& cache,
       throw Error(name + " holds " + std::to_string(length) + " positions, fewer than q_len " + std::to_string(q_len) +
                   " (append the new tokens' keys and values before attending)");
   }
-  if (options.scale && !std::isfinite(*options.scale))
-    throw Error(where + "scale: expected a finite number, got " + std::to_string(*options.scale));
+  if (options.scale && !zero_or_normal(*options.scale, c.dtype))
+    throw Error(where + "scale: expected 0 or a finite number of magnitude in " + normal_range(c.dtype) + ", got " +
+                number_str(*options.scale));
 }
 
 template <class T>
@@ -79,6 +81,7 @@ DecodeResult run(const TensorView& q, const PagedKVCache& cache, std::span<const
 DecodeResult decode_attention_with_mode(const TensorView& q, const PagedKVCache& cache,
                                         std::span<const PagedKVCache::SequenceId> sequences,
                                         const DecodeOptions& options, DecodeMode mode) {
+  const PagedKVCache::Hold hold = cache.read_hold();  // no writer until the kernel has read every page
   check_arguments(q, cache, sequences, options);
   return dispatch_floating(q.dtype(),
                            [&](auto element) { return run<decltype(element)>(q, cache, sequences, options, mode); });

@@ -1,4 +1,5 @@
-// PagedKVCache (mha/paged_kv_cache.hpp): the page pool, the page tables, copy-on-write after a fork.
+// PagedKVCache (mha/paged_kv_cache.hpp): the page pool, the page tables, copy-on-write after a fork,
+// and the reader/writer hold every method takes (the threads contract in the header).
 //
 // Legend: h_kv key/value heads, d_k key width, d_v value width, P tokens per page, n new tokens,
 // T a sequence's length.
@@ -33,17 +34,84 @@ PagedKVCacheConfig resolved(PagedKVCacheConfig c) {
   return c;
 }
 
-std::int64_t pages_for(std::int64_t tokens, std::int64_t page_size) { return (tokens + page_size - 1) / page_size; }
+// ceil(tokens / page_size) for tokens >= 0, page_size >= 1, without the overflow of tokens + page_size - 1.
+std::int64_t pages_for(std::int64_t tokens, std::int64_t page_size) {
+  return tokens / page_size + (tokens % page_size != 0 ? 1 : 0);
+}
+
+// The elements of one page, h_kv * P * (d_k + d_v), each product checked: sizes such as page_size = 2^63 - 1
+// or head_dim = 2^62 are refused by name instead of wrapping to a negative page.
+std::int64_t checked_page_elements(const PagedKVCacheConfig& c) {
+  const auto width = detail::checked_add(c.head_dim, c.value_dim);
+  const auto elements = width ? detail::nonzero_size_product({c.num_kv_heads, c.page_size, *width}) : std::nullopt;
+  if (!elements)
+    throw Error("PagedKVCache: num_kv_heads, page_size, head_dim, value_dim: a page of num_kv_heads * page_size * "
+                "(head_dim + value_dim) = " +
+                std::to_string(c.num_kv_heads) + " * " + std::to_string(c.page_size) + " * (" +
+                std::to_string(c.head_dim) + " + " + std::to_string(c.value_dim) +
+                ") elements is larger than a tensor may be (at most " + std::to_string(detail::kMaxElements) + ")");
+  return *elements;
+}
+
+// The caches this thread holds, and whether for writing: a hold nested in one of them does nothing
+// (std::shared_mutex may not be locked twice by one thread).
+struct HeldCache {
+  const PagedKVCache* cache;
+  bool write;
+};
+thread_local std::vector<HeldCache> held_by_this_thread;
 
 }  // namespace
 
+PagedKVCache::Hold::Hold(const PagedKVCache& cache, bool write) {
+  for (const HeldCache& h : held_by_this_thread) {
+    if (h.cache != &cache) continue;
+    if (write && !h.write)
+      throw Error(
+          "PagedKVCache: a write (add_sequence, append, fork, release, forward_paged) inside this thread's read "
+          "hold of the cache would wait for itself; end the read hold first");
+    return;  // nested: this thread has the cache already
+  }
+  if (write) cache.mutex_.lock();
+  else cache.mutex_.lock_shared();
+  held_by_this_thread.push_back({&cache, write});
+  cache_ = &cache, write_ = write;
+}
+
+PagedKVCache::Hold::~Hold() {
+  if (cache_ == nullptr) return;
+  for (auto it = held_by_this_thread.end(); it != held_by_this_thread.begin();)
+    if ((--it)->cache == cache_) {
+      held_by_this_thread.erase(it);
+      break;
+    }
+  if (write_) cache_->mutex_.unlock();
+  else cache_->mutex_.unlock_shared();
+}
+
+PagedKVCache::PagedKVCache(PagedKVCache&& other) noexcept
+    : config_(other.config_),
+      pool_(std::move(other.pool_)),
+      users_(std::move(other.users_)),
+      free_(std::move(other.free_)),
+      sequences_(std::move(other.sequences_)),
+      next_id_(other.next_id_) {}
+
+PagedKVCache& PagedKVCache::operator=(PagedKVCache&& other) noexcept {
+  config_ = other.config_, pool_ = std::move(other.pool_), users_ = std::move(other.users_);
+  free_ = std::move(other.free_), sequences_ = std::move(other.sequences_), next_id_ = other.next_id_;
+  return *this;
+}
+
 PagedKVCache::PagedKVCache(const PagedKVCacheConfig& config) : config_(resolved(config)) {
   const std::int64_t pages = pages_for(config_.capacity_tokens, config_.page_size);
-  if (pages > std::numeric_limits<std::int32_t>::max() ||
-      !detail::nonzero_size_product(
-          {pages, config_.num_kv_heads, config_.page_size, config_.head_dim + config_.value_dim}))
-    throw Error("PagedKVCache: a pool of " + std::to_string(pages) + " pages of " + std::to_string(config_.page_size) +
-                " tokens is larger than a tensor may be");
+  const std::int64_t page = checked_page_elements(config_);
+  if (pages > std::numeric_limits<std::int32_t>::max() || !detail::nonzero_size_product({pages, page}))
+    throw Error("PagedKVCache: capacity_tokens: a pool of " + std::to_string(pages) + " pages of " +
+                std::to_string(config_.page_size) + " tokens (" + std::to_string(page) +
+                " elements each) is larger than a tensor may be (at most " +
+                std::to_string(std::numeric_limits<std::int32_t>::max()) + " pages and " +
+                std::to_string(detail::kMaxElements) + " elements)");
   pool_ = Tensor::uninitialized(config_.dtype, {pages, page_elements()});
   users_.assign(static_cast<std::size_t>(pages), 0);
   for (std::int64_t p = pages - 1; p >= 0; --p) free_.push_back(static_cast<std::int32_t>(p));  // page 0 first
@@ -59,6 +127,7 @@ std::byte* PagedKVCache::page_bytes(std::int32_t page) {
 }
 
 const void* PagedKVCache::key_page(std::int32_t page) const {
+  const Hold hold = read_hold();
   if (page < 0 || page >= page_count()) throw Error("PagedKVCache: page " + std::to_string(page) + " does not exist");
   return const_cast<PagedKVCache*>(this)->page_bytes(page);
 }
@@ -69,6 +138,7 @@ const void* PagedKVCache::value_page(std::int32_t page) const {
 }
 
 std::int32_t PagedKVCache::page_users(std::int32_t page) const {
+  const Hold hold = read_hold();
   if (page < 0 || page >= page_count()) throw Error("PagedKVCache: page " + std::to_string(page) + " does not exist");
   return users_[static_cast<std::size_t>(page)];
 }
@@ -86,25 +156,40 @@ const PagedKVCache::Sequence& PagedKVCache::find(SequenceId sequence, const char
 }
 
 PagedKVCache::SequenceId PagedKVCache::add_sequence() {
+  const Hold hold = write_hold();
   sequences_.emplace(next_id_, Sequence{});
   return next_id_++;
 }
 
-bool PagedKVCache::contains(SequenceId sequence) const { return sequences_.count(sequence) != 0; }
+bool PagedKVCache::contains(SequenceId sequence) const {
+  const Hold hold = read_hold();
+  return sequences_.count(sequence) != 0;
+}
+
+std::int64_t PagedKVCache::free_pages() const {
+  const Hold hold = read_hold();
+  return static_cast<std::int64_t>(free_.size());
+}
 
 std::vector<PagedKVCache::SequenceId> PagedKVCache::sequences() const {
+  const Hold hold = read_hold();
   std::vector<SequenceId> ids;
   for (const auto& entry : sequences_) ids.push_back(entry.first);
   return ids;
 }
 
-std::int64_t PagedKVCache::length(SequenceId sequence) const { return find(sequence, "length").length; }
+std::int64_t PagedKVCache::length(SequenceId sequence) const {
+  const Hold hold = read_hold();
+  return find(sequence, "length").length;
+}
 
 std::span<const std::int32_t> PagedKVCache::page_table(SequenceId sequence) const {
+  const Hold hold = read_hold();
   return find(sequence, "page_table").pages;
 }
 
 PagedKVCache::SequenceId PagedKVCache::fork(SequenceId parent) {
+  const Hold hold = write_hold();
   Sequence child = find(parent, "fork");  // a copy of the page table
   for (std::int32_t page : child.pages) ++users_[static_cast<std::size_t>(page)];
   sequences_.emplace(next_id_, std::move(child));
@@ -112,6 +197,7 @@ PagedKVCache::SequenceId PagedKVCache::fork(SequenceId parent) {
 }
 
 void PagedKVCache::release(SequenceId sequence) {
+  const Hold hold = write_hold();
   const Sequence& s = find(sequence, "release");
   for (std::int32_t page : s.pages)
     if (--users_[static_cast<std::size_t>(page)] == 0) free_.push_back(page);
@@ -119,6 +205,7 @@ void PagedKVCache::release(SequenceId sequence) {
 }
 
 void PagedKVCache::append(SequenceId sequence, const TensorView& keys, const TensorView& values) {
+  const Hold hold = write_hold();
   // Every check first: a refused call changes nothing.
   Sequence& s = find(sequence, "append");
   const std::int64_t h = config_.num_kv_heads, P = config_.page_size;
@@ -197,7 +284,14 @@ Tensor PagedKVCache::gather(const Sequence& s, bool values) const {
   return out;
 }
 
-Tensor PagedKVCache::keys(SequenceId sequence) const { return gather(find(sequence, "keys"), false); }
-Tensor PagedKVCache::values(SequenceId sequence) const { return gather(find(sequence, "values"), true); }
+Tensor PagedKVCache::keys(SequenceId sequence) const {
+  const Hold hold = read_hold();
+  return gather(find(sequence, "keys"), false);
+}
+
+Tensor PagedKVCache::values(SequenceId sequence) const {
+  const Hold hold = read_hold();
+  return gather(find(sequence, "values"), true);
+}
 
 }  // namespace mha

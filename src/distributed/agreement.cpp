@@ -2,7 +2,12 @@
 #include "distributed/agreement.hpp"
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
+#include <map>
+#include <set>
+#include <tuple>
 
 #include "mha/error.hpp"
 #include "splitmix64.hpp"
@@ -16,21 +21,38 @@ std::int64_t dim_or(const TensorView& t, std::int64_t dim) { return t.rank() == 
   throw Error(std::string(what) + ": rank " + std::to_string(rank) + ": " + message);
 }
 
+// How a field reads in a message: enumerators by name ("float32", not 0), doubles in full.
+std::string text(std::int64_t x) { return std::to_string(x); }
+std::string text(std::uint64_t x) { return std::to_string(x); }
+std::string text(double x) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof buffer, "%.17g", x);
+  return buffer;
+}
+std::string dtype_text(std::int32_t x) { return dtype_name(static_cast<DType>(x)); }
+std::string layout_text(std::int32_t x) { return static_cast<Layout>(x) == Layout::Zigzag ? "zigzag" : "contiguous"; }
+std::string kernel_text(std::int32_t x) { return static_cast<Kernel>(x) == Kernel::Reference ? "reference" : "flash"; }
+std::string flag_text(std::int32_t x) { return x ? "true" : "false"; }
+std::string given_text(std::int32_t x) { return x ? "given" : "not given"; }
+
 // The fields every rank must give alike, compared with rank 0's; the first difference, named.
 std::string difference(const RankCall& a, const RankCall& b) {
-  auto differs = [](const char* name, auto x, auto y) {
-    return x == y ? std::string() : std::string(name) + " " + std::to_string(x) + ", rank 0 " + std::to_string(y);
+  auto named = [](const char* name, const std::string& x, const std::string& y) {
+    return x == y ? std::string() : std::string(name) + " " + x + ", rank 0 " + y;
+  };
+  auto differs = [&](const char* name, auto x, auto y) {
+    return x == y ? std::string() : named(name, text(x), text(y));
   };
   const std::string checks[] = {
-      differs("dtype", a.dtype, b.dtype),  // as the DType enumerator
+      named("dtype", dtype_text(a.dtype), dtype_text(b.dtype)),
       differs("B", a.B, b.B),
       differs("h", a.h, b.h),
       differs("d_k", a.d_k, b.d_k),
       differs("d_v", a.d_v, b.d_v),
-      differs("causal", a.causal, b.causal),
-      differs("layout", a.layout, b.layout),
-      differs("kernel", a.kernel, b.kernel),
-      differs("key_padding_mask given", a.has_padding, b.has_padding),
+      named("causal", flag_text(a.causal), flag_text(b.causal)),
+      named("layout", layout_text(a.layout), layout_text(b.layout)),
+      named("kernel", kernel_text(a.kernel), kernel_text(b.kernel)),
+      named("key_padding_mask", given_text(a.has_padding), given_text(b.has_padding)),
       std::isnan(a.scale) && std::isnan(b.scale) ? std::string() : differs("scale", a.scale, b.scale),
       differs("dropout_p", a.dropout_p, b.dropout_p),
       differs("dropout_seed", a.dropout_seed, b.dropout_seed),
@@ -48,7 +70,76 @@ std::int64_t rows(const std::vector<SequenceChunk>& chunks) {
   return n;
 }
 
+// Every rank's query and key rows fit the layout of the whole sequences, or the rank whose do not is
+// named, against the lengths the shards fit best (likeliest_length): the sums hold the wrong shard
+// itself, and measured by them a right shard can look wrong (10 and 9 rows on two zigzag ranks: L = 19
+// gives rank 0 9 rows, rank 1 10).
+void check_shard_lengths(const AgreedCall& call, const char* what) {
+  const int P = static_cast<int>(call.ranks.size());
+  std::vector<std::int64_t> L_rows, S_rows;
+  bool L_fits = true, S_fits = true;
+  for (int r = 0; r < P; ++r) {
+    const RankCall& c = call.ranks[static_cast<std::size_t>(r)];
+    L_rows.push_back(c.L_r), S_rows.push_back(c.S_r);
+    L_fits = L_fits && c.L_r == rows(call.q_chunks(r));
+    S_fits = S_fits && c.S_r == rows(call.kv_chunks(r));
+  }
+  if (L_fits && S_fits) return;
+  // A sequence whose shards all fit is the likeliest length of the other (most calls have L == S).
+  const std::int64_t L = L_fits ? call.L : likeliest_length(L_rows, call.layout(), S_fits ? call.S : -1);
+  const std::int64_t S = S_fits ? call.S : likeliest_length(S_rows, call.layout(), L_fits ? call.L : -1);
+  for (int r = 0; r < P; ++r) {
+    const RankCall& c = call.ranks[static_cast<std::size_t>(r)];
+    const std::int64_t want_L = rows_of_rank(L, P, r, call.layout()), want_S = rows_of_rank(S, P, r, call.layout());
+    if (c.L_r != want_L || c.S_r != want_S)
+      fail(what, r,
+           "holds " + std::to_string(c.L_r) + " query and " + std::to_string(c.S_r) + " key rows; the " +
+               layout_text(c.layout) + " layout over " + std::to_string(P) +
+               " ranks that the shards fit best, of L = " + std::to_string(L) + " and S = " + std::to_string(S) +
+               ", gives it " + std::to_string(want_L) + " and " + std::to_string(want_S) + " (see shard_chunks)");
+  }
+}
+
 }  // namespace
+
+std::int64_t rows_of_rank(std::int64_t n, int ranks, int rank, Layout layout) {
+  return rows(shard_chunks(n, ranks, rank, layout));
+}
+
+std::int64_t likeliest_length(const std::vector<std::int64_t>& rows, Layout layout, std::int64_t hint) {
+  const int P = static_cast<int>(rows.size());
+  std::int64_t sum = 0;
+  std::map<std::int64_t, int> holders;  // a count of rows -> how many ranks hold it
+  for (std::int64_t c : rows) sum += c, ++holders[c];
+  bool all_fit = true;
+  for (int r = 0; r < P && all_fit; ++r) all_fit = rows_of_rank(sum, P, r, layout) == rows[static_cast<std::size_t>(r)];
+  if (all_fit) return sum;  // no other length fits them all: each fits its own sum
+  // The candidates: the sum, the hint, and around P x each of the commonest counts and rank 0's (a
+  // rank's rows are within 2 of n / P in either layout).
+  std::vector<std::pair<int, std::int64_t>> common;
+  for (const auto& [count, ranks] : holders) common.emplace_back(-ranks, count);
+  std::sort(common.begin(), common.end());
+  common.resize(std::min<std::size_t>(common.size(), 4));
+  common.emplace_back(0, rows.front());
+  std::set<std::int64_t> candidates{sum};
+  if (hint >= 0) candidates.insert(hint);
+  for (const auto& [unused, count] : common)
+    for (std::int64_t n = std::max<std::int64_t>(0, (count - 2) * P); n <= (count + 2) * P; ++n) candidates.insert(n);
+  std::int64_t best = sum;
+  std::tuple<int, bool, bool, int, std::int64_t, std::int64_t> best_score{-1, false, false, 0, 0, 0};
+  for (std::int64_t n : candidates) {
+    int fits = 0, first_misfit = -1;
+    for (int r = 0; r < P; ++r) {
+      const bool fit = rows_of_rank(n, P, r, layout) == rows[static_cast<std::size_t>(r)];
+      fits += fit;
+      if (!fit && first_misfit < 0) first_misfit = r;
+    }
+    const int odd_one_out = first_misfit < 0 ? 0 : -holders[rows[static_cast<std::size_t>(first_misfit)]];
+    const std::tuple score{fits, n == hint, first_misfit != 0, odd_one_out, -std::abs(n - sum), -n};
+    if (score > best_score) best_score = score, best = n;
+  }
+  return best;
+}
 
 void fill_call(RankCall& c, const TensorView& q, const TensorView& k, const TensorView& v, const RingOptions& o) {
   c.dtype = static_cast<std::int32_t>(q.dtype());
@@ -98,16 +189,7 @@ AgreedCall agree(MPI_Comm comm, const RankCall& mine, const RingOptions& options
     if (!d.empty()) fail(what, r, "differs from rank 0 in " + d);
   }
   for (const RankCall& c : call.ranks) call.L += c.L_r, call.S += c.S_r;
-  for (int r = 0; r < P; ++r) {
-    const RankCall& c = call.ranks[static_cast<std::size_t>(r)];
-    const std::int64_t want_L = rows(call.q_chunks(r)), want_S = rows(call.kv_chunks(r));
-    if (c.L_r != want_L || c.S_r != want_S)
-      fail(what, r,
-           "holds " + std::to_string(c.L_r) + " query and " + std::to_string(c.S_r) + " key rows; the " +
-               (options.layout == Layout::Zigzag ? "zigzag" : "contiguous") + " layout of L = " +
-               std::to_string(call.L) + ", S = " + std::to_string(call.S) + " over " + std::to_string(P) +
-               " ranks gives it " + std::to_string(want_L) + " and " + std::to_string(want_S) + " (see shard_chunks)");
-  }
+  check_shard_lengths(call, what);
   if (options.causal && call.L != call.S)
     fail(what, 0,
          "causal needs as many queries as keys over the whole sequence, got L = " + std::to_string(call.L) +

@@ -46,6 +46,18 @@ struct AgreedCall {
 // A 64-bit digest of the key lengths, by which the ranks compare them.
 std::uint64_t key_lengths_digest(const std::vector<std::int64_t>& lengths);
 
+// The whole length that shards of rows[r] rows (rank r's) most likely came from, by which a wrong
+// shard is told from the right ones (the sum of the rows, which a wrong shard is part of, blames
+// another rank): the length whose layout the most ranks fit; on a tie, `hint` (where >= 0), then one
+// that rank 0 fits (rank 0 is the reference, as for the options), then the one under which the first
+// rank that does not fit is the odd one out (the fewest ranks hold its count), then the nearest to the
+// sum. The sum itself when every rank fits it. (Two ranks cannot tell a short shard on one from a
+// long one on the other: rank 0 is then taken to be right.)
+std::int64_t likeliest_length(const std::vector<std::int64_t>& rows, Layout layout, std::int64_t hint = -1);
+
+// The rows of shard_chunks(n, ranks, rank, layout).
+std::int64_t rows_of_rank(std::int64_t n, int ranks, int rank, Layout layout);
+
 // The sizes and options part of describe_call; sizes of a tensor that is not 4-D are -1.
 void fill_call(RankCall& c, const TensorView& q, const TensorView& k, const TensorView& v, const RingOptions& o);
 

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "distributed/agreement.hpp"
 #include "distributed/blocks.hpp"
 #include "mha/distributed.hpp"
 #include "mha/error.hpp"
@@ -81,6 +82,11 @@ Tensor unshard_sequence(const std::vector<TensorView>& shards, std::int64_t dim,
                   shape_str(shards.front().shape()) + ": they may differ only in dim " + std::to_string(dim));
     n += s.size(dim);
   }
+  // Measured against the length the shards fit best, not their sum (which holds a wrong shard too), so
+  // that the message names the shard that is wrong (agreement.hpp).
+  std::vector<std::int64_t> rows;
+  for (const TensorView& s : shards) rows.push_back(s.size(dim));
+  n = detail::likeliest_length(rows, layout);
   // The chunks in sequence order, each a view into the shard that holds it.
   std::vector<std::pair<SequenceChunk, TensorView>> pieces;
   for (int r = 0; r < ranks; ++r) {
@@ -91,8 +97,8 @@ Tensor unshard_sequence(const std::vector<TensorView>& shards, std::int64_t dim,
     for (SequenceChunk c : chunks) expected += c.length;
     if (expected != s.size(dim))
       throw Error("unshard_sequence: shard " + std::to_string(r) + " has " + std::to_string(s.size(dim)) +
-                  " rows in dim " + std::to_string(dim) + "; the layout gives it " + std::to_string(expected) +
-                  " of the " + std::to_string(n));
+                  " rows in dim " + std::to_string(dim) + "; the layout of the " + std::to_string(n) +
+                  " rows that the shards fit best gives it " + std::to_string(expected));
     for (SequenceChunk c : chunks) {
       pieces.emplace_back(c, detail::rows_along(s, dim, local, c.length));
       local += c.length;

@@ -18,6 +18,7 @@
 #include "layer/inputs.hpp"
 #include "layer/masks.hpp"
 #include "layer/projections.hpp"
+#include "layer/unseen_keys.hpp"
 #include "mha/error.hpp"
 #include "mha/multi_head_attention.hpp"
 #include "splitmix64.hpp"
@@ -230,6 +231,22 @@ MultiHeadAttentionOutput MultiHeadAttention::forward(const TensorView& query, co
   return result;
 }
 
+namespace {
+
+// The gradient of an appended bias position (bias_k / bias_v at position S of each batch): d_proj
+// [B, S2, width] summed over the batches into dbias [width].
+template <class T>
+void sum_over_batches(const Tensor& d_proj, std::int64_t B, std::int64_t S, std::int64_t S2, std::int64_t width,
+                      T* dbias) {
+  for (std::int64_t n = 0; n < width; ++n) {
+    compute_t<T> sum = 0;
+    for (std::int64_t b = 0; b < B; ++b) sum += d_proj.data_as<T>()[(b * S2 + S) * width + n];
+    dbias[n] = T(sum);
+  }
+}
+
+}  // namespace
+
 MultiHeadAttentionGradients MultiHeadAttention::backward(const TensorView& dout) {
   if (!saved_) fail("backward: no training-mode forward to differentiate; call train() and forward() first");
   const SavedForward& f = *saved_;
@@ -280,27 +297,24 @@ MultiHeadAttentionGradients MultiHeadAttention::backward(const TensorView& dout)
                            {dq_proj.data(), heads.q.strides()}, {dk_proj.data(), heads.k.strides()},
                            {dv_proj.data(), heads.v.strides()});
     if (c.add_bias_kv) {  // forward: k_proj[b, S] = bias_k, v_proj[b, S] = bias_v for every b
-      T* dbias_k = grad("bias_k");
-      T* dbias_v = grad("bias_v");
-      auto sum_over_batches = [&](const Tensor& d_proj, std::int64_t width, T* dbias) {
-        for (std::int64_t n = 0; n < width; ++n) {
-          compute_t<T> sum = 0;
-          for (std::int64_t b = 0; b < B; ++b) sum += d_proj.data_as<T>()[(b * S2 + S) * width + n];
-          dbias[n] = T(sum);
-        }
-      };
-      sum_over_batches(dk_proj, kk, dbias_k);
-      sum_over_batches(dv_proj, kv, dbias_v);
+      sum_over_batches<T>(dk_proj, B, S, S2, kk, grad("bias_k"));
+      sum_over_batches<T>(dv_proj, B, S, S2, kv, grad("bias_v"));
     }
 
     // Input projections. Forward: q_proj = query W_q^T + b_q (likewise k, v). Packed: rows [q | k | v] of one
-    // weight and of in_proj_bias (the weights are packed only without grouping, kk = qk).
+    // weight and of in_proj_bias (the weights are packed only without grouping, kk = qk). A key no query
+    // sees reads its input row as 0 in dW_k and dW_v, so a NaN there reaches neither (layer/unseen_keys.hpp).
     T* dw = packed_in_proj() ? grad("in_proj_weight") : nullptr;
     T* db = c.bias ? grad("in_proj_bias") : nullptr;
+    Tensor zeroed[2];
+    const TensorView xk = without_unseen_nonfinite_rows(f.x_view[1], f.kv_input_rows, B, S, f.masks.options,
+                                                        c.num_heads, L, S2, zeroed[0]);
+    const TensorView xv = without_unseen_nonfinite_rows(f.x_view[2], f.kv_input_rows, B, S, f.masks.options,
+                                                        c.num_heads, L, S2, zeroed[1]);
     project_backward<T>(dq_proj, f.x_view[0], f.q_rows, B, L, 0, w.q, qk, dw ? dw : grad("q_proj_weight"), db, g.query);
-    project_backward<T>(dk_proj, f.x_view[1], f.kv_input_rows, B, S, f.extra, w.k, kk,
-                        dw ? dw + qk * E : grad("k_proj_weight"), db ? db + qk : nullptr, g.key);
-    project_backward<T>(dv_proj, f.x_view[2], f.kv_input_rows, B, S, f.extra, w.v, kv,
+    project_backward<T>(dk_proj, xk, f.kv_input_rows, B, S, f.extra, w.k, kk, dw ? dw + qk * E : grad("k_proj_weight"),
+                        db ? db + qk : nullptr, g.key);
+    project_backward<T>(dv_proj, xv, f.kv_input_rows, B, S, f.extra, w.v, kv,
                         dw ? dw + 2 * qk * E : grad("v_proj_weight"), db ? db + qk + kk : nullptr, g.value);
   };
   dispatch_floating(c.dtype, run);

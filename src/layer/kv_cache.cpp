@@ -62,7 +62,7 @@ KeyValueCache& KeyValueCache::operator=(KeyValueCache&& other) {
   if (this == &other) return *this;
   const Use replaced(*this, /*write=*/true), moving(other, /*write=*/true);
   keys_ = std::move(other.keys_), values_ = std::move(other.values_);
-  batch_ = other.batch_, length_ = other.length_, capacity_ = other.capacity_;
+  batch_ = other.batch_.load(), length_ = other.length_.load(), capacity_ = other.capacity_.load();
   num_heads_ = other.num_heads_, num_kv_heads_ = other.num_kv_heads_, d_k_ = other.d_k_, d_v_ = other.d_v_,
   dtype_ = other.dtype_;
   add_bias_kv_ = other.add_bias_kv_, add_zero_attn_ = other.add_zero_attn_;

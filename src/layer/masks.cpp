@@ -4,7 +4,6 @@
 #include "layer/masks.hpp"
 
 #include <algorithm>
-#include <cmath>
 #include <limits>
 #include <string>
 #include <utility>
@@ -131,9 +130,7 @@ KernelMasks kernel_masks(const MultiHeadAttentionInputs& in, const MultiHeadAtte
   }
   o.window_left = in.window_left, o.window_right = in.window_right;
   o.alibi_slopes = in.alibi_slopes;
-  o.softcap = in.softcap;
-  if (!(in.softcap >= 0.0 && std::isfinite(in.softcap)))
-    fail("softcap: expected a finite number > 0 (or 0 for none), got " + std::to_string(in.softcap));
+  o.softcap = in.softcap;  // checked with the slopes by validate_attention_masks, in the layer's logit dtype
   if (extra_positions(c) && (in.window_left >= 0 || in.window_right >= 0 || in.alibi_slopes))
     fail(std::string(in.alibi_slopes ? "alibi_slopes" : "window") +
          ": not available with add_bias_kv / add_zero_attn (the appended key positions have no place in the "

@@ -62,6 +62,9 @@ MultiHeadAttentionOutput MultiHeadAttention::forward_paged(const TensorView& que
   const std::int64_t E = c.d_model, qk = c.num_heads * c.d_k, kk = c.num_kv_heads * c.d_k;
   const std::int64_t vw = c.num_heads * c.d_v, kv = c.num_kv_heads * c.d_v;
 
+  // The cache alone from the checks to the last read: no other thread's write can take the pages
+  // checked free, or change a page between this call's append and its decode.
+  const PagedKVCache::Hold hold = cache.write_hold();
   // ---- validate (nothing changes before this is done) ------------------------------------------
   if (query.rank() != 3 || query.size(2) != E)
     fail("query: expected [n, q_len, E] with E = d_model = " + str(E) + ", got " + shape_str(query.shape()));

@@ -3,8 +3,10 @@
 // had gone on to exchange messages would hang or corrupt it (and ctest's timeout would fail the test).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "ring_support.hpp"
 
@@ -76,7 +78,21 @@ TEST(RingErrors, RanksThatDisagreeOnTheDtype) {
   if (world_size() < 2) GTEST_SKIP() << "needs two ranks";
   const Shards s = shards(20, 8, world_rank() == 1 ? DType::Float64 : DType::Float32);
   const std::string e = error_of([&] { mha::distributed::ring_attention(s.q, s.k, s.v, MPI_COMM_WORLD); });
-  EXPECT_NE(e.find("rank 1: differs from rank 0 in dtype"), std::string::npos) << e;
+  EXPECT_NE(e.find("rank 1: differs from rank 0 in dtype float64, rank 0 float32"), std::string::npos) << e;
+  expect_a_correct_call_still_works();
+}
+
+TEST(RingErrors, RanksThatDisagreeOnTheLayoutOrKernelAreToldTheirNames) {
+  if (world_size() < 2) GTEST_SKIP() << "needs two ranks";
+  const Shards s = shards(20, 8);
+  RingOptions o;
+  o.layout = world_rank() == 1 ? Layout::Contiguous : Layout::Zigzag;
+  std::string e = error_of([&] { mha::distributed::ring_attention(s.q, s.k, s.v, MPI_COMM_WORLD, o); });
+  EXPECT_NE(e.find("rank 1: differs from rank 0 in layout contiguous, rank 0 zigzag"), std::string::npos) << e;
+  RingOptions k;
+  k.kernel = world_rank() == 1 ? mha::Kernel::Reference : mha::Kernel::Flash;
+  e = error_of([&] { mha::distributed::ring_attention(s.q, s.k, s.v, MPI_COMM_WORLD, k); });
+  EXPECT_NE(e.find("rank 1: differs from rank 0 in kernel reference, rank 0 flash"), std::string::npos) << e;
   expect_a_correct_call_still_works();
 }
 
@@ -88,8 +104,54 @@ TEST(RingErrors, AShardOfTheWrongLength) {
   const std::string e =
       error_of([&] { mha::distributed::ring_attention(world_rank() == 0 ? longer : s.q, s.k, s.v, MPI_COMM_WORLD); });
   EXPECT_NE(e.find("ring_attention: rank 0: holds "), std::string::npos) << e;
-  EXPECT_NE(e.find("zigzag layout of L = 23, S = 20"), std::string::npos) << e;
+  EXPECT_NE(e.find("zigzag layout over " + std::to_string(world_size()) +
+                   " ranks that the shards fit best, of L = 20 and S = 20"),
+            std::string::npos)
+      << e;
   expect_a_correct_call_still_works();
+}
+
+TEST(RingErrors, AShortShardIsBlamedOnTheRankThatHoldsIt) {
+  // Rank 1's rows three short: measured by their sum (17), rank 0's right shard looked wrong.
+  if (world_size() < 2) GTEST_SKIP() << "needs two ranks";
+  const Shards s = shards(20, 8);
+  const Tensor short_q = normal(DType::Float32, {1, 2, s.q.size(2) - 3, 8}, 4),
+               short_k = normal(DType::Float32, {1, 2, s.k.size(2) - 3, 8}, 5);
+  const bool one = world_rank() == 1;
+  std::string e = error_of([&] { mha::distributed::ring_attention(one ? short_q : s.q, s.k, s.v, MPI_COMM_WORLD); });
+  std::int64_t rows_of_1 = 0;  // rank 1's rows of 20, as every rank sees them
+  for (auto c : mha::distributed::shard_chunks(20, world_size(), 1, Layout::Zigzag)) rows_of_1 += c.length;
+  EXPECT_EQ(e.find("ring_attention: rank 1: holds " + std::to_string(rows_of_1 - 3) + " query and " +
+                   std::to_string(rows_of_1) + " key rows"),
+            0u)
+      << e;
+  EXPECT_NE(e.find("of L = 20 and S = 20"), std::string::npos) << e;
+  // Every shard of rank 1 short, as if cut from a shorter sequence: no key rows to tell L by.
+  e = error_of([&] {
+    mha::distributed::ring_attention(one ? short_q : s.q, one ? short_k : s.k, one ? short_k : s.v, MPI_COMM_WORLD);
+  });
+  EXPECT_EQ(e.find("ring_attention: rank 1: holds "), 0u) << e;
+  expect_a_correct_call_still_works();
+}
+
+TEST(RingErrors, UnshardBlamesTheShortShard) {
+  // No collective: every rank joins all the shards itself.
+  const int P = std::max(world_size(), 2);
+  const Tensor full = normal(DType::Float32, {1, 2, 20, 8}, 7);
+  for (Layout layout : {Layout::Zigzag, Layout::Contiguous}) {
+    std::vector<Tensor> owned;
+    for (int r = 0; r < P; ++r) owned.push_back(mha::distributed::shard_sequence(full, 2, P, r, layout));
+    std::vector<mha::TensorView> shards(owned.begin(), owned.end());
+    const mha::Shape shape{1, 2, owned[1].size(2) - 3, 8};
+    shards[1] = mha::TensorView(owned[1].data(), DType::Float32, shape, owned[1].strides());
+    try {
+      mha::distributed::unshard_sequence(shards, 2, layout);
+      ADD_FAILURE() << "a short shard was joined";
+    } catch (const mha::Error& error) {
+      const std::string e = error.what();
+      EXPECT_EQ(e.find("unshard_sequence: shard 1 has " + std::to_string(shape[2]) + " rows in dim 2"), 0u) << e;
+    }
+  }
 }
 
 TEST(RingErrors, GroupedQueryHeadsAreRefusedOnEveryRank) {

@@ -102,9 +102,44 @@ def errors():
     assert out.shape == x.shape
 
 
+def mismatch_messages():
+    """Ranks that disagree are told what differs by name (float64, not 1), and a wrong shard is blamed on
+    the rank that holds it, not on a rank whose shard only looks wrong beside it (issue 30)."""
+    x = dist.shard_sequence(np.ones((1, 2, 20, 8), np.float32), 2, P, rank)
+    short = x[:, :, :-3] if rank == 1 else x  # rank 1's rows three short (10 and 7 of 20 on two ranks)
+
+    def error_of(call):
+        try:
+            call()
+        except mha.Error as e:
+            return str(e)
+        return None
+    wide = x.astype(np.float64) if rank == 1 else x
+    messages = [error_of(lambda: dist.ring_attention(wide, wide, wide, comm)),
+                error_of(lambda: dist.ring_attention(x, x, x, comm, layout="contiguous" if rank == 1 else "zigzag")),
+                error_of(lambda: dist.ring_attention(x, x, x, comm, kernel="reference" if rank == 1 else "flash")),
+                error_of(lambda: dist.ring_attention(short, x, x, comm)),  # the queries short
+                error_of(lambda: dist.ring_attention(short, short, short, comm))]  # as if cut from 17 rows
+    assert comm.allgather(messages) == [messages] * P, "ranks raised different errors"
+    expected = ["ring_attention: rank 1: differs from rank 0 in dtype float64, rank 0 float32",
+                "ring_attention: rank 1: differs from rank 0 in layout contiguous, rank 0 zigzag",
+                "ring_attention: rank 1: differs from rank 0 in kernel reference, rank 0 flash",
+                "ring_attention: rank 1: holds 7 query and 10 key rows" if P == 2 else "ring_attention: rank 1: holds",
+                "ring_attention: rank 1: holds"]
+    for message, start in zip(messages, expected):
+        assert message is not None and message.startswith(start), (start, message)
+    full = np.arange(40.0).reshape(2, 20)
+    shards = [dist.shard_sequence(full, 1, P, r) for r in range(P)]
+    shards[1] = shards[1][:, :-3]
+    message = error_of(lambda: dist.unshard_sequence(shards, 1))
+    assert message is not None and message.startswith("shards: shard 1 has "), message
+
+
 for seed in range(int(sys.argv[1]) if len(sys.argv) > 1 else 40):
     one_case(seed)
 errors()
+if P >= 2:
+    mismatch_messages()
 comm.Barrier()
 if rank == 0:
     print("ring worker ok")

@@ -152,11 +152,41 @@ def test_bench_on_missing_openblas_says_how_to_install_it(tmp_path):
 
 
 def test_integers_are_read_as_decimal():
-    # CLI11 reads integers with base 0: "010" was 8 (octal). bench-one reports the n it ran.
-    result = mha("bench-one", "--impl", "core", "--n", "010", "--warmup", "0", "--min-reps", "1", "--max-reps", "1",
+    # bench-one reports the n it ran; 0 itself is no leading zero (--warmup 0).
+    result = mha("bench-one", "--impl", "core", "--n", "10", "--warmup", "0", "--min-reps", "1", "--max-reps", "1",
                  "--min-time", "0", "--max-time", "0")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["n"] == 10
+
+
+# Issue 30: "010" is 8 to CLI11 (base 0), C and the shell, 10 to Python: README promises it is refused,
+# not read either way. Where a refusal failed, the run stops at once (no checkpoint, no weights) or is a
+# two-step demo.
+@pytest.mark.parametrize("args, option, value, expected", [
+    (["translate", "--checkpoint", "none.safetensors", "5 March 2021"], "--beam", "010", "[1, 64]"),
+    (["translate", "--checkpoint", "none.safetensors", "5 March 2021"], "--beam", "0100", "[1, 64]"),  # octal 64
+    (["translate", "--checkpoint", "none.safetensors", "5 March 2021"], "--threads", "01", "[0, "),
+    (["explore", "--checkpoint", "none.safetensors"], "--port", "010", "[0, 65535]"),
+    (["explore", "--checkpoint", "none.safetensors"], "--port", "00", "[0, 65535]"),
+    (["run"], "--heads", "08", "[1, 65536]"),  # not even octal
+    (["bench-one", "--impl", "core", "--min-reps", "1", "--max-reps", "1", "--min-time", "0", "--max-time", "0"],
+     "--n", "010", "[1, 4194304]"),
+    (["demo", *tiny_demo()], "--seed", "010", "[0, 18446744073709551615]"),
+    (["demo", *tiny_demo("--steps")], "--steps", "-01", "[1, 10000000]"),
+    (["demo", *tiny_demo()], "--beams", "1,02", "[1, 64]"),
+])
+def test_integers_with_a_leading_zero_are_refused(tmp_path, args, option, value, expected):
+    extra = {"run": ["--weights", tmp_path / "w", "--query", tmp_path / "q", "--out", tmp_path / "o.npy"],
+             "demo": ["--out", tmp_path / "report"]}.get(args[0], [])
+    result = mha(*args, *extra, option, value)
+    refused(result, option, value.split(",")[-1], "leading zero", expected)
+    assert not (tmp_path / "report").exists()
+
+
+def test_grid_shapes_refuse_leading_zeros(tmp_path):
+    result = mha("bench", "--out", tmp_path / "bench", "--grid-only", "--grid-shapes", "1:016:64", "--no-torch")
+    refused(result, "--grid-shapes", 'entry "1:016:64": N must be a decimal integer in [1, 4194304] without leading')
+    assert not (tmp_path / "bench").exists()
 
 
 def test_thread_options_take_the_library_bound(tmp_path):
@@ -178,6 +208,64 @@ def test_help_states_the_ranges(command, ranges):
     assert result.returncode == 0
     for text in ranges:
         assert text in result.stdout, (text, result.stdout)
+
+
+# ---- output that cannot be written fails the command (issue 30) --------------------------------------------
+
+@pytest.fixture(scope="module")
+def command_inputs(tmp_path_factory):
+    """What the commands below read: a two-step demo's checkpoint, a layer and its input."""
+    import numpy as np
+    import mha as mha_module
+    folder = tmp_path_factory.mktemp("inputs")
+    demo = mha("demo", "--out", folder / "demo", *tiny_demo())
+    assert demo.returncode == 0, demo.stderr
+    mha_module.MultiheadAttention(16, 4, batch_first=True).save(str(folder / "layer.safetensors"))
+    np.save(folder / "x.npy", np.ones((2, 5, 16), np.float32))
+    return folder
+
+
+# Each writes a few lines to standard output, which sat in stdio's buffer until exit: they exited 0 (3 for
+# translate's "?" answers) having written nothing.
+OUTPUT_COMMANDS = {
+    "--version": ["--version"],
+    "--help": ["--help"],
+    "help": ["help", "translate"],
+    "translate": ["translate", "--checkpoint", "{inputs}/demo/checkpoint.safetensors", "5 March 2021"],
+    "run": ["run", "--weights", "{inputs}/layer.safetensors", "--query", "{inputs}/x.npy", "--out", "{out}/o.npy"],
+    "heads": ["heads", "--out", "{out}/heads", "--threads", "1"],
+    "bench-one": ["bench-one", "--impl", "core", "--n", "8", "--warmup", "0", "--min-reps", "1", "--max-reps", "1",
+                  "--min-time", "0", "--max-time", "0"],
+    "demo": ["demo", "--out", "{out}/demo", *tiny_demo()],
+}
+
+
+@pytest.mark.parametrize("stdout, reason", [("/dev/full", "No space left on device"),
+                                            ("closed", "Bad file descriptor")])
+@pytest.mark.parametrize("command", sorted(OUTPUT_COMMANDS))
+def test_output_that_cannot_be_written_fails_the_command(tmp_path, command_inputs, command, stdout, reason):
+    args = [a.format(inputs=command_inputs, out=tmp_path) for a in OUTPUT_COMMANDS[command]]
+    if stdout == "closed":  # `mha ... >&-`
+        result = subprocess.run(["sh", "-c", 'exec "$@" >&-', "sh", str(MHA), *args], stderr=subprocess.PIPE,
+                                text=True, timeout=TIMEOUT_S)
+    else:
+        with open(stdout, "w") as full:
+            result = subprocess.run([str(MHA), *args], stdout=full, stderr=subprocess.PIPE, text=True,
+                                    timeout=TIMEOUT_S)
+    assert result.returncode == 1, (result.returncode, result.stderr)
+    # the reason on this line, or on the line of the write that failed first (a text longer than stdio's buffer)
+    assert "mha: error: cannot write the output to standard output" in result.stderr, result.stderr
+    assert f": {reason}\n" in result.stderr, result.stderr
+    if command == "run":  # what was meant for standard output landed in no file the command wrote
+        import numpy as np
+        assert np.load(tmp_path / "o.npy").shape == (2, 5, 16)
+
+
+def test_a_usage_error_keeps_its_status_when_standard_output_is_full():
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([str(MHA), "translate", "--beam", "0"], stdout=full, stderr=subprocess.PIPE, text=True,
+                                timeout=TIMEOUT_S)
+    assert result.returncode == 2 and "cannot write" not in result.stderr, result.stderr
 
 
 # ---- text from outside is escaped ---------------------------------------------------------------------

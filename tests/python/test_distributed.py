@@ -46,6 +46,17 @@ def test_ring_attention_matches_one_process(ranks):
 
 
 @pytest.mark.skipif(not _has_ring(), reason="mha.distributed or mpirun missing")
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_mismatch_messages_name_values_and_the_rank_at_fault(ranks):
+    # No random cases ("0"): the error paths alone, mismatch_messages() among them.
+    result = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(ranks), sys.executable,
+                             str(HERE / "distributed_ring_worker.py"), "0"],
+                            capture_output=True, text=True, timeout=300, env=_env())
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "ring worker ok" in result.stdout
+
+
+@pytest.mark.skipif(not _has_ring(), reason="mha.distributed or mpirun missing")
 def test_the_python_example_runs():
     example = HERE.parents[1] / "examples" / "distributed" / "ring_attention.py"
     result = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", sys.executable,

@@ -188,6 +188,9 @@ BAD_BODIES = [
     (b"{\"text\": \"5 March 2021\", \"heads_off\": [[0, \"cross\", 1.5]]}", "head must be an integer"),
     (b"{\"text\": \"5 March 2021\", \"heads_off\": [[0, \"cross\", 1], [18446744073709551615, \"cross\", 0]]}",
      "heads_off[1]: layer 18446744073709551615 is outside"),
+    (b"{\"text\": 1e400}", "\"text\": the number 1e400 is out of range"),  # a double's overflow (issue 30)
+    (b"{\"text\": \"5 March 2021\", \"heads_off\": [[0, \"cross\", 1e400]]}",
+     "heads_off[0][2]: the number 1e400 is out of range"),
 ]
 
 

@@ -76,3 +76,91 @@ def test_float_key_padding_mask_is_added_as_in_forward():
     assert np.all(w[1, :, :, 3:] == 0)
     without, _ = layer.forward_cached(query, cache)
     assert np.abs(without - out).max() > 1e-3  # the mask mattered
+
+
+def test_one_cache_shared_by_threads_of_two_layers_never_gives_a_torn_result():
+    """KeyValueCache's threads contract: one thread appends position after position through one layer
+    while another attends through a second layer with the same parameters and reads len(cache). An
+    overlapping pair is refused with mha.Error ("in use by another call") and changes nothing; every
+    call that runs sees a whole number of appends: its output is bitwise the one a serial run gives at
+    that length."""
+    import threading
+
+    B, T, E, h = 2, 40, 8, 2
+    writer_layer = mha.MultiheadAttention(E, h, batch_first=True, seed=7).eval()
+    reader_layer = mha.MultiheadAttention(E, h, batch_first=True, seed=7).eval()
+    x = np.random.default_rng(8).standard_normal((B, T, E)).astype(np.float32)
+    query = x[:, :1]
+    serial, expected = mha.KeyValueCache(), {}
+    for t in range(T):
+        writer_layer.append_to_cache(serial, x[:, t:t + 1], x[:, t:t + 1])
+        expected[t + 1] = reader_layer.forward_cached(query, serial, need_weights=False)[0]
+
+    cache, failures, refused = mha.KeyValueCache(), [], [0]
+    writer_layer.append_to_cache(cache, x[:, :1], x[:, :1])
+    done = threading.Event()
+
+    def append_all():
+        t = 1
+        while t < T:
+            try:
+                writer_layer.append_to_cache(cache, x[:, t:t + 1], x[:, t:t + 1])
+                t += 1
+            except mha.Error as e:
+                if "in use by another call" not in str(e):
+                    failures.append(repr(e))
+                    break
+                refused[0] += 1
+        done.set()
+
+    def attend_over_and_over():
+        while not done.is_set():
+            before = len(cache)
+            try:
+                out = reader_layer.forward_cached(query, cache, need_weights=False)[0]
+            except mha.Error as e:
+                if "in use by another call" not in str(e):
+                    failures.append(repr(e))
+                refused[0] += 1
+                continue
+            if len(cache) == before and not np.array_equal(out, expected[before]):
+                failures.append(f"length {before}: a result no serial run gives")
+
+    threads = [threading.Thread(target=append_all), threading.Thread(target=attend_over_and_over)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not failures, failures[:3]
+    assert len(cache) == T and np.array_equal(reader_layer.forward_cached(query, cache, need_weights=False)[0],
+                                              expected[T])
+
+
+def test_a_layer_shared_by_threads_sees_whole_parameter_sets():
+    """The layer's parameters under load_state_dict from one thread while another runs forward: the
+    module's lock serialises them, so each output is bitwise the one of the old or of the new weights."""
+    import threading
+
+    E, h = 8, 2
+    layer = mha.MultiheadAttention(E, h, batch_first=True, seed=1).eval()
+    states = [layer.state_dict(), mha.MultiheadAttention(E, h, batch_first=True, seed=2).state_dict()]
+    x = np.random.default_rng(3).standard_normal((2, 5, E)).astype(np.float32)
+    outputs = []
+    for state in states:
+        layer.load_state_dict(state)
+        outputs.append(layer(x, x, x, need_weights=False)[0])
+    failures, stop = [], threading.Event()
+
+    def forward_over_and_over():
+        while not stop.is_set():
+            out = layer(x, x, x, need_weights=False)[0]
+            if not any(np.array_equal(out, o) for o in outputs):
+                failures.append("an output of neither parameter set")
+
+    reader = threading.Thread(target=forward_over_and_over)
+    reader.start()
+    for i in range(300):
+        layer.load_state_dict(states[i % 2])
+    stop.set()
+    reader.join()
+    assert not failures, failures[:3]

@@ -4,6 +4,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import zlib
 
 import numpy as np
 import pytest
@@ -39,7 +40,7 @@ CASES = [  # (batch_first, kdim, add_bias_kv, causal, with key padding, with flo
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "bf{}-kdim{}-biaskv{}-causal{}-kpm{}-float{}-heads{}".format(*c))
 def test_mha_run_matches_torch(tmp_path, case):
     batch_first, kdim, bias_kv, causal, with_kpm, with_float_mask, per_head = case
-    torch.manual_seed(sum(map(hash, map(str, case))) % 1000)
+    torch.manual_seed(zlib.crc32(repr(case).encode()) % 1000)  # not hash(): str hashes change from run to run
     E, h, B, L, S = 8, 2, 3, 5, 7
     layer = torch.nn.MultiheadAttention(E, h, kdim=kdim, vdim=kdim, add_bias_kv=bias_kv, batch_first=batch_first).eval()
     write_safetensors(tmp_path / "layer.safetensors", dict(layer.state_dict()))

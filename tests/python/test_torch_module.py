@@ -126,6 +126,51 @@ def test_forward_errors():
         m.half()(x.half(), x.half(), x.half())
 
 
+def nested(*shapes, dtype=torch.float32):
+    return torch.nested.nested_tensor([torch.randn(*shape, dtype=dtype) for shape in shapes])
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
+@pytest.mark.parametrize("argument", ["query", "key", "value", "key_padding_mask", "attn_mask", "head_gate"])
+def test_nested_tensors_are_refused_by_name(argument):
+    """A nested tensor is strided in torch 1.13 (layout torch.strided), so it passed the layout check and
+    failed in torch ("NestedTensorImpl doesn't support sizes"); mha refuses it naming the argument."""
+    m = mha.torch.MultiheadAttention(8, 2, batch_first=True)
+    x = torch.randn(2, 3, 8)
+    inputs = dict(query=x, key=x, value=x)
+    if argument in inputs:
+        inputs[argument] = nested((3, 8), (2, 8))
+        call = lambda: m(**inputs)  # noqa: E731
+    else:
+        bad = {"key_padding_mask": nested((3,), (2,)), "attn_mask": nested((3, 3), (2, 3)),
+               "head_gate": nested((2,), (1,))}[argument]
+        call = lambda: m(x, x, x, **{argument: bad})  # noqa: E731
+    with pytest.raises(mha.Error, match=f"^{argument}: .*nested"):
+        call()
+
+
+@pytest.mark.parametrize("how", ["is_grads_batched", "jacobian_vectorize"])
+def test_batched_gradients_are_refused_with_a_reason(how):
+    """torch.autograd.grad(..., is_grads_batched=True) and jacobian(..., vectorize=True) call the backward
+    under torch's vmap, whose BatchedTensor mha cannot read (it used to fail inside torch with "Batching
+    rule not implemented for aten::detach"); mha says so and what to use instead. The unbatched forms work."""
+    torch.manual_seed(0)
+    m = mha.torch.MultiheadAttention(4, 2, batch_first=True, dtype=torch.float64)
+    q = torch.randn(1, 2, 4, dtype=torch.float64, requires_grad=True)
+    if how == "is_grads_batched":
+        out, _ = m(q, q, q)
+        basis = torch.eye(out.numel(), dtype=torch.float64).reshape(-1, *out.shape)
+        with pytest.raises(RuntimeError, match="vmap.*is_grads_batched.*vectorize=False"):
+            torch.autograd.grad(out, q, basis, is_grads_batched=True)
+        rows = [torch.autograd.grad(out, q, g, retain_graph=True)[0] for g in basis]  # one at a time works
+        assert len(rows) == out.numel()
+    else:
+        with pytest.raises(RuntimeError, match="vmap.*is_grads_batched.*vectorize=False"):
+            torch.autograd.functional.jacobian(lambda x: m(x, x, x)[0], q, vectorize=True)
+        jacobian = torch.autograd.functional.jacobian(lambda x: m(x, x, x)[0], q)
+        assert jacobian.shape == (1, 2, 4, 1, 2, 4) and torch.isfinite(jacobian).all()
+
+
 # ---- gradcheck (float64) ---------------------------------------------------------------------------
 
 GRADCHECK_CASES = {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -242,9 +243,12 @@ TEST(BeamDecode, RefusesBadOptions) {
 // A date model trained briefly (unsure enough that beams have choices to make: 49 of the 200 (K, date)
 // pairs scored higher than greedy when this was written, with 1 or 2 threads): on
 // 100 held-out dates, one beam writes greedy's answers, and 2 and 4 beams return answers that the full
-// forward scores at least as high as greedy's. (Beam search does not promise this in general: the
-// greedy prefix can be pushed out of the beams by K better-scoring ones that later fall below it; the
-// test checks that it holds for this model.)
+// forward scores higher than greedy's far more often than lower, and at least as high in total. (Beam
+// search does not promise beams >= greedy for each date: the greedy prefix can be pushed out of the
+// beams by K better-scoring ones that later fall below it. Which dates that happens to depends on the
+// trained weights, i.e. on the machine's float32 kernels (oneDNN's and Highway's ISA): none of the 200
+// pairs on an AVX-512 Xeon, one (K 2, by 0.12) there with oneDNN capped at AVX2, while the pairs beams
+// improve went from 29 to 53 over such changes. So a few are allowed.)
 TEST(BeamDecode, OnATrainedModelBeamsScoreAtLeastGreedy) {
   Vocabulary vocab;
   Transformer<float> model(small_date_config(vocab.size()), 3);
@@ -255,19 +259,29 @@ TEST(BeamDecode, OnATrainedModelBeamsScoreAtLeastGreedy) {
   const std::int64_t steps = 11;
   const std::vector<int> greedy = model.greedy_decode(sources, steps, kBos, /*use_cache=*/true);
   const std::vector<BeamHypothesis> one = model.beam_decode(sources, beam_options(1, steps));
-  int improved = 0;
+  int improved = 0, worse = 0;
+  std::string worse_pairs;
   for (const std::int64_t K : {2, 4}) {
     const std::vector<BeamHypothesis> beam = model.beam_decode(sources, beam_options(K, steps));
+    double greedy_total = 0.0, beam_total = 0.0;
     for (std::int64_t b = 0; b < sources.batch; ++b) {
       const std::vector<int> greedy_tokens = greedy_answer(greedy, b, steps);
       EXPECT_EQ(one[static_cast<std::size_t>(b)].tokens, greedy_tokens) << dates[static_cast<std::size_t>(b)].source;
       const double greedy_score = sum_of(forward_log_probs(model, sources, b, greedy_tokens));
       const double beam_score = sum_of(forward_log_probs(model, sources, b, beam[static_cast<std::size_t>(b)].tokens));
-      EXPECT_GE(beam_score, greedy_score - 1e-4) << "K " << K << " " << dates[static_cast<std::size_t>(b)].source;
+      greedy_total += greedy_score, beam_total += beam_score;
       improved += beam_score > greedy_score + 1e-4;
+      if (beam_score < greedy_score - 1e-4) {
+        ++worse;
+        worse_pairs += " (K " + std::to_string(K) + " " + dates[static_cast<std::size_t>(b)].source + ": " +
+                       std::to_string(beam_score) + " < " + std::to_string(greedy_score) + ")";
+      }
     }
+    EXPECT_GE(beam_total, greedy_total - 1e-3) << "K " << K;
   }
   EXPECT_GT(improved, 0) << "the model is trained too far or too little for beams to differ from greedy";
+  EXPECT_LE(worse, 10) << "beams below greedy on more than 5% of the (K, date) pairs:" << worse_pairs;
+  EXPECT_GT(improved, 4 * worse) << "beams below greedy about as often as above:" << worse_pairs;
 }
 
 }  // namespace

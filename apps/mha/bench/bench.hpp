@@ -35,6 +35,10 @@ struct BenchOptions {
   double decode_max_cache_gib = 8;     // caches (float32 or bf16) larger than this are skipped
   std::int64_t decode_page_size = 16;  // tokens per page
   std::int64_t bandwidth_mib = 0;      // the read-bandwidth buffer; 0: 8 x the last-level cache
+  // The last-level cache size that decides which caches count as "over the last-level cache" (the
+  // targets' rows, the * flag, the default bandwidth buffer); 0: read from sysfs. Tests set it so that
+  // their verdicts do not depend on the machine's cache (32 MiB on some machines drawn, 480 on others).
+  std::int64_t llc_mib = 0;
 };
 
 // Runs the benchmark, printing tables to stdout as it goes; writes out_dir/bench.json and

@@ -177,10 +177,10 @@ nlohmann::json check_targets(const std::vector<Row>& rows, std::int64_t llc) {
 
 int run_bench_decode(const BenchOptions& options, const std::string& command) {
   const MachineInfo m = describe_machine();
-  const std::int64_t llc = last_level_cache_bytes();
-  fmt::print("mha bench --decode ({})\nmachine: {} ({}), {} CPUs, {}{}; last-level cache {} MiB; load average {}\n",
+  const std::int64_t llc = options.llc_mib > 0 ? options.llc_mib << 20 : last_level_cache_bytes();
+  fmt::print("mha bench --decode ({})\nmachine: {} ({}), {} CPUs, {}{}; last-level cache {} MiB{}; load average {}\n",
              m.date, m.cpu_model, m.cpu_family_model, m.logical_cpus, m.simd, m.virtual_machine ? ", virtual" : "",
-             llc >> 20, load_average());
+             llc >> 20, options.llc_mib > 0 ? " (set by --llc-mib)" : "", load_average());
   nlohmann::json report = {{"command", command},
                            {"machine", m.cpu_model + " (" + m.cpu_family_model + ")"},
                            {"date", m.date},

@@ -30,13 +30,14 @@ constexpr std::int64_t kGridHeadWidth = 64;    // d: h = E / d when h is not giv
 constexpr std::int64_t kMaxGridN = 1 << 22;    // as --sizes
 constexpr std::int64_t kMaxGridWidth = 65536;  // B, E and h, as bench-one's
 
-// A decimal integer in [1, hi], or why not.
+// A decimal integer in [1, hi] without leading zeros (as the number options read them), or why not.
 std::int64_t grid_number(const std::string& text, std::int64_t hi, const std::string& what, const std::string& entry) {
   std::int64_t value = 0;
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (text.empty() || error != std::errc() || end != text.data() + text.size() || value < 1 || value > hi)
-    throw std::invalid_argument(
-        fmt::format("entry \"{}\": {} must be a decimal integer in [1, {}]", terminal_safe(entry), what, hi));
+  if (text.empty() || text[0] == '0' || error != std::errc() || end != text.data() + text.size() || value < 1 ||
+      value > hi)
+    throw std::invalid_argument(fmt::format(
+        "entry \"{}\": {} must be a decimal integer in [1, {}] without leading zeros", terminal_safe(entry), what, hi));
   return value;
 }
 

@@ -59,6 +59,12 @@ struct Setup {
 };
 
 int bench(const BenchRingOptions& o, const MpiSession& mpi) {
+  // Ranks given different sizes or repetitions would time different problems, or wait on each other
+  // forever; --out is rank 0's alone.
+  std::string sizes;
+  for (std::int64_t n : o.sizes) sizes += fmt::format("{}{}", sizes.empty() ? "" : ",", n);
+  agree_on_arguments("bench-ring", {"--sizes " + sizes, fmt::format("--heads {}", o.heads),
+                                    fmt::format("--dim {}", o.dim), fmt::format("--reps {}", o.reps)});
   mha::set_num_threads(1);
   const int P = mpi.size();
   const Setup setups[] = {{"non-causal", false, Layout::Zigzag},

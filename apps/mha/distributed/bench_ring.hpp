@@ -16,7 +16,7 @@ struct BenchRingOptions {
   std::string out;        // optional JSON file of the results
 };
 
-// Returns 0; throws mha::Error on bad options.
+// Returns 0; throws mha::Error on bad options and on options that differ among the ranks.
 int run_bench_ring(const BenchRingOptions& options);
 
 }  // namespace mha_cli

@@ -85,7 +85,17 @@ int report(const RingCheckOptions& o, int ranks, const Results& ring, const Tens
   return worst <= 1 ? 0 : 1;
 }
 
+// Ranks given different problems would report the difference as a numerical failure: they must agree
+// first. --threads may differ (machines of different sizes): it does not change the problem.
+void agree_on_the_problem(const RingCheckOptions& o) {
+  agree_on_arguments(
+      "ring-check", {fmt::format("--n {}", o.n), fmt::format("--batch {}", o.batch), fmt::format("--heads {}", o.heads),
+                     fmt::format("--dim {}", o.dim), o.causal ? "--causal" : "no --causal", "--layout " + o.layout,
+                     "--dtype " + o.dtype, fmt::format("--seed {}", o.seed)});
+}
+
 int check(const RingCheckOptions& o, const MpiSession& mpi) {
+  agree_on_the_problem(o);
   mha::set_num_threads(o.threads);
   const Layout layout = o.layout == "contiguous" ? Layout::Contiguous : Layout::Zigzag;
   const DType dtype = o.dtype == "float64" ? DType::Float64 : DType::Float32;

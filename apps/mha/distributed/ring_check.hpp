@@ -20,7 +20,8 @@ struct RingCheckOptions {
 };
 
 // Runs the check on the ranks of MPI_COMM_WORLD (initialising MPI); returns 0 within the rule, 1
-// outside it. Throws mha::Error on bad options (the same on every rank).
+// outside it. Throws mha::Error on bad options and on options that differ among the ranks (the same
+// error on every rank).
 int run_ring_check(const RingCheckOptions& options);
 
 }  // namespace mha_cli

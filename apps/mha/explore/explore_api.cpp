@@ -1,6 +1,9 @@
 // The JSON API of `mha explore` (explore_api.hpp).
 #include "explore/explore_api.hpp"
 
+#include <string>
+#include <vector>
+
 #include <fmt/core.h>
 
 #include "commands/translate_checks.hpp"
@@ -16,13 +19,61 @@ namespace tf = transformer;
 
 namespace {
 
+// Where the parser is in a JSON text, for a message: each container open, with the key or the index of
+// the element being read. Written as the other messages name a field: "text", heads_off[0][2].
+class JsonPosition {
+ public:
+  bool track(nlohmann::json::parse_event_t event, const nlohmann::json& parsed) {
+    using Event = nlohmann::json::parse_event_t;
+    switch (event) {
+      case Event::object_start: levels_.push_back({false, {}, 0}); break;
+      case Event::array_start: levels_.push_back({true, {}, 0}); break;
+      case Event::key: levels_.back().key = parsed.get<std::string>(); break;
+      case Event::object_end:
+      case Event::array_end: levels_.pop_back(), element_read(); break;
+      case Event::value: element_read(); break;
+    }
+    return true;  // keep every value
+  }
+  std::string where() const {
+    if (levels_.size() == 1 && !levels_[0].array) return fmt::format("\"{}\"", levels_[0].key);
+    std::string out = levels_.empty() || levels_[0].array ? "the request's body" : "";
+    for (const Level& level : levels_)
+      out += level.array ? fmt::format("[{}]", level.index) : (out.empty() ? "" : ".") + level.key;
+    return out;
+  }
+
+ private:
+  struct Level {
+    bool array;
+    std::string key;    // an object's: the last key read
+    std::size_t index;  // an array's: the elements read
+  };
+  void element_read() {
+    if (!levels_.empty() && levels_.back().array) ++levels_.back().index;
+  }
+  std::vector<Level> levels_;
+};
+
 // The request's body as a JSON object.
 nlohmann::json body_object(const std::string& body) {
   nlohmann::json j;
+  JsonPosition position;
   try {
-    j = nlohmann::json::parse(body);
+    j = nlohmann::json::parse(body, [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+      return position.track(event, parsed);
+    });
   } catch (const nlohmann::json::parse_error& e) {
     throw RequestError(fmt::format("the request's body is not JSON: {}", e.what()));
+  } catch (const nlohmann::json::out_of_range& e) {
+    // A number beyond a double's range (1e400): the library's message, "number overflow parsing '1e400'".
+    const std::string what = e.what();
+    const std::size_t open = what.find('\''), close = what.rfind('\'');
+    const std::string number = open < close ? what.substr(open + 1, close - open - 1) : what;
+    throw RequestError(
+        fmt::format("{}: the number {} is out of range (a number must be within +-1.8e308)", position.where(), number));
+  } catch (const nlohmann::json::exception& e) {
+    throw RequestError(fmt::format("the request's body is not usable JSON: {}", e.what()));
   }
   if (!j.is_object()) throw RequestError("the request's body must be a JSON object, e.g. {\"text\": \"5 March 2021\"}");
   return j;

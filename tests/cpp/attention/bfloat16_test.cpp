@@ -223,9 +223,8 @@ TEST(Bfloat16Determinism, BitwiseAcrossThreadCountsAndRuns) {
     for (Tensor* t : {&r.out, &r.lse, &g.dq, &g.dk, &g.dv}) results.push_back(std::move(*t));
     return results;
   };
-  const int before = mha::max_num_threads();
-  const auto one = run(1), two = run(std::min(2, before)), again = run(std::min(2, before));
-  mha::set_num_threads(before);
+  ThreadCountGuard restore;  // the count this thread had (not the bound, which later tests would inherit)
+  const auto one = run(1), two = run(2), again = run(2);
   for (std::size_t i = 0; i < one.size(); ++i) {
     EXPECT_TRUE(bitwise_equal(one[i], two[i])) << "result " << i << ": 1 vs 2 threads";
     EXPECT_TRUE(bitwise_equal(two[i], again[i])) << "result " << i << ": run to run";

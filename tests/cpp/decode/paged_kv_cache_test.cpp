@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <limits>
 #include <map>
 #include <random>
 #include <vector>
@@ -210,6 +211,44 @@ TEST(PagedKVCache, TakesStridedKeys) {
       for (std::int64_t c = 0; c < kDk; ++c)
         EXPECT_EQ(k.data_as<float>()[(h * n + t) * kDk + c],
                   buffer[static_cast<std::size_t>(c * kHeads * n + h * n + t)]);
+}
+
+// Sizes whose products overflow std::int64_t (issue 30): refused naming the sizes, never "a pool of -1
+// pages" or a negative shape from a product that wrapped before the check.
+TEST(PagedKVCache, SizesWhoseProductsOverflowAreRefusedByName) {
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  struct Case {
+    mha::PagedKVCacheConfig config;
+    const char* names;
+  };
+  const Case cases[] = {
+      {{.num_kv_heads = 1, .head_dim = 4, .page_size = kMax, .capacity_tokens = 10}, "page_size"},
+      {{.num_kv_heads = 1, .head_dim = std::int64_t{1} << 62, .page_size = 16, .capacity_tokens = 10}, "head_dim"},
+      {{.num_kv_heads = 1,
+        .head_dim = std::int64_t{1} << 62,
+        .value_dim = std::int64_t{1} << 62,
+        .page_size = 1,
+        .capacity_tokens = 1},
+       "value_dim"},
+      {{.num_kv_heads = std::int64_t{1} << 62, .head_dim = 4, .page_size = 4, .capacity_tokens = 4}, "num_kv_heads"},
+      {{.num_kv_heads = 1,
+        .head_dim = 4,
+        .page_size = std::int64_t{1} << 62,
+        .capacity_tokens = (std::int64_t{1} << 62) + 1},
+       "page_size"},
+      {{.num_kv_heads = 1, .head_dim = 4, .page_size = 1, .capacity_tokens = kMax}, "capacity_tokens"},
+  };
+  for (const Case& c : cases) {
+    try {
+      PagedKVCache cache(c.config);
+      ADD_FAILURE() << "accepted page_size " << c.config.page_size << ", head_dim " << c.config.head_dim;
+    } catch (const mha::Error& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find(c.names), std::string::npos) << message;
+      EXPECT_NE(message.find("larger than a tensor may be"), std::string::npos) << message;
+      EXPECT_EQ(message.find(" -"), std::string::npos) << "a wrapped, negative size: " << message;
+    }
+  }
 }
 
 }  // namespace

@@ -40,6 +40,7 @@
 #include "attention/flash_tiles-inl.h"
 #include "attention/masks.hpp"
 #include "attention/nonfinite.hpp"
+#include "attention/online_softmax.hpp"
 #include "hwy/highway.h"
 #include "parallel.hpp"
 
@@ -83,18 +84,15 @@ void OnlineSoftmaxTile(const AttentionInputs<T>& p, const ForwardBlock<T>& w, st
   for (std::int64_t r = 0; r < rows; ++r) {
     float* row = w.s + r * kBlockK;
     const std::int64_t visible = causal_visible(p, i0 + r, j0, cols);
-    const float row_max = RowMax(row, padded_cols, visible);     // see RowMax for a row holding a NaN
-    const bool nan = std::isnan(row_max) || std::isnan(w.m[r]);  // std::max would drop it
-    const float m_new = nan ? std::numeric_limits<float>::quiet_NaN() : std::max(w.m[r], row_max);
-    if (m_new == kMinusInf) {  // nothing allowed yet in this row
+    // The row's max (see RowMax for a row holding a NaN), then the rule of online_softmax.hpp.
+    const OnlineSoftmaxStep<float> step = online_softmax_step(w.m[r], RowMax(row, padded_cols, visible));
+    if (step.no_weight) {  // nothing allowed yet in this row
       std::fill(row, row + padded_cols, 0.0f);
       continue;
     }
-    // a = exp(m - m'): 0 when m was -inf, exactly 1 when the max did not change (no rescale then).
-    const float rescale = m_new == w.m[r] ? 1.0f : std::exp(w.m[r] - m_new);
-    w.l[r] = w.l[r] * rescale + ExpShiftedRowSum(row, padded_cols, visible, m_new);
-    if (rescale != 1.0f) ScaleRow(w.acc + r * w.ld_acc, w.ld_acc, rescale);
-    w.m[r] = m_new;
+    w.l[r] = w.l[r] * step.rescale + ExpShiftedRowSum(row, padded_cols, visible, step.m_new);
+    if (step.rescale != 1.0f) ScaleRow(w.acc + r * w.ld_acc, w.ld_acc, step.rescale);
+    w.m[r] = step.m_new;
   }
 }
 

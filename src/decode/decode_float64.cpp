@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 
+#include "attention/online_softmax.hpp"
 #include "decode/decode_driver.hpp"
 
 namespace mha::detail {
@@ -41,20 +42,19 @@ void decode_chunk(const DecodeParams<double, double>& p, const decode::WorkItem&
         s[j] = dot * p.scale;
         if (!(s[j] <= block_max)) block_max = s[j];  // a NaN logit becomes the max
       }
-      const double m_new = std::isnan(m[r]) || std::isnan(block_max) ? block_max + m[r] : std::max(m[r], block_max);
-      if (m_new == kMinusInf) continue;  // nothing with weight yet
-      const double rescale = m_new == m[r] ? 1.0 : std::exp(m[r] - m_new);
+      const OnlineSoftmaxStep<double> step = online_softmax_step(m[r], block_max);  // online_softmax.hpp's rule
+      if (step.no_weight) continue;                                                 // nothing with weight yet
       double sum = 0;
-      for (std::int64_t j = 0; j < kb; ++j) sum += s[j] = std::exp(s[j] - m_new);
-      l[r] = l[r] * rescale + sum;
+      for (std::int64_t j = 0; j < kb; ++j) sum += s[j] = std::exp(s[j] - step.m_new);
+      l[r] = l[r] * step.rescale + sum;
       double* a = acc + r * layout.ld;
-      if (rescale != 1.0)
-        for (std::int64_t e = 0; e < p.d_v; ++e) a[e] *= rescale;
+      if (step.rescale != 1.0)
+        for (std::int64_t e = 0; e < p.d_v; ++e) a[e] *= step.rescale;
       for (std::int64_t j = 0; j < kb; ++j) {
         if (s[j] == 0.0) continue;  // weight 0: the value is not read
         for (std::int64_t e = 0; e < p.d_v; ++e) a[e] += s[j] * w.v_rows[j][e];
       }
-      m[r] = m_new;
+      m[r] = step.m_new;
     }
   }
 }

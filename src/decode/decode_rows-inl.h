@@ -21,6 +21,7 @@
 #include <type_traits>
 
 #include "attention/online_softmax-inl.h"  // ExpKeepNaN
+#include "attention/online_softmax.hpp"
 #include "decode/split_kv.hpp"
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
@@ -157,23 +158,21 @@ inline void BlockOnlineSoftmax(float* HWY_RESTRICT s, std::int64_t R, float* m, 
     }
     const float block_max =
         hn::AllFalse(d, nan) ? hn::GetLane(hn::MaxOfLanes(d, vmax)) : std::numeric_limits<float>::quiet_NaN();
-    const float m_new =
-        std::isnan(block_max) || std::isnan(m[r]) ? std::numeric_limits<float>::quiet_NaN() : std::max(m[r], block_max);
-    if (m_new == kMinusInf) {  // nothing with weight yet
+    const OnlineSoftmaxStep<float> step = online_softmax_step(m[r], block_max);  // online_softmax.hpp's rule
+    if (step.no_weight) {                                                        // nothing with weight yet
       for (std::int64_t j = 0; j < kKeyBlock; ++j) row[j] = 0.0f;
       continue;
     }
-    const float rescale = m_new == m[r] ? 1.0f : std::exp(m[r] - m_new);  // 0 when m was -inf
-    const auto vm = hn::Set(d, m_new);
+    const auto vm = hn::Set(d, step.m_new);
     auto sum = hn::Zero(d);
     for (std::int64_t j = 0; j < kKeyBlock; j += N) {
       const auto e = ExpKeepNaN(d, hn::Sub(hn::Load(d, row + j), vm));
       hn::Store(e, d, row + j);
       sum = hn::Add(sum, e);
     }
-    l[r] = l[r] * rescale + hn::GetLane(hn::SumOfLanes(d, sum));
-    if (rescale != 1.0f) ScaleRow(acc + r * ld_acc, ld_acc, rescale);
-    m[r] = m_new;
+    l[r] = l[r] * step.rescale + hn::GetLane(hn::SumOfLanes(d, sum));
+    if (step.rescale != 1.0f) ScaleRow(acc + r * ld_acc, ld_acc, step.rescale);
+    m[r] = step.m_new;
   }
 }
 

@@ -16,6 +16,8 @@
 #include <limits>
 #include <vector>
 
+#include "attention/online_softmax.hpp"
+
 namespace mha::detail::decode {
 
 // The fewest positions a chunk holds (rounded up to whole pages): below this, the merge and the
@@ -101,25 +103,17 @@ struct SlotLayout {
 template <class A>
 A merge_row(const A* partials, const SlotLayout& layout, std::int64_t first, std::int64_t chunks, std::int64_t r,
             std::int64_t d_v, A* out_row) {
-  constexpr A kMinusInf = -std::numeric_limits<A>::infinity();
   auto slot = [&](std::int64_t c) { return partials + (first + c) * layout.size(); };
-  auto m_of = [&](std::int64_t c) { return slot(c)[layout.m_offset() + r]; };
-  A M = kMinusInf;
-  for (std::int64_t c = 0; c < chunks; ++c)
-    M = std::isnan(M) || std::isnan(m_of(c)) ? std::numeric_limits<A>::quiet_NaN() : std::max(M, m_of(c));
-  if (M == kMinusInf) M = std::numeric_limits<A>::quiet_NaN();
-  A L = 0;
-  std::fill(out_row, out_row + d_v, A(0));
-  for (std::int64_t c = 0; c < chunks; ++c) {
-    if (m_of(c) == kMinusInf) continue;  // no weight in this chunk
-    const A w = m_of(c) == M ? A(1) : std::exp(m_of(c) - M);
-    L += w * slot(c)[layout.l_offset() + r];
-    const A* o = slot(c) + r * layout.ld;
-    for (std::int64_t e = 0; e < d_v; ++e) out_row[e] += w * o[e];
+  LseMerge<A> merge;  // online_softmax.hpp
+  for (std::int64_t c = 0; c < chunks; ++c) merge.see_max(slot(c)[layout.m_offset() + r]);
+  if (merge.no_weight()) {  // every visible logit -inf: 0 / 0
+    std::fill(out_row, out_row + d_v, std::numeric_limits<A>::quiet_NaN());
+    return std::numeric_limits<A>::quiet_NaN();
   }
-  const A inv = A(1) / L;
-  for (std::int64_t e = 0; e < d_v; ++e) out_row[e] *= inv;
-  return M + std::log(L);
+  std::fill(out_row, out_row + d_v, A(0));
+  for (std::int64_t c = 0; c < chunks; ++c)
+    merge.add(slot(c)[layout.m_offset() + r], slot(c)[layout.l_offset() + r], slot(c) + r * layout.ld, d_v, out_row);
+  return merge.finish(d_v, out_row);
 }
 
 }  // namespace mha::detail::decode

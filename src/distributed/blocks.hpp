@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "attention/online_softmax.hpp"
 #include "mha/tensor.hpp"
 
 namespace mha::distributed::detail {
@@ -96,6 +97,7 @@ void merge_partial(Tensor& out, Tensor& lse, std::int64_t start, const Tensor& o
   T* l = lse.data_as<T>();
   const T* po = out_part.data_as<T>();
   const T* pl = lse_part.data_as<T>();
+  std::vector<T> merged(static_cast<std::size_t>(d_v));  // the running row, read while it is rewritten
   for (std::int64_t bh = 0; bh < B * h; ++bh)
     for (std::int64_t i = 0; i < n; ++i) {
       const std::int64_t row = bh * L_r + start + i, part_row = bh * n + i;
@@ -108,10 +110,15 @@ void merge_partial(Tensor& out, Tensor& lse, std::int64_t start, const Tensor& o
         l[row] = l2;
         continue;
       }
-      const T m = l1 > l2 ? l1 : l2;  // a NaN in either makes the weights below NaN
-      const T w1 = std::exp(l1 - m), w2 = std::exp(l2 - m), sum = w1 + w2;
-      for (std::int64_t c = 0; c < d_v; ++c) o1[c] = (w1 * o1[c] + w2 * o2[c]) / sum;
-      l[row] = m + std::log(sum);
+      // Both normalised: the partials (lse, 1, out) of online_softmax.hpp's merge.
+      mha::detail::LseMerge<T> merge;
+      merge.see_max(l1);
+      merge.see_max(l2);
+      std::copy(o1, o1 + d_v, merged.begin());
+      std::fill(o1, o1 + d_v, T(0));
+      merge.add(l1, T(1), merged.data(), d_v, o1);
+      merge.add(l2, T(1), o2, d_v, o1);
+      l[row] = merge.finish(d_v, o1);
     }
 }
 

@@ -228,29 +228,30 @@ void round_into(const Tensor& src, const StridedOutput& dst) {
 
 template <class T>
 void run_typed(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionOptions& o,
-               const StridedOutput& out, Tensor& weights, Tensor& lse);
+               const StridedOutput& out, Tensor& weights, Tensor& lse, bool partial_over_keys);
 
 // bfloat16 attention computed in float32: the inputs widened (exactly), the float32 kernel run, its
 // results rounded to bfloat16 once. The reference kernel runs so for bfloat16 inputs.
 void forward_in_float32(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionOptions& o,
-                        const StridedOutput& out, Tensor& weights, Tensor& lse) {
+                        const StridedOutput& out, Tensor& weights, Tensor& lse, bool partial_over_keys) {
   const Tensor q32 = Tensor::copy_of(q, DType::Float32), k32 = Tensor::copy_of(k, DType::Float32);
   const Tensor v32 = Tensor::copy_of(v, DType::Float32);
   Tensor out32(DType::Float32, {q.size(0), q.size(1), q.size(2), v.size(3)}), weights32;
-  run_typed<float>(q32, k32, v32, o, {out32.data(), out32.strides()}, weights32, lse);
+  run_typed<float>(q32, k32, v32, o, {out32.data(), out32.strides()}, weights32, lse, partial_over_keys);
   round_into(out32, out);
   if (weights32.defined()) weights = Tensor::copy_of(weights32, DType::BFloat16);
 }
 
 template <class T>
 void run_typed(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionOptions& o,
-               const StridedOutput& out, Tensor& weights, Tensor& lse) {
+               const StridedOutput& out, Tensor& weights, Tensor& lse, bool partial_over_keys) {
   const bool flash = o.kernel == Kernel::Flash && v.size(3) > 0;  // d_v = 0: nothing to tile
   if constexpr (std::is_same_v<T, bfloat16>) {
-    if (!flash) return forward_in_float32(q, k, v, o, out, weights, lse);
+    if (!flash) return forward_in_float32(q, k, v, o, out, weights, lse, partial_over_keys);
   }
   AttentionParams<T> p;
   fill_common(p, q, k, v, o);
+  p.partial_over_keys = partial_over_keys;
   p.out = strided_output<T>(out);
   if (o.need_weights) {
     weights = Tensor::uninitialized(dtype_of<T>(), {p.B, p.h, p.L, p.S});  // written whole by the kernels
@@ -376,14 +377,14 @@ void run_attention_backward(const TensorView& dout_in, const TensorView& q_in, c
 }
 
 void run_attention(const TensorView& q_in, const TensorView& k_in, const TensorView& v_in, const AttentionOptions& o,
-                   const StridedOutput& out, Tensor& weights, Tensor& lse) {
+                   const StridedOutput& out, Tensor& weights, Tensor& lse, bool partial_over_keys) {
   Tensor copies[3];
   const TensorView q = with_readable_rows(q_in, copies[0]);
   const TensorView k = with_readable_rows(k_in, copies[1]);
   const TensorView v = with_readable_rows(v_in, copies[2]);
   Tensor masks[3];
   const AttentionOptions oc = with_compute_masks(o, compute_dtype(q.dtype()), masks);
-  dispatch_floating(q.dtype(), [&]<class T>(T) { run_typed<T>(q, k, v, oc, out, weights, lse); });
+  dispatch_floating(q.dtype(), [&]<class T>(T) { run_typed<T>(q, k, v, oc, out, weights, lse, partial_over_keys); });
 }
 
 }  // namespace mha::detail

@@ -30,8 +30,11 @@ struct StridedOutput {
 
 // Runs the kernel chosen by options.kernel on validated arguments, writing out [B, h, L, d_v].
 // weights / lse: allocated and filled when the options ask for them (else left undefined).
+// partial_over_keys: k and v are some of the keys a caller merges results over (the ring): a row whose
+// allowed logits are all -inf has no weight in this part, lse -inf, marked by a NaN output row (not
+// 0 / 0 already: the other parts may give it weight), see AttentionParams.
 void run_attention(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionOptions& options,
-                   const StridedOutput& out, Tensor& weights, Tensor& lse);
+                   const StridedOutput& out, Tensor& weights, Tensor& lse, bool partial_over_keys = false);
 
 // Runs the backward of the kernel chosen by options.kernel on validated arguments, writing
 // dq [B, h, L, d_k], dk [B, h, S, d_k], dv [B, h, S, d_v]; they must be zero on entry.

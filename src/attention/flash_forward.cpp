@@ -123,8 +123,8 @@ void FinishRows(const AttentionParams<T>& p, const ForwardBlock<T>& w, std::int6
                 std::int64_t i0, std::int64_t rows, std::int64_t key_end) {
   for (std::int64_t r = 0; r < rows; ++r) {
     bool empty = w.m[r] == kMinusInf;
-    if (empty && has_allowed_key(p, b, head, i0 + r, key_end)) {  // allowed keys, all at -inf: 0 / 0
-      w.m[r] = std::numeric_limits<float>::quiet_NaN();
+    if (empty && has_allowed_key(p, b, head, i0 + r, key_end)) {                   // allowed keys, all at -inf: 0 / 0
+      if (!p.partial_over_keys) w.m[r] = std::numeric_limits<float>::quiet_NaN();  // else lse -inf, out NaN
       empty = false;
     }
     const float inv_l = empty ? 0.0f : 1.0f / w.l[r];

@@ -102,6 +102,10 @@ struct AttentionParams : AttentionInputs<T> {
   Strided4<T> out;              // [B, h, L, d_v]
   T* weights = nullptr;         // [B, h, L, S] contiguous, or null
   compute_t<T>* lse = nullptr;  // [B, h, L] contiguous, or null
+  // A row whose allowed logits are all -inf is 0 / 0: output and lse NaN. With partial_over_keys (k and
+  // v are part of the keys, the rest merged in later by lse, as the ring does) it has no weight in this
+  // part instead: lse -inf, its output NaN to tell it from a row with no allowed key (output 0).
+  bool partial_over_keys = false;
 };
 
 // The backward: the forward's inputs, what the forward produced, and the gradient buffers.

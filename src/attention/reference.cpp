@@ -64,8 +64,15 @@ void reference_attention_forward(const AttentionParams<T>& p) {
 
     for (std::int64_t c = 0; c < p.d_v; ++c) p.out(b, head, i, c) = 0;
     T* weights = p.weights ? p.weights + r * p.S : nullptr;
-    if (m == kMinusInf && has_allowed_key(p, b, head, i, p.S))  // allowed keys, all at -inf: 0 / 0
+    if (m == kMinusInf && has_allowed_key(p, b, head, i, p.S)) {  // allowed keys, all at -inf: 0 / 0
+      if (p.partial_over_keys) {  // no weight in this part: lse -inf, the output NaN as a mark
+        for (std::int64_t c = 0; c < p.d_v; ++c) p.out(b, head, i, c) = std::numeric_limits<T>::quiet_NaN();
+        for (std::int64_t j = 0; j < p.S && weights; ++j) weights[j] = 0;
+        if (p.lse) p.lse[r] = kMinusInf;
+        continue;
+      }
       m = std::numeric_limits<T>::quiet_NaN();
+    }
     if (m == kMinusInf) {  // no allowed key: attend to nothing
       for (std::int64_t j = 0; j < p.S && weights; ++j) weights[j] = 0;
       if (p.lse) p.lse[r] = kMinusInf;

@@ -87,10 +87,13 @@ struct BlockLayout {
 // Merges a partial result (out_part [B, h, n, d_v] and lse_part [B, h, n], contiguous, from some of
 // the keys) into rows [start, start + n) of the running result (out [B, h, L_r, d_v], lse [B, h, L_r],
 // contiguous, from the keys before): the softmax over both key sets, by their log-sum-exp. A part
-// whose row saw no key (lse -inf) leaves the row as it is; NaN and +inf propagate as one kernel call's
-// would (an overflowing logit makes the row NaN).
+// whose row had no weight (lse -inf) leaves the row as it is; such a part row whose output is NaN had
+// allowed keys, all at -inf (mha::detail::run_attention's partial_over_keys) and is marked in
+// `all_minus_inf` [B, h, L_r] (finish_merged_rows then makes the row 0 / 0 if no part gave it weight).
+// NaN and +inf propagate as one kernel call's would (an overflowing logit makes the row NaN).
 template <class T>
-void merge_partial(Tensor& out, Tensor& lse, std::int64_t start, const Tensor& out_part, const Tensor& lse_part) {
+void merge_partial(Tensor& out, Tensor& lse, std::int64_t start, const Tensor& out_part, const Tensor& lse_part,
+                   std::vector<std::uint8_t>& all_minus_inf) {
   const std::int64_t B = out.size(0), h = out.size(1), L_r = out.size(2), d_v = out.size(3), n = out_part.size(2);
   constexpr T kMinusInf = -std::numeric_limits<T>::infinity();
   T* o = out.data_as<T>();
@@ -104,7 +107,10 @@ void merge_partial(Tensor& out, Tensor& lse, std::int64_t start, const Tensor& o
       const T l1 = l[row], l2 = pl[part_row];
       T* o1 = o + row * d_v;
       const T* o2 = po + part_row * d_v;
-      if (l2 == kMinusInf) continue;
+      if (l2 == kMinusInf) {
+        if (d_v > 0 && std::isnan(o2[0])) all_minus_inf[static_cast<std::size_t>(row)] = 1;
+        continue;
+      }
       if (l1 == kMinusInf) {
         std::copy(o2, o2 + d_v, o1);
         l[row] = l2;
@@ -119,6 +125,20 @@ void merge_partial(Tensor& out, Tensor& lse, std::int64_t start, const Tensor& o
       merge.add(l1, T(1), merged.data(), d_v, o1);
       merge.add(l2, T(1), o2, d_v, o1);
       l[row] = merge.finish(d_v, o1);
+    }
+}
+
+// After the last merge: a row that no part gave weight (lse -inf) but that had allowed keys, all at
+// -inf, is 0 / 0, NaN in output and lse, as one call over every key gives it.
+template <class T>
+void finish_merged_rows(Tensor& out, Tensor& lse, const std::vector<std::uint8_t>& all_minus_inf) {
+  const std::int64_t d_v = out.size(3);
+  T* o = out.data_as<T>();
+  T* l = lse.data_as<T>();
+  for (std::int64_t row = 0; row < lse.numel(); ++row)
+    if (all_minus_inf[static_cast<std::size_t>(row)] && l[row] == -std::numeric_limits<T>::infinity()) {
+      l[row] = std::numeric_limits<T>::quiet_NaN();
+      std::fill(o + row * d_v, o + (row + 1) * d_v, std::numeric_limits<T>::quiet_NaN());
     }
 }
 

@@ -155,6 +155,7 @@ RingResult forward(const TensorView& q, const TensorView& k, const TensorView& v
   layout.pack(current.data(), k, v, o.key_padding_mask ? &*o.key_padding_mask : nullptr);
   RingResult result{Tensor(dtype_of<T>(), {B, h, L_r, mine.d_v}), Tensor(dtype_of<T>(), {B, h, L_r})};
   std::fill_n(result.lse.data_as<T>(), result.lse.numel(), -std::numeric_limits<T>::infinity());
+  std::vector<std::uint8_t> all_minus_inf(static_cast<std::size_t>(result.lse.numel()));  // see merge_partial
 
   for (int step = 0; step < ring.size; ++step) {
     const int src = ring.block_owner(step);
@@ -162,15 +163,21 @@ RingResult forward(const TensorView& q, const TensorView& k, const TensorView& v
     for_each_pair(call, ring.rank, src, o.causal,
                   [&](SequenceChunk qc, std::int64_t q_local, SequenceChunk kc, std::int64_t k_local) {
                     const T* block = current.data();
-                    const AttentionResult part = scaled_dot_product_attention(
+                    // The kernel behind scaled_dot_product_attention (the arguments were checked once, above),
+                    // told its keys are a part: a row whose allowed logits here are all -inf is no weight yet.
+                    AttentionResult part;
+                    part.out = Tensor::uninitialized(dtype_of<T>(), {B, h, qc.length, mine.d_v});
+                    mha::detail::run_attention(
                         detail::rows_of(q, q_local, qc.length), layout.k(block, call.S_of(src), k_local, kc.length),
                         layout.v(block, call.S_of(src), k_local, kc.length),
-                        pair_options(o, qc, kc, layout, block, call.S_of(src), k_local));
-                    detail::merge_partial<T>(result.out, result.lse, q_local, part.out, part.lse);
+                        pair_options(o, qc, kc, layout, block, call.S_of(src), k_local),
+                        {part.out.data(), part.out.strides()}, part.weights, part.lse, /*partial_over_keys=*/true);
+                    detail::merge_partial<T>(result.out, result.lse, q_local, part.out, part.lse, all_minus_inf);
                   });
     transfer.wait();
     std::swap(current, next);
   }
+  detail::finish_merged_rows<T>(result.out, result.lse, all_minus_inf);
   return result;
 }
 

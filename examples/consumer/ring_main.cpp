@@ -22,8 +22,8 @@ int main(int argc, char** argv) {
   const mha::distributed::RingResult ring =
       mha::distributed::ring_attention(mine, mine, mine, MPI_COMM_WORLD, {.causal = true});
   const mha::Tensor want =
-      mha::distributed::shard_sequence(mha::scaled_dot_product_attention(whole, whole, whole, {.causal = true}).out, 2,
-                                       ranks, rank, mha::distributed::Layout::Zigzag);
+      mha::distributed::shard_sequence(mha::scaled_dot_product_attention(whole, whole, whole, {{.causal = true}}).out,
+                                       2, ranks, rank, mha::distributed::Layout::Zigzag);
   double worst = 0;
   for (std::int64_t i = 0; i < want.numel(); ++i)
     worst = std::max(worst, static_cast<double>(std::fabs(ring.out.data_as<float>()[i] - want.data_as<float>()[i])));

@@ -66,6 +66,7 @@
 #include <optional>
 #include <vector>
 
+#include "mha/score.hpp"
 #include "mha/tensor.hpp"
 
 namespace mha {
@@ -77,26 +78,11 @@ enum class Kernel {
   Reference,  ///< src/attention/reference.cpp: plain loops, the specification
 };
 
-struct AttentionOptions {
-  std::optional<double> scale;                 ///< default 1 / sqrt(d_k); 0 or normal in the logit dtype (above)
-  bool causal = false;                         ///< bottom-right aligned, see above
-  std::optional<TensorView> key_padding_mask;  ///< bool [B, S], true = padding; or q's dtype, added
-  std::vector<std::int64_t> key_lengths;       ///< alternative to key_padding_mask: B lengths in [0, S]
-  std::optional<TensorView> attn_mask;         ///< bool or float, [L, S] or [B*h, L, S]
-  /// A sliding window (FlashAttention-2's window_size): query i, at position i' = i + S - L (as causal
-  /// aligns it), may see key j only when i' - window_left <= j <= i' + window_right; -1 leaves that side
-  /// unbounded. Combines with causal and every mask; key blocks wholly outside it are skipped.
-  std::int64_t window_left = -1;
-  std::int64_t window_right = -1;  ///< see window_left
-  /// ALiBi (Press et al., 2022): [h] slopes, float32 or float64; adds -slope[head] * |i' - j| to logit
-  /// (i, j), after the scale (and after softcap), like an additive mask. Each slope 0 or a normal number
-  /// of the logit dtype (above).
-  std::optional<TensorView> alibi_slopes;
-  /// Logit soft-capping (Gemma 2's, in FlashAttention-2's order): > 0 replaces each scaled logit x by
-  /// softcap * tanh(x / softcap) before ALiBi and the masks are added; 0 (the default) leaves logits
-  /// alone. IEEE arithmetic decides infinite logits (+inf caps to softcap). 0 or a normal positive
-  /// number of the logit dtype (above): 5e-324 is refused, not read as 0.
-  double softcap = 0.0;
+/// The score's description (mha/score.hpp: scale, causal, masks, key lengths, window, ALiBi, softcap)
+/// and what concerns one call: dropout, the results to return, the kernel. A ScoreSpec and its fields
+/// are set as members (`o.causal = true`) or by aggregate initialisation of the base:
+/// `AttentionOptions{{.causal = true}}`.
+struct AttentionOptions : ScoreSpec {
   double dropout_p = 0.0;          ///< probability of zeroing a weight, in [0, 1)
   std::uint64_t dropout_seed = 0;  ///< keys the counter-based dropout mask
   /// Positions of q's first row and k's first row in the whole sequence (>= 0), used only by dropout's

@@ -8,4 +8,5 @@
 #include "mha/io.hpp"
 #include "mha/multi_head_attention.hpp"
 #include "mha/paged_kv_cache.hpp"
+#include "mha/score.hpp"
 #include "mha/tensor.hpp"

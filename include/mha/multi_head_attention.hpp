@@ -29,6 +29,7 @@
 
 #include "mha/attention.hpp"
 #include "mha/paged_kv_cache.hpp"
+#include "mha/score.hpp"
 #include "mha/tensor.hpp"
 
 namespace mha {
@@ -56,14 +57,17 @@ struct MultiHeadAttentionConfig {
   DType dtype = DType::Float32;
 };
 
-/// Masks and causal concern the S input keys; the positions appended by add_bias_kv / add_zero_attn
-/// are visible to every query (PyTorch pads its masks with "allowed" there). Inputs may have any
-/// non-negative strides.
-struct MultiHeadAttentionInputs {
-  std::optional<TensorView> key_padding_mask;  ///< bool [B, S] ([S] unbatched), true = padding; or float, added
-  std::vector<std::int64_t> key_lengths;       ///< alternative: B lengths in [0, S]
-  std::optional<TensorView> attn_mask;         ///< bool or float, [L, S] or [B*h, L, S]
-  bool causal = false;                         ///< bottom-right aligned over the S input keys
+/// The score's description (mha/score.hpp) over the S input keys, converted once into the kernel's
+/// terms by the layer, and what concerns a layer call alone. Masks and causal concern the S input keys;
+/// the positions appended by add_bias_kv / add_zero_attn are visible to every query (PyTorch pads its
+/// masks with "allowed" there); key_padding_mask is [S] for unbatched inputs. A window over the S input
+/// keys, ALiBi slopes [h] and soft-capping apply to forward, backward and forward_cached (whose positions
+/// are the cache's); a layer with add_bias_kv / add_zero_attn refuses the window and ALiBi (its appended
+/// positions have no place in the sequence); soft-capping applies to every logit. scale, softcap and each
+/// slope must be 0 or a normal number of the layer's logit dtype (float32 for float32 and bfloat16
+/// layers, float64 for float64), as attention.hpp says; others throw mha::Error naming them. Inputs may
+/// have any non-negative strides.
+struct MultiHeadAttentionInputs : ScoreSpec {
   bool need_weights = true;
   bool average_attn_weights = true;
   /// Training mode: backward() reads the caller's query, key and value instead of copies of them.
@@ -87,16 +91,6 @@ struct MultiHeadAttentionInputs {
   /// backward() then also returns dLoss/dg) and forward_cached(). Not given: no extra work; a gate of
   /// ones gives bitwise the results of no gate.
   std::optional<TensorView> head_gate;
-  /// A sliding window over the S input keys, ALiBi slopes [h] and logit soft-capping, as
-  /// AttentionOptions has them (attention.hpp): forward, backward and forward_cached (whose positions are
-  /// the cache's). A layer with add_bias_kv / add_zero_attn refuses the window and ALiBi (its appended
-  /// positions have no place in the sequence); soft-capping applies to every logit. softcap and each
-  /// slope must be 0 or a normal number of the layer's logit dtype (float32 for float32 and bfloat16
-  /// layers, float64 for float64), as attention.hpp says; others throw mha::Error naming them.
-  std::int64_t window_left = -1;
-  std::int64_t window_right = -1;          ///< see window_left
-  std::optional<TensorView> alibi_slopes;  ///< see window_left
-  double softcap = 0.0;                    ///< see window_left
 };
 
 struct MultiHeadAttentionOutput {
@@ -288,7 +282,7 @@ class MultiHeadAttention {
   /// sequence x, for its last q_len rows. Evaluation only: no dropout, nothing kept for backward.
   /// The cache must be configured as paged_cache_config() gives (key/value heads, widths, dtype); each
   /// sequence may appear once. Not with add_bias_kv / add_zero_attn; inputs other than the defaults
-  /// (masks, key_lengths, head_gate, the variants) are refused. Throws mha::Error naming the argument,
+  /// (masks, key_lengths, head_gate, scale, the variants) are refused. Throws mha::Error naming the argument,
   /// before anything is appended, on bad input or when the cache lacks the pages the new positions need.
   /// Holds the cache for writing from its checks to its last read (PagedKVCache's threads contract): a
   /// concurrent call on the same cache waits, and never sees this one's appends without its decode.

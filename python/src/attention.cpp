@@ -13,48 +13,26 @@
 #include "arguments.hpp"
 #include "bindings.hpp"
 #include "mha/error.hpp"
+#include "score_arguments.hpp"
 #include "tensor_conversion.hpp"
 
 namespace mha::python {
 
 namespace {
 
-// AttentionOptions built from Python arguments, with the arrays its mask views point into.
+// AttentionOptions built from Python arguments: the score (score_arguments.hpp), with the arrays its
+// views point into, and the call's own.
 struct HeldOptions {
   AttentionOptions options;
-  std::optional<ArrayView> attn_mask;
-  std::optional<ArrayView> key_padding_mask;
-  std::optional<ArrayView> alibi_slopes;
+  HeldScore score;
 };
 
-// The attention variants of AttentionOptions as Python passes them: window (left, right) or None,
-// alibi_slopes [h] or None, softcap (None or 0: none); converted by window_arg and softcap_arg.
-struct Variants {
-  py::handle window;
-  py::handle alibi_slopes;
-  py::handle softcap;
-};
-
-HeldOptions attention_options(py::handle attn_mask, bool is_causal, py::handle scale, py::handle key_padding_mask,
-                              std::vector<std::int64_t> key_lengths, py::handle dropout_p, py::handle dropout_seed,
-                              Kernel kernel, const Variants& variants) {
-  HeldOptions held;
-  held.alibi_slopes = optional_view_of(variants.alibi_slopes, "alibi_slopes", Accept::Float);
-  if (held.alibi_slopes) held.options.alibi_slopes = held.alibi_slopes->view;
-  if (const auto window = window_arg(variants.window))
-    held.options.window_left = window->first, held.options.window_right = window->second;
-  held.options.softcap = softcap_arg(variants.softcap);
-  held.attn_mask = optional_view_of(attn_mask, "attn_mask", Accept::Mask);
-  held.key_padding_mask = optional_view_of(key_padding_mask, "key_padding_mask", Accept::Mask);
-  AttentionOptions& o = held.options;
-  o.scale = optional_float_arg(scale, "scale");
-  o.causal = is_causal;
-  if (held.key_padding_mask) o.key_padding_mask = held.key_padding_mask->view;
-  o.key_lengths = std::move(key_lengths);
-  if (held.attn_mask) o.attn_mask = held.attn_mask->view;
-  o.dropout_p = float_arg(dropout_p, "dropout_p");
-  o.dropout_seed = uint64_arg(dropout_seed, "dropout_seed");
-  o.kernel = kernel;
+HeldOptions attention_options(ScoreArguments score, py::handle dropout_p, py::handle dropout_seed, Kernel kernel) {
+  HeldOptions held{{}, score_of(std::move(score))};
+  static_cast<ScoreSpec&>(held.options) = held.score.score;
+  held.options.dropout_p = float_arg(dropout_p, "dropout_p");
+  held.options.dropout_seed = uint64_arg(dropout_seed, "dropout_seed");
+  held.options.kernel = kernel;
   return held;
 }
 
@@ -68,8 +46,9 @@ py::tuple sdpa(py::handle q, py::handle k, py::handle v, py::handle attn_mask, b
   const ArrayView q_view = view_of(q, "q", Accept::Float);
   const ArrayView k_view = view_of(k, "k", Accept::Float);
   const ArrayView v_view = view_of(v, "v", Accept::Float);
-  HeldOptions held = attention_options(attn_mask, is_causal, scale, key_padding_mask, std::move(key_lengths), dropout_p,
-                                       dropout_seed, kernel, {window, alibi_slopes, softcap});
+  HeldOptions held = attention_options(
+      {attn_mask, is_causal, scale, key_padding_mask, std::move(key_lengths), window, alibi_slopes, softcap}, dropout_p,
+      dropout_seed, kernel);
   held.options.need_weights = need_weights;
   held.options.need_lse = need_lse;
 
@@ -96,8 +75,9 @@ py::tuple sdpa_backward(py::handle dout, py::handle q, py::handle k, py::handle 
   const ArrayView v_view = view_of(v, "v", Accept::Float);
   const ArrayView out_view = view_of(out, "out", Accept::Float);
   const ArrayView lse_view = view_of(lse, "lse", Accept::Float);
-  const HeldOptions held = attention_options(attn_mask, is_causal, scale, key_padding_mask, std::move(key_lengths),
-                                             dropout_p, dropout_seed, kernel, {window, alibi_slopes, softcap});
+  const HeldOptions held = attention_options(
+      {attn_mask, is_causal, scale, key_padding_mask, std::move(key_lengths), window, alibi_slopes, softcap}, dropout_p,
+      dropout_seed, kernel);
 
   AttentionGradients grads;
   {

@@ -16,6 +16,7 @@
 #include "bindings.hpp"
 #include "mha/error.hpp"
 #include "mha/io.hpp"
+#include "score_arguments.hpp"
 #include "tensor_conversion.hpp"
 
 namespace mha::python {
@@ -42,40 +43,20 @@ struct LockedModule {
 
 using Lock = std::lock_guard<std::mutex>;
 
-// The masks, head gate and flags of forward / forward_cached, with the arrays they view kept alive.
+// The score (score_arguments.hpp), head gate and flags of forward / forward_cached, with the arrays they
+// view kept alive.
 struct HeldInputs {
-  std::optional<ArrayView> key_padding_mask, attn_mask, head_gate, alibi_slopes;
+  HeldScore score;
+  std::optional<ArrayView> head_gate;
   MultiHeadAttentionInputs inputs;
 };
 
-// The attention variants as Python passes them: window (left, right) or None, alibi_slopes [h] or
-// None, softcap (None or 0: none); converted by window_arg and softcap_arg.
-struct Variants {
-  py::handle window;
-  py::handle alibi_slopes;
-  py::handle softcap;
-};
-
-HeldInputs inputs_of(py::handle key_padding_mask, py::handle attn_mask, py::handle head_gate,
-                     std::vector<std::int64_t> key_lengths, bool is_causal, bool need_weights,
-                     bool average_attn_weights, const Variants& variants) {
-  HeldInputs held;
-  held.alibi_slopes = optional_view_of(variants.alibi_slopes, "alibi_slopes", Accept::Float);
-  if (held.alibi_slopes) held.inputs.alibi_slopes = held.alibi_slopes->view;
-  if (const auto window = window_arg(variants.window))
-    held.inputs.window_left = window->first, held.inputs.window_right = window->second;
-  held.inputs.softcap = softcap_arg(variants.softcap);
-  held.key_padding_mask = optional_view_of(key_padding_mask, "key_padding_mask", Accept::Mask);
-  held.attn_mask = optional_view_of(attn_mask, "attn_mask", Accept::Mask);
-  held.head_gate = optional_view_of(head_gate, "head_gate", Accept::Float);  // float32 / float64, as it is
-  MultiHeadAttentionInputs& inputs = held.inputs;
-  if (held.key_padding_mask) inputs.key_padding_mask = held.key_padding_mask->view;
-  if (held.head_gate) inputs.head_gate = held.head_gate->view;
-  inputs.key_lengths = std::move(key_lengths);
-  if (held.attn_mask) inputs.attn_mask = held.attn_mask->view;
-  inputs.causal = is_causal;
-  inputs.need_weights = need_weights;
-  inputs.average_attn_weights = average_attn_weights;
+HeldInputs inputs_of(ScoreArguments score, py::handle head_gate, bool need_weights, bool average_attn_weights) {
+  HeldInputs held{score_of(std::move(score)), optional_view_of(head_gate, "head_gate", Accept::Float), {}};
+  static_cast<ScoreSpec&>(held.inputs) = held.score.score;
+  if (held.head_gate) held.inputs.head_gate = held.head_gate->view;  // float32 / float64, as it is
+  held.inputs.need_weights = need_weights;
+  held.inputs.average_attn_weights = average_attn_weights;
   return held;
 }
 
@@ -109,8 +90,9 @@ py::tuple forward(LockedModule& self, py::handle query, py::handle key, py::hand
                   bool need_weights, bool average_attn_weights, py::handle window, py::handle alibi_slopes,
                   py::handle softcap) {
   const auto [query_view, key_view, value_view] = layer_inputs(query, key, value, self.module.config().dtype);
-  HeldInputs held = inputs_of(key_padding_mask, attn_mask, head_gate, std::move(key_lengths), is_causal, need_weights,
-                              average_attn_weights, {window, alibi_slopes, softcap});
+  HeldInputs held =
+      inputs_of({attn_mask, is_causal, {}, key_padding_mask, std::move(key_lengths), window, alibi_slopes, softcap},
+                head_gate, need_weights, average_attn_weights);
   held.inputs.borrow_inputs = true;  // backward() reads the arrays themselves, kept alive by self.lent
   // References taken here, with the GIL; after the call `lent` holds what the module no longer needs
   // (the previous forward's arrays, or these after an eval-mode forward), released with the GIL.
@@ -177,8 +159,9 @@ py::tuple forward_cached(LockedModule& self, py::handle query, py::handle cache_
                          py::handle alibi_slopes, py::handle softcap) {
   const KeyValueCache& cache = object_arg<KeyValueCache>(cache_obj, "cache", "an mha.KeyValueCache");
   const ArrayView query_view = layer_input(query, "query", self.module.config().dtype);
-  const HeldInputs held = inputs_of(key_padding_mask, attn_mask, head_gate, std::move(key_lengths), is_causal,
-                                    need_weights, average_attn_weights, {window, alibi_slopes, softcap});
+  const HeldInputs held =
+      inputs_of({attn_mask, is_causal, {}, key_padding_mask, std::move(key_lengths), window, alibi_slopes, softcap},
+                head_gate, need_weights, average_attn_weights);
   MultiHeadAttentionOutput output;
   {
     py::gil_scoped_release release;

@@ -42,8 +42,10 @@ void expect_rank(const TensorView& t, const char* name, std::int64_t rank, const
 
 }  // namespace
 
-void validate_attention_masks(const AttentionOptions& o, DType dtype, std::int64_t B, std::int64_t h, std::int64_t L,
-                              std::int64_t S) {
+void validate_score(const ScoreSpec& o, DType dtype, std::int64_t B, std::int64_t h, std::int64_t L, std::int64_t S) {
+  if (o.scale && !zero_or_normal(*o.scale, dtype))
+    fail("scale: expected 0 or a finite number of magnitude in " + normal_range(dtype) + ", got " +
+         number_str(*o.scale));
   if (o.window_left < -1 || o.window_right < -1)
     fail("window: expected extents >= 0, or -1 for unbounded, got window_left = " + std::to_string(o.window_left) +
          ", window_right = " + std::to_string(o.window_right));
@@ -113,15 +115,12 @@ void validate_attention(const TensorView& q, const TensorView& k, const TensorVi
          std::to_string(S) + ", d_v] to match q and k, got " + shape_str(v.shape()));
   if (d_k < 1) fail("q: expected d_k >= 1, got shape " + shape_str(q.shape()));
 
-  if (o.scale && !zero_or_normal(*o.scale, q.dtype()))
-    fail("scale: expected 0 or a finite number of magnitude in " + normal_range(q.dtype()) + ", got " +
-         number_str(*o.scale));
   if (!(o.dropout_p >= 0.0 && o.dropout_p < 1.0))
     fail("dropout_p: expected a probability in [0, 1), got " + std::to_string(o.dropout_p));
   if (o.dropout_query_offset < 0 || o.dropout_key_offset < 0)
     fail("dropout_query_offset, dropout_key_offset: expected positions >= 0, got " +
          std::to_string(o.dropout_query_offset) + ", " + std::to_string(o.dropout_key_offset));
-  validate_attention_masks(o, q.dtype(), B, h, L, S);
+  validate_score(o, q.dtype(), B, h, L, S);
 }
 
 namespace {

@@ -12,11 +12,11 @@ namespace mha::detail {
 // Throws mha::Error naming the argument when q, k, v or options are invalid (see attention.hpp).
 void validate_attention(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionOptions& options);
 
-// The checks of validate_attention on the score's description alone (masks, key lengths, window, ALiBi
-// slopes, softcap), for callers that build q, k, v themselves; `dtype` is the inputs' (it decides the
-// logit dtype the slopes and softcap must fit, see logit_scalars.hpp).
-void validate_attention_masks(const AttentionOptions& options, DType dtype, std::int64_t B, std::int64_t h,
-                              std::int64_t L, std::int64_t S);
+// The checks of validate_attention on the score's description alone (scale, masks, key lengths,
+// window, ALiBi slopes, softcap), for callers that build q, k, v themselves; `dtype` is the inputs' (it
+// decides the logit dtype the scale, slopes and softcap must fit, see logit_scalars.hpp).
+void validate_score(const ScoreSpec& score, DType dtype, std::int64_t B, std::int64_t h, std::int64_t L,
+                    std::int64_t S);
 
 // validate_attention, plus the checks of the backward's extra arguments (dout, out, lse).
 void validate_attention_backward(const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,

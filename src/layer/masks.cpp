@@ -102,8 +102,7 @@ KernelMasks kernel_masks(const MultiHeadAttentionInputs& in, const MultiHeadAtte
   const DType mask_dtype = c.dtype == DType::BFloat16 ? DType::Float32 : c.dtype;
   KernelMasks masks;
   AttentionOptions& o = masks.options;
-  o.causal = in.causal;
-  o.key_lengths = in.key_lengths;
+  static_cast<ScoreSpec&>(o) = in;  // the score as given; then what the layer's terms change
   if (in.key_padding_mask) {
     const TensorView& kpm = *in.key_padding_mask;
     if (!batched) {
@@ -119,23 +118,15 @@ KernelMasks kernel_masks(const MultiHeadAttentionInputs& in, const MultiHeadAtte
       o.key_padding_mask = masks.key_padding_mask.view();
     }
   }
-  if (in.attn_mask) {
-    const TensorView& am = *in.attn_mask;
-    if (am.dtype() != DType::Bool && am.dtype() != mask_dtype) {  // another float dtype: convert
-      masks.attn_mask = Tensor::copy_of(am, mask_dtype);
-      o.attn_mask = masks.attn_mask.view();
-    } else {
-      o.attn_mask = am;
-    }
+  if (in.attn_mask && in.attn_mask->dtype() != DType::Bool && in.attn_mask->dtype() != mask_dtype) {
+    masks.attn_mask = Tensor::copy_of(*in.attn_mask, mask_dtype);  // another float dtype: convert
+    o.attn_mask = masks.attn_mask.view();
   }
-  o.window_left = in.window_left, o.window_right = in.window_right;
-  o.alibi_slopes = in.alibi_slopes;
-  o.softcap = in.softcap;  // checked with the slopes by validate_attention_masks, in the layer's logit dtype
   if (extra_positions(c) && (in.window_left >= 0 || in.window_right >= 0 || in.alibi_slopes))
     fail(std::string(in.alibi_slopes ? "alibi_slopes" : "window") +
          ": not available with add_bias_kv / add_zero_attn (the appended key positions have no place in the "
          "sequence)");
-  validate_attention_masks(o, c.dtype, B, h, L, S);
+  validate_score(o, c.dtype, B, h, L, S);  // scale, softcap and slopes in the layer's logit dtype
   if (const std::int64_t extra = extra_positions(c)) {
     dispatch_float32_or_float64(mask_dtype, [&]<class T>(T) { pad_masks_for_extra_keys<T>(masks, B, h, L, S, extra); });
   }

@@ -40,10 +40,10 @@ std::int64_t pages_needed(const PagedKVCache& cache, std::span<const PagedKVCach
 // The defaults of MultiHeadAttentionInputs, the only inputs forward_paged takes.
 void check_default_inputs(const MultiHeadAttentionInputs& in) {
   const bool masks = in.key_padding_mask || in.attn_mask || !in.key_lengths.empty() || in.causal;
-  const bool variants = in.window_left >= 0 || in.window_right >= 0 || in.alibi_slopes || in.softcap != 0.0;
+  const bool variants = in.scale || in.window_left >= 0 || in.window_right >= 0 || in.alibi_slopes || in.softcap != 0.0;
   if (masks || variants || in.head_gate)
-    fail("inputs: forward_paged takes no masks, head_gate, window, alibi_slopes or softcap (each sequence's "
-         "queries attend causally to its own positions); leave them at their defaults");
+    fail("inputs: forward_paged takes no masks, head_gate, scale, window, alibi_slopes or softcap (each "
+         "sequence's queries attend causally to its own positions); leave them at their defaults");
 }
 
 }  // namespace

@@ -1,0 +1,59 @@
+// The score's one description (mha/score.hpp) through the layer: MultiHeadAttentionInputs is a
+// ScoreSpec, so every part of it reaches the kernels, the scale included (which the layer did not take
+// before it held the description whole); forward_paged, which decodes with the default scale, refuses one.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "mha/error.hpp"
+#include "mha/multi_head_attention.hpp"
+
+namespace {
+
+using mha::DType;
+using mha::MultiHeadAttention;
+using mha::Tensor;
+
+TEST(ScoreSpec, TheLayersScaleEqualsQueryWeightsScaledByTheSameFactor) {
+  // logits = (x W_q^T + b_q) . k * scale: scale c / sqrt(d_k) equals the default scale with W_q and b_q
+  // multiplied by c. float64, so the two agree to rounding.
+  const std::int64_t E = 8, h = 2, L = 3, S = 5;
+  MultiHeadAttention layer({.d_model = E, .num_heads = h, .dtype = DType::Float64}, /*seed=*/3);
+  std::vector<double> x(static_cast<std::size_t>(L * E)), y(static_cast<std::size_t>(S * E));
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.7 * static_cast<double>(i));
+  for (std::size_t i = 0; i < y.size(); ++i) y[i] = std::cos(0.3 * static_cast<double>(i));
+  const mha::TensorView query(x, {L, E}), key(y, {S, E});
+  const double c = 2.5;
+  mha::MultiHeadAttentionInputs scaled;
+  scaled.scale = c / std::sqrt(static_cast<double>(E / h));
+  scaled.causal = true;
+  const Tensor with_scale = layer.forward(query, key, key, scaled).out;
+
+  Tensor w = Tensor::copy_of(layer.parameter("in_proj_weight")), b = Tensor::copy_of(layer.parameter("in_proj_bias"));
+  for (std::int64_t i = 0; i < E * E; ++i) w.data_as<double>()[i] *= c;  // the q rows come first
+  for (std::int64_t i = 0; i < E; ++i) b.data_as<double>()[i] *= c;
+  layer.set_parameter("in_proj_weight", w);
+  layer.set_parameter("in_proj_bias", b);
+  const Tensor with_weights = layer.forward(query, key, key, {{.causal = true}}).out;
+  for (std::int64_t i = 0; i < with_scale.numel(); ++i)
+    EXPECT_NEAR(with_scale.data_as<double>()[i], with_weights.data_as<double>()[i], 1e-12) << i;
+}
+
+TEST(ScoreSpec, TheLayersScaleIsCheckedInItsLogitDtypeAndForwardPagedRefusesOne) {
+  MultiHeadAttention layer({.d_model = 4, .num_heads = 1}, /*seed=*/1);
+  std::vector<float> x(4, 0.5f);
+  const mha::TensorView query(x, {1, 4});
+  mha::MultiHeadAttentionInputs in;
+  in.scale = 1e39;  // not a float32
+  EXPECT_THROW(layer.forward(query, query, query, in), mha::Error);
+  mha::PagedKVCache cache(layer.paged_cache_config(4, 8));
+  const std::vector<mha::PagedKVCache::SequenceId> ids = {cache.add_sequence()};
+  const mha::TensorView step(x, {1, 1, 4});
+  in.scale = 0.5;
+  EXPECT_THROW(layer.forward_paged(step, cache, ids, in), mha::Error);
+  EXPECT_EQ(cache.length(ids[0]), 0);  // refused before anything was appended
+  EXPECT_EQ(layer.forward_paged(step, cache, ids).out.shape(), (mha::Shape{1, 1, 4}));
+}
+
+}  // namespace

@@ -309,8 +309,10 @@ MultiHeadAttentionGradients MultiHeadAttention::backward(const TensorView& dout)
     Tensor zeroed[2];
     const TensorView xk = without_unseen_nonfinite_rows(f.x_view[1], f.kv_input_rows, B, S, f.masks.options,
                                                         c.num_heads, L, S2, zeroed[0]);
-    const TensorView xv = without_unseen_nonfinite_rows(f.x_view[2], f.kv_input_rows, B, S, f.masks.options,
-                                                        c.num_heads, L, S2, zeroed[1]);
+    const TensorView xv = f.source[2] == f.source[1]
+                              ? xk  // value is key's array: scanned once
+                              : without_unseen_nonfinite_rows(f.x_view[2], f.kv_input_rows, B, S, f.masks.options,
+                                                              c.num_heads, L, S2, zeroed[1]);
     project_backward<T>(dq_proj, f.x_view[0], f.q_rows, B, L, 0, w.q, qk, dw ? dw : grad("q_proj_weight"), db, g.query);
     project_backward<T>(dk_proj, xk, f.kv_input_rows, B, S, f.extra, w.k, kk, dw ? dw + qk * E : grad("k_proj_weight"),
                         db ? db + qk : nullptr, g.key);

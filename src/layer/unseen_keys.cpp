@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "dtype_dispatch.hpp"
 #include "mha/bfloat16.hpp"
@@ -27,11 +28,23 @@ bool forbids(const TensorView& mask, std::int64_t offset) {
   return false;
 }
 
+// Whether every element of row[0, width) is finite: its exponent bits are not all ones. An OR over
+// integer tests, which the compiler vectorises (std::isfinite per element took 2.7% of a small layer's
+// backward: B 8, S 64, E 256).
 template <class T>
 bool row_is_finite(const T* row, std::int64_t width) {
-  for (std::int64_t c = 0; c < width; ++c)
-    if (!std::isfinite(static_cast<double>(row[c]))) return false;
-  return true;
+  using Bits = std::conditional_t<sizeof(T) == 8, std::uint64_t,
+                                  std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint16_t>>;
+  constexpr Bits exponent = sizeof(T) == 8   ? Bits(0x7ff0000000000000ull)
+                            : sizeof(T) == 4 ? Bits(0x7f800000u)
+                                             : Bits(0x7f80u);  // bf16: float's top
+  bool nonfinite = false;
+  for (std::int64_t c = 0; c < width; ++c) {
+    Bits bits;
+    std::memcpy(&bits, row + c, sizeof bits);
+    nonfinite |= (bits & exponent) == exponent;
+  }
+  return !nonfinite;
 }
 
 }  // namespace

@@ -45,16 +45,21 @@
 #include <span>
 
 #include "mha/paged_kv_cache.hpp"
+#include "mha/score.hpp"
 #include "mha/tensor.hpp"
 
 namespace mha {
 
-struct DecodeOptions {
-  /// default 1 / sqrt(d_k); 0 or a normal finite number of the dtype the logits are computed in (float32
-  /// for float32 and bfloat16 caches, magnitude in [1.1754944e-38, 3.4028235e+38]; float64 for float64,
-  /// [2.2250738585072014e-308, 1.7976931348623157e+308]), as scaled_dot_product_attention takes it: 1e300
-  /// would be inf in float32 and every output NaN
-  std::optional<double> scale;
+/// The score (mha/score.hpp) of a decode step, and whether to return each query's log-sum-exp.
+/// Positions are the sequence's own: query i of sequence s sits at i' = T_s - q_len + i (the last q_len
+/// positions are the new tokens). causal, the default here, lets query i see positions <= i' (false: all
+/// T_s); window, ALiBi and softcap act as in scaled_dot_product_attention over those positions, and a
+/// chunk of positions wholly before every query's window is not read. scale, softcap and the slopes must
+/// be 0 or normal numbers of the logit dtype (float32 for float32 and bfloat16 caches, float64 for
+/// float64), as attention.hpp says: 1e300 would be inf in float32 and every output NaN. The masks
+/// (key_padding_mask, key_lengths, attn_mask) are refused: a sequence's keys are its cached positions.
+struct DecodeOptions : ScoreSpec {
+  DecodeOptions() { causal = true; }
   bool need_lse = false;  ///< also return each query's log-sum-exp
 };
 

@@ -90,7 +90,7 @@ struct MultiHeadAttentionInputs : ScoreSpec {
   /// product says. The returned attention weights are not gated. Taken by forward() (a training-mode
   /// backward() then also returns dLoss/dg) and forward_cached(). Not given: no extra work; a gate of
   /// ones gives bitwise the results of no gate.
-  std::optional<TensorView> head_gate;
+  std::optional<TensorView> head_gate{};
 };
 
 struct MultiHeadAttentionOutput {
@@ -282,7 +282,8 @@ class MultiHeadAttention {
   /// sequence x, for its last q_len rows. Evaluation only: no dropout, nothing kept for backward.
   /// The cache must be configured as paged_cache_config() gives (key/value heads, widths, dtype); each
   /// sequence may appear once. Not with add_bias_kv / add_zero_attn; inputs other than the defaults
-  /// (masks, key_lengths, head_gate, scale, the variants) are refused. Throws mha::Error naming the argument,
+  /// (masks, key_lengths, causal, head_gate) are refused; scale, window, alibi_slopes and softcap act as
+  /// decode_attention takes them, over each sequence's own positions. Throws mha::Error naming the argument,
   /// before anything is appended, on bad input or when the cache lacks the pages the new positions need.
   /// Holds the cache for writing from its checks to its last read (PagedKVCache's threads contract): a
   /// concurrent call on the same cache waits, and never sees this one's appends without its decode.

@@ -22,11 +22,11 @@ namespace mha {
 struct ScoreSpec {
   /// The logits' scale: default 1 / sqrt(d_k); otherwise 0 or a normal finite number of the logit dtype
   /// (float32 for float32 and bfloat16 inputs, float64 for float64; attention.hpp).
-  std::optional<double> scale;
-  bool causal = false;                         ///< key j allowed for query i only when j <= i'
-  std::optional<TensorView> key_padding_mask;  ///< bool [B, S], true = padding; or float, added to key j's logits
-  std::vector<std::int64_t> key_lengths;       ///< alternative to key_padding_mask: B lengths in [0, S]
-  std::optional<TensorView> attn_mask;         ///< bool (true = may not attend) or float (added), [L, S] or [B*h, L, S]
+  std::optional<double> scale{};
+  bool causal = false;                           ///< key j allowed for query i only when j <= i'
+  std::optional<TensorView> key_padding_mask{};  ///< bool [B, S], true = padding; or float, added to key j's logits
+  std::vector<std::int64_t> key_lengths{};       ///< alternative to key_padding_mask: B lengths in [0, S]
+  std::optional<TensorView> attn_mask{};  ///< bool (true = may not attend) or float (added), [L, S] or [B*h, L, S]
   /// A sliding window (FlashAttention-2's window_size): query i may see key j only when
   /// i' - window_left <= j <= i' + window_right; -1 leaves that side unbounded. Combines with causal and
   /// every mask; key blocks wholly outside it are skipped.
@@ -35,7 +35,7 @@ struct ScoreSpec {
   /// ALiBi (Press et al., 2022): [h] slopes, float32 or float64; adds -slope[head] * |i' - j| to logit
   /// (i, j), after the scale (and after softcap), like an additive mask. Each slope 0 or a normal number
   /// of the logit dtype.
-  std::optional<TensorView> alibi_slopes;
+  std::optional<TensorView> alibi_slopes{};
   /// Logit soft-capping (Gemma 2's, in FlashAttention-2's order): > 0 replaces each scaled logit x by
   /// softcap * tanh(x / softcap) before ALiBi and the masks are added; 0 (the default) leaves logits
   /// alone. IEEE arithmetic decides infinite logits (+inf caps to softcap). 0 or a normal positive

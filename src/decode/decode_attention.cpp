@@ -5,6 +5,7 @@
 #include <cmath>
 #include <string>
 
+#include "attention/attention_core.hpp"
 #include "decode/decode_params.hpp"
 #include "dtype_dispatch.hpp"
 #include "logit_scalars.hpp"
@@ -41,9 +42,31 @@ void check_arguments(const TensorView& q, const PagedKVCache& cache,
       throw Error(name + " holds " + std::to_string(length) + " positions, fewer than q_len " + std::to_string(q_len) +
                   " (append the new tokens' keys and values before attending)");
   }
-  if (options.scale && !zero_or_normal(*options.scale, c.dtype))
-    throw Error(where + "scale: expected 0 or a finite number of magnitude in " + normal_range(c.dtype) + ", got " +
-                number_str(*options.scale));
+  const bool masks = options.key_padding_mask || !options.key_lengths.empty() || options.attn_mask;
+  if (masks)
+    throw Error(where +
+                (options.attn_mask          ? "attn_mask"
+                 : options.key_padding_mask ? "key_padding_mask"
+                                            : "key_lengths") +
+                ": not taken by decode (a sequence's keys are its cached positions: append only those it may see)");
+  try {  // scale, window, ALiBi slopes [h] and softcap, in the logit dtype, as the prefill kernels take them
+    validate_score(options, c.dtype, n, h, q_len, /*S: only the masks, refused above, would read it*/ 1);
+  } catch (const Error& e) {
+    throw Error(where + e.what());
+  }
+}
+
+// The slopes [h] (float32 or float64, any stride) in the compute type.
+template <class A>
+std::vector<A> slopes_of(const std::optional<TensorView>& slopes) {
+  std::vector<A> out;
+  if (!slopes) return out;
+  for (std::int64_t head = 0; head < slopes->size(0); ++head) {
+    const std::int64_t at = head * slopes->stride(0);
+    out.push_back(static_cast<A>(slopes->dtype() == DType::Float32 ? slopes->data_as<float>()[at]
+                                                                   : slopes->data_as<double>()[at]));
+  }
+  return out;
 }
 
 template <class T>
@@ -57,6 +80,9 @@ DecodeResult run(const TensorView& q, const PagedKVCache& cache, std::span<const
   p.q = static_cast<const T*>(q.data());
   for (int d = 0; d < 4; ++d) p.q_stride[d] = q.stride(d);
   p.scale = static_cast<A>(options.scale.value_or(1.0 / std::sqrt(static_cast<double>(p.d_k))));
+  p.causal = options.causal, p.window_left = options.window_left, p.window_right = options.window_right;
+  p.alibi_slopes = slopes_of<A>(options.alibi_slopes);
+  p.softcap = static_cast<A>(options.softcap);
   for (PagedKVCache::SequenceId id : sequences) {
     p.lengths.push_back(cache.length(id));
     p.first_page.push_back(static_cast<std::int64_t>(p.k_pages.size()));

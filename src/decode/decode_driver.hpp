@@ -10,7 +10,10 @@
 
 #include <omp.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <new>
 #include <vector>
 
@@ -24,10 +27,11 @@ namespace mha::detail::decode {
 // One thread's workspace for its items.
 template <class T, class A>
 struct ChunkScratch {
-  A* s = nullptr;                   // [R, kKeyBlock]: a block's logits, then its weights
-  A* q = nullptr;                   // [R, ld_q]: the item's query rows, in A
-  std::int64_t ld_q = 0;            // a multiple of 16
-  std::int64_t* visible = nullptr;  // [R]: row r sees the block's keys j < visible[r]
+  A* s = nullptr;                         // [R, kKeyBlock]: a block's logits, then its weights
+  A* q = nullptr;                         // [R, ld_q]: the item's query rows, in A
+  std::int64_t ld_q = 0;                  // a multiple of 16
+  std::int64_t* visible = nullptr;        // [R]: row r sees the block's keys j < visible[r] ...
+  std::int64_t* visible_begin = nullptr;  // [R]: ... and j >= visible_begin[r]
   // Two pairs of row-pointer arrays, [kKeyBlock] each: the block being computed and the block read next
   // (split_kv.hpp); the kernel swaps their roles at each step.
   const T** k_rows = nullptr;            // key rows
@@ -74,7 +78,7 @@ void run_decode(const DecodeParams<T, A>& p, DecodeMode mode, Chunk chunk) {
   const std::int64_t ld_q = (p.d_k + 15) / 16 * 16;
   const std::int64_t per_thread = R * kKeyBlock + R * ld_q;  // s, then q
   const auto floats = allocate_aligned<A>(threads * per_thread);
-  std::vector<std::int64_t> visible(static_cast<std::size_t>(threads * R));
+  std::vector<std::int64_t> visible(static_cast<std::size_t>(threads * 2 * R));
   std::vector<const T*> rows(static_cast<std::size_t>(threads * 4 * kKeyBlock));
   std::vector<std::uint8_t> flags(static_cast<std::size_t>(threads * kKeyBlock));
 #pragma omp parallel for schedule(dynamic, 1)
@@ -84,7 +88,8 @@ void run_decode(const DecodeParams<T, A>& p, DecodeMode mode, Chunk chunk) {
     w.s = floats.get() + t * per_thread;
     w.q = w.s + R * kKeyBlock;
     w.ld_q = ld_q;
-    w.visible = visible.data() + t * R;
+    w.visible = visible.data() + t * 2 * R;
+    w.visible_begin = w.visible + R;
     w.k_rows = rows.data() + t * 4 * kKeyBlock;
     w.v_rows = w.k_rows + kKeyBlock;
     w.k_ahead = w.v_rows + kKeyBlock;
@@ -113,11 +118,54 @@ void run_decode(const DecodeParams<T, A>& p, DecodeMode mode, Chunk chunk) {
   }
 }
 
-// The rows of an item, r = (query head - first_head) * Lq + i: query i of the sequence sees positions
-// < T - Lq + i + 1; visible[r] is that end, relative to the block starting at t0.
-inline void block_visibility(std::int64_t T, std::int64_t q_len, std::int64_t R, std::int64_t t0,
-                             std::int64_t* visible) {
-  for (std::int64_t r = 0; r < R; ++r) visible[r] = T - q_len + r % q_len + 1 - t0;
+// The rows of an item, r = (query head - first_head) * Lq + i: query i of the sequence, at position
+// i' = T - Lq + i, sees positions [begin, end): end = i' + 1 (causal) or T, at most i' + window_right + 1;
+// begin = i' - window_left, or 0. visible_begin[r] and visible[r] are those bounds relative to the block
+// starting at t0.
+template <class T, class A>
+void block_visibility(const DecodeParams<T, A>& p, std::int64_t T_s, std::int64_t R, std::int64_t t0,
+                      std::int64_t* visible, std::int64_t* visible_begin) {
+  for (std::int64_t r = 0; r < R; ++r) {
+    const std::int64_t position = T_s - p.q_len + r % p.q_len;
+    std::int64_t end = p.causal ? position + 1 : T_s;
+    if (p.window_right >= 0) end = std::min(end, position + p.window_right + 1);
+    visible[r] = end - t0;
+    visible_begin[r] = (p.window_left >= 0 ? std::max<std::int64_t>(0, position - p.window_left) : 0) - t0;
+  }
+}
+
+// Whether no row of an item sees any of its positions [begin, end): all lie before every query's window.
+template <class T, class A>
+bool before_every_window(const DecodeParams<T, A>& p, std::int64_t T_s, const WorkItem& item) {
+  return p.window_left >= 0 && item.end <= T_s - p.q_len - p.window_left;  // where query 0's window starts
+}
+
+// The score's variants on the logits s [R, ld_s] of rows [r0, r0 + R) of an item over keys [t0, t0 + kb)
+// (scaled, -inf past each row's end): keys before a row's window become -inf; each visible logit x
+// becomes softcap tanh(x / softcap) (softcap > 0), then gets ALiBi's -slope[head] |i' - t|, in the order
+// the prefill kernels apply them. Called only when p.has_variants().
+template <class T, class A>
+void apply_score_variants(const DecodeParams<T, A>& p, const WorkItem& item, std::int64_t r0, std::int64_t R,
+                          std::int64_t T_s, std::int64_t t0, std::int64_t kb, const std::int64_t* visible,
+                          const std::int64_t* visible_begin, A* s, std::int64_t ld_s) {
+  for (std::int64_t r = 0; r < R; ++r) {
+    const std::int64_t row_in_item = r0 + r, head = item.first_head + row_in_item / p.q_len;
+    const std::int64_t position = T_s - p.q_len + row_in_item % p.q_len;
+    A* row = s + r * ld_s;
+    const std::int64_t begin = std::clamp<std::int64_t>(visible_begin[r], 0, kb);
+    const std::int64_t end = std::clamp<std::int64_t>(visible[r], begin, kb);
+    for (std::int64_t j = 0; j < begin; ++j) row[j] = -std::numeric_limits<A>::infinity();
+    const A slope = p.alibi_slopes.empty() ? A(0) : p.alibi_slopes[static_cast<std::size_t>(head)];
+    for (std::int64_t j = begin; j < end; ++j) {
+      A x = row[j];
+      if (p.softcap > 0) x = p.softcap * std::tanh(x / p.softcap);
+      if (!p.alibi_slopes.empty()) {
+        const std::int64_t distance = position - (t0 + j);
+        x += -slope * static_cast<A>(distance < 0 ? -distance : distance);
+      }
+      row[j] = x;
+    }
+  }
 }
 
 }  // namespace mha::detail::decode

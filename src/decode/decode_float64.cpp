@@ -25,23 +25,27 @@ void decode_chunk(const DecodeParams<double, double>& p, const decode::WorkItem&
   std::fill(acc, acc + R * layout.ld, 0.0);
   std::fill(m, m + R, kMinusInf);
   std::fill(l, l + R, 0.0);
-  const std::int64_t Rg = R / item.kv_heads;  // the rows of one kv head: its g query heads x Lq
+  if (decode::before_every_window(p, T_s, item)) return;  // no weight anywhere: the merge skips it
+  const std::int64_t Rg = R / item.kv_heads;              // the rows of one kv head: its g query heads x Lq
   for (std::int64_t t0 = item.begin; t0 < item.end; t0 += kKeyBlock) {
     const std::int64_t kb = std::min(kKeyBlock, item.end - t0);
-    decode::block_visibility(T_s, p.q_len, R, t0, w.visible);
+    decode::block_visibility(p, T_s, R, t0, w.visible, w.visible_begin);
     for (std::int64_t r = 0; r < R; ++r) {
       if (r % Rg == 0) decode::block_rows(p, item.seq, item.kv_head + r / Rg, t0, kb, w.k_rows, w.v_rows);
       const double* q = p.query_row(item.seq, r % p.q_len, item.first_head + r / p.q_len);
       double* s = w.s + r * kKeyBlock;
-      double block_max = kMinusInf;
       for (std::int64_t j = 0; j < kb; ++j) {
         s[j] = kMinusInf;
-        if (j >= w.visible[r]) continue;
+        if (j >= w.visible[r] || j < w.visible_begin[r]) continue;
         double dot = 0;
         for (std::int64_t c = 0; c < p.d_k; ++c) dot += q[c * p.q_stride[3]] * w.k_rows[j][c];
         s[j] = dot * p.scale;
-        if (!(s[j] <= block_max)) block_max = s[j];  // a NaN logit becomes the max
       }
+      if (p.has_variants())
+        decode::apply_score_variants(p, item, r, 1, T_s, t0, kb, w.visible + r, w.visible_begin + r, s, kKeyBlock);
+      double block_max = kMinusInf;
+      for (std::int64_t j = 0; j < kb; ++j)
+        if (!(s[j] <= block_max)) block_max = s[j];                                 // a NaN logit becomes the max
       const OnlineSoftmaxStep<double> step = online_softmax_step(m[r], block_max);  // online_softmax.hpp's rule
       if (step.no_weight) continue;                                                 // nothing with weight yet
       double sum = 0;

@@ -62,6 +62,7 @@ void DecodeChunk(const DecodeParams<T, float>& p, const WorkItem& item, const Sl
   std::fill(acc, acc + R * layout.ld, 0.0f);
   std::fill(m, m + R, -std::numeric_limits<float>::infinity());
   std::fill(l, l + R, 0.0f);
+  if (decode::before_every_window(p, T_s, item)) return;  // no weight anywhere: the merge skips it
   // The rows of the block being computed and of the block read next: each block's rows are found once,
   // as the next block's (and prefetched then), and become the current ones on the next step.
   const T **k_rows = w.k_rows, **v_rows = w.v_rows, **k_next = w.k_ahead, **v_next = w.v_ahead;
@@ -74,8 +75,8 @@ void DecodeChunk(const DecodeParams<T, float>& p, const WorkItem& item, const Sl
   }
   for (std::int64_t t0 = item.begin; t0 < item.end; t0 += kKeyBlock) {
     const std::int64_t kb = std::min(kKeyBlock, item.end - t0);
-    decode::block_visibility(T_s, p.q_len, Rg, t0, w.visible);  // the same for every kv head's rows
-    for (std::int64_t kh = 0; kh < item.kv_heads; ++kh) {       // rows [kh Rg, (kh + 1) Rg) read kv head kh
+    decode::block_visibility(p, T_s, Rg, t0, w.visible, w.visible_begin);  // the same for every kv head's rows
+    for (std::int64_t kh = 0; kh < item.kv_heads; ++kh) {                  // rows [kh Rg, (kh + 1) Rg) read kv head kh
       std::swap(k_rows, k_next), std::swap(v_rows, v_next);
       const bool last_head = kh + 1 == item.kv_heads;
       const std::int64_t next_t0 = last_head ? t0 + kKeyBlock : t0, next_head = last_head ? 0 : kh + 1;
@@ -85,6 +86,8 @@ void DecodeChunk(const DecodeParams<T, float>& p, const WorkItem& item, const Sl
         decode::block_rows(p, item.seq, item.kv_head + next_head, next_t0, ahead.count, k_next, v_next);
       float* acc_g = acc + kh * Rg * layout.ld;
       BlockLogits(w.q + kh * Rg * w.ld_q, w.ld_q, Rg, k_rows, kb, p.d_k, p.scale, w.visible, ahead, w.s);
+      if (p.has_variants())
+        decode::apply_score_variants(p, item, kh * Rg, Rg, T_s, t0, kb, w.visible, w.visible_begin, w.s, kKeyBlock);
       BlockOnlineSoftmax(w.s, Rg, m + kh * Rg, l + kh * Rg, acc_g, layout.ld);
       for (std::int64_t j = 0; j < kb; ++j) {
         bool all = true;

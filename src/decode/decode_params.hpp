@@ -33,6 +33,12 @@ struct DecodeParams {
   std::vector<std::int64_t> first_page;  // [n]: where sequence s's pages start in k_pages and v_pages
   std::vector<const T*> k_pages;         // per page of each sequence in turn: keys [h_kv, P, d_k]
   std::vector<const T*> v_pages;         // likewise: values [h_kv, P, d_v]
+  // The score's variants (mha/score.hpp), in the sequence's positions: query i at i' = T - Lq + i.
+  bool causal = true;                                // query i sees positions <= i' (false: all T)
+  std::int64_t window_left = -1, window_right = -1;  // i' - window_left <= t <= i' + window_right; -1 unbounded
+  std::vector<A> alibi_slopes;                       // [h], or empty: logit (i, t) gets -slope[head] |i' - t|
+  A softcap = 0;                                     // > 0: each scaled logit x becomes softcap tanh(x / softcap)
+  bool has_variants() const { return window_left >= 0 || !alibi_slopes.empty() || softcap > 0; }
 
   std::int64_t group_size() const { return h / h_kv; }
   // Query row (s, i, head): [d_k] elements, q_stride[3] apart.

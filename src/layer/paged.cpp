@@ -6,6 +6,7 @@
 #include <set>
 #include <string>
 
+#include "attention/attention_core.hpp"
 #include "dtype_dispatch.hpp"
 #include "layer/inputs.hpp"
 #include "layer/linear.hpp"
@@ -37,13 +38,19 @@ std::int64_t pages_needed(const PagedKVCache& cache, std::span<const PagedKVCach
   return pages;
 }
 
-// The defaults of MultiHeadAttentionInputs, the only inputs forward_paged takes.
-void check_default_inputs(const MultiHeadAttentionInputs& in) {
-  const bool masks = in.key_padding_mask || in.attn_mask || !in.key_lengths.empty() || in.causal;
-  const bool variants = in.scale || in.window_left >= 0 || in.window_right >= 0 || in.alibi_slopes || in.softcap != 0.0;
-  if (masks || variants || in.head_gate)
-    fail("inputs: forward_paged takes no masks, head_gate, scale, window, alibi_slopes or softcap (each "
-         "sequence's queries attend causally to its own positions); leave them at their defaults");
+// The decode's score from the inputs: their scale, window, ALiBi slopes and softcap, checked as
+// decode_attention checks them (before anything is appended); masks, causal and head_gate are refused
+// (each sequence's queries attend causally to its own positions).
+DecodeOptions decode_score(const MultiHeadAttentionInputs& in, DType dtype, std::int64_t n, std::int64_t h,
+                           std::int64_t q_len) {
+  if (in.key_padding_mask || in.attn_mask || !in.key_lengths.empty() || in.causal || in.head_gate)
+    fail("inputs: forward_paged takes no masks, causal or head_gate (each sequence's queries attend causally to "
+         "its own positions); leave them at their defaults");
+  DecodeOptions o;
+  o.scale = in.scale, o.window_left = in.window_left, o.window_right = in.window_right;
+  o.alibi_slopes = in.alibi_slopes, o.softcap = in.softcap;
+  detail::validate_score(o, dtype, n, h, q_len, 1);
+  return o;
 }
 
 }  // namespace
@@ -70,8 +77,8 @@ MultiHeadAttentionOutput MultiHeadAttention::forward_paged(const TensorView& que
     fail("query: expected [n, q_len, E] with E = d_model = " + str(E) + ", got " + shape_str(query.shape()));
   detail::check_dtype(query, "query", c.dtype);
   if (c.add_bias_kv || c.add_zero_attn) fail("forward_paged: not available with add_bias_kv / add_zero_attn");
-  check_default_inputs(inputs);
   const std::int64_t n = query.size(0), q_len = query.size(1);
+  const DecodeOptions score = decode_score(inputs, c.dtype, n, c.num_heads, q_len);
   if (static_cast<std::int64_t>(sequences.size()) != n)
     fail("sequences: expected n = " + str(n) + " ids, one per row of query " + shape_str(query.shape()) + ", got " +
          str(static_cast<std::int64_t>(sequences.size())));
@@ -112,7 +119,7 @@ MultiHeadAttentionOutput MultiHeadAttention::forward_paged(const TensorView& que
                    TensorView(values.data_as<T>() + first * kv, c.dtype, {q_len, c.num_kv_heads, c.d_v}));
     }
     const DecodeResult attended =
-        decode_attention(q_proj, cache, sequences);  // [n, q_len, h, d_v]: the heads concatenated
+        decode_attention(q_proj, cache, sequences, score);  // [n, q_len, h, d_v]: the heads concatenated
     detail::linear_forward(attended.out.data_as<T>(), vw, rows, vw, w.out, E, w.out_bias, result.out.data_as<T>(), E);
   });
   return result;

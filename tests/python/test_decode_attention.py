@@ -13,22 +13,36 @@ import mha
 from mha_reference import round_to_bfloat16
 
 
-def reference(q, keys, values, scale=None, dtype=np.float64):
-    """q [n, q_len, h, d_k]; keys[s] [T, h_kv, d_k], values[s] [T, h_kv, d_v]: query i of sequence s sees
-    positions <= T - q_len + i; query head i reads kv head i // (h // h_kv)."""
+def reference(q, keys, values, scale=None, dtype=np.float64, causal=True, window=None, alibi=None, softcap=0.0):
+    """q [n, q_len, h, d_k]; keys[s] [T, h_kv, d_k], values[s] [T, h_kv, d_v]: query i of sequence s, at
+    position i' = T - q_len + i, sees positions <= i' (causal; else all T), within [i' - left, i' + right]
+    for a window (-1: unbounded); logits softcap tanh(x / softcap), then - slope |i' - t|; query head i
+    reads kv head i // (h // h_kv)."""
     n, q_len, h, d_k = q.shape
     h_kv, d_v = keys[0].shape[1], values[0].shape[2]
     scale = 1.0 / np.sqrt(d_k) if scale is None else scale
+    left, right = window if window is not None else (-1, -1)
     out = np.zeros((n, q_len, h, d_v), dtype)
     for s in range(n):
         k, v = keys[s].astype(dtype), values[s].astype(dtype)
         T = k.shape[0]
         for i in range(q_len):
+            position = T - q_len + i
+            t = np.arange(T)
+            seen = (t <= position) if causal else np.ones(T, bool)
+            if left >= 0:
+                seen &= t >= position - left
+            if right >= 0:
+                seen &= t <= position + right
             for head in range(h):
                 kv = head // (h // h_kv)
-                logits = (k[: T - q_len + i + 1, kv] @ q[s, i, head].astype(dtype)) * dtype(scale)
+                logits = (k[seen, kv] @ q[s, i, head].astype(dtype)) * dtype(scale)
+                if softcap > 0:
+                    logits = dtype(softcap) * np.tanh(logits / dtype(softcap))
+                if alibi is not None:
+                    logits = logits - dtype(alibi[head]) * np.abs(position - t[seen]).astype(dtype)
                 p = np.exp(logits - logits.max())
-                out[s, i, head] = (p @ v[: T - q_len + i + 1, kv]) / p.sum()
+                out[s, i, head] = (p @ v[seen, kv]) / p.sum()
     return out
 
 
@@ -36,12 +50,12 @@ def max_err(a, b):
     return float(np.max(np.abs(np.asarray(a, np.float64) - b))) if a.size else 0.0
 
 
-def check(got, q, keys, values, dtype, scale=None):
-    ref64 = reference(q, keys, values, scale)
+def check(got, q, keys, values, dtype, scale=None, **score):
+    ref64 = reference(q, keys, values, scale, **score)
     if dtype == "float64":
         assert max_err(got, ref64) <= 1e-10 * max(1.0, np.abs(ref64).max())
     elif dtype == "float32":
-        ref32 = reference(q, keys, values, scale, np.float32)
+        ref32 = reference(q, keys, values, scale, np.float32, **score)
         assert max_err(got, ref64) <= 2 * max_err(ref32, ref64) + 1e-6
     else:
         slack = 2.0 ** -14 * np.abs(ref64).max() + 1e-6
@@ -97,6 +111,60 @@ def test_decode_matches_a_float64_reference(batch):
     got = mha.decode_attention(q, cache, [ids[s] for s in order])
     assert got.shape == (len(order), q_len, h, d_v) and got.dtype == np_dtype
     check(got, q, [keys[s] for s in order], [values[s] for s in order], dtype)
+
+
+@settings(max_examples=60, deadline=None)
+@given(batch=batches(), variants=st.fixed_dictionaries({
+    "causal": st.booleans(),
+    "window": st.none() | st.tuples(st.integers(-1, 40), st.integers(-1, 6)),
+    "alibi": st.none() | st.just("slopes"),
+    "softcap": st.sampled_from([0.0, 0.5, 3.0, 50.0])}))
+def test_decode_with_every_variant_matches_a_float64_reference(batch, variants):
+    """Window, ALiBi, softcap and causal or not, alone and together, over the sequences' own positions
+    (issue 31's decode variants), against the reference above; chunks wholly before every window are
+    skipped by the kernel, which the long sequences and small windows here exercise."""
+    h, h_kv, d_k, d_v, page_size, lengths, q_len, fork, dtype, seed = batch
+    rng = np.random.default_rng(seed)
+    np_dtype = np.float64 if dtype == "float64" else np.float32
+    stored = round_to_bfloat16 if dtype == "bfloat16" else (lambda a: a)
+    cache = mha.PagedKVCache(h_kv, d_k, value_dim=d_v, page_size=page_size, capacity_tokens=(sum(lengths) + len(lengths) * page_size),
+                             dtype=dtype)  # each sequence's last page may be partly filled
+    ids, keys, values = [], [], []
+    for T in lengths:
+        ids.append(cache.add_sequence())
+        keys.append(stored(rng.uniform(-2, 2, (T, h_kv, d_k)).astype(np_dtype)))
+        values.append(stored(rng.uniform(-1, 1, (T, h_kv, d_v)).astype(np_dtype)))
+        cache.append(ids[-1], keys[-1], values[-1])
+    q = stored(rng.uniform(-2, 2, (len(ids), q_len, h, d_k)).astype(np_dtype))
+    window, softcap, causal = variants["window"], variants["softcap"], variants["causal"]
+    if window is not None and not causal and window[1] < 0 and window[0] < 0:
+        window = None
+    slopes = rng.uniform(0, 0.5, h).astype(np.float32) if variants["alibi"] else None
+    if window is not None and not causal:  # every query must see at least one position: its own
+        window = (max(window[0], 0), max(window[1], 0))
+    got = mha.decode_attention(q, cache, ids, is_causal=causal, window=window, alibi_slopes=slopes, softcap=softcap)
+    check(got, q, keys, values, dtype, causal=causal, window=window, alibi=slopes, softcap=softcap)
+
+
+def test_decode_variants_are_bitwise_the_same_for_one_and_two_threads_and_refuse_masks():
+    cache, ids, rng = small_cache()
+    q = rng.standard_normal((3, 2, 4, 8)).astype(np.float32)
+    options = dict(window=(7, 0), alibi_slopes=np.array([0.1, 0.2, 0.3, 0.4], np.float32), softcap=5.0)
+    saved = mha.num_threads()
+    try:
+        mha.set_num_threads(1)
+        one = mha.decode_attention(q, cache, ids, **options)
+        mha.set_num_threads(2)
+        two = mha.decode_attention(q, cache, ids, **options)
+    finally:
+        mha.set_num_threads(saved)
+    assert np.array_equal(one, two)
+    with pytest.raises(mha.Error, match=r"alibi_slopes: expected one slope per query head"):
+        mha.decode_attention(q, cache, ids, alibi_slopes=np.ones(3, np.float32))
+    with pytest.raises(mha.Error, match=r"decode_attention: window: expected extents >= 0, or -1"):
+        mha.decode_attention(q, cache, ids, window=(-2, 0))
+    with pytest.raises(mha.Error, match=r"decode_attention: softcap"):
+        mha.decode_attention(q, cache, ids, softcap=1e39)
 
 
 def small_cache(dtype="float32", page_size=4):

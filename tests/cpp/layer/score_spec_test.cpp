@@ -1,9 +1,10 @@
 // The score's one description (mha/score.hpp) through the layer: MultiHeadAttentionInputs is a
 // ScoreSpec, so every part of it reaches the kernels, the scale included (which the layer did not take
-// before it held the description whole); forward_paged, which decodes with the default scale, refuses one.
+// before it held the description whole), and forward_paged passes its scale and variants to decode.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <span>
 #include <vector>
 
 #include "mha/error.hpp"
@@ -40,7 +41,33 @@ TEST(ScoreSpec, TheLayersScaleEqualsQueryWeightsScaledByTheSameFactor) {
     EXPECT_NEAR(with_scale.data_as<double>()[i], with_weights.data_as<double>()[i], 1e-12) << i;
 }
 
-TEST(ScoreSpec, TheLayersScaleIsCheckedInItsLogitDtypeAndForwardPagedRefusesOne) {
+TEST(ScoreSpec, ForwardPagedStepByStepEqualsOneCausalForwardWithTheSameScore) {
+  // The score's variants reach decode through forward_paged: token t decoded alone equals row t of a
+  // causal forward over the whole sequence with the same scale, window, ALiBi slopes and softcap.
+  const std::int64_t E = 8, h = 2, T = 23;
+  MultiHeadAttention layer({.d_model = E, .num_heads = h, .batch_first = true, .dtype = DType::Float64}, 5);
+  std::vector<double> x(static_cast<std::size_t>(T * E)), slopes = {0.25, 0.0625};
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::sin(1.3 * static_cast<double>(i));
+  mha::MultiHeadAttentionInputs score;
+  score.scale = 0.8, score.window_left = 5, score.softcap = 2.0;
+  score.alibi_slopes = mha::TensorView(slopes, {h});
+  mha::MultiHeadAttentionInputs whole = score;
+  whole.causal = true;
+  const Tensor full =
+      layer.forward(mha::TensorView(x, {1, T, E}), mha::TensorView(x, {1, T, E}), mha::TensorView(x, {1, T, E}), whole)
+          .out;  // [1, T, E]
+  mha::PagedKVCache cache(layer.paged_cache_config(4, T));
+  const std::vector<mha::PagedKVCache::SequenceId> ids = {cache.add_sequence()};
+  for (std::int64_t t = 0; t < T; ++t) {
+    const Tensor step =
+        layer.forward_paged(mha::TensorView(std::span<const double>(x).subspan(t * E, E), {1, 1, E}), cache, ids, score)
+            .out;
+    for (std::int64_t e = 0; e < E; ++e)
+      EXPECT_NEAR(step.data_as<double>()[e], full.data_as<double>()[t * E + e], 1e-12) << "t " << t << " e " << e;
+  }
+}
+
+TEST(ScoreSpec, ScoresOutsideTheLogitDtypeAndMasksAreRefusedBeforeForwardPagedAppends) {
   MultiHeadAttention layer({.d_model = 4, .num_heads = 1}, /*seed=*/1);
   std::vector<float> x(4, 0.5f);
   const mha::TensorView query(x, {1, 4});
@@ -50,8 +77,10 @@ TEST(ScoreSpec, TheLayersScaleIsCheckedInItsLogitDtypeAndForwardPagedRefusesOne)
   mha::PagedKVCache cache(layer.paged_cache_config(4, 8));
   const std::vector<mha::PagedKVCache::SequenceId> ids = {cache.add_sequence()};
   const mha::TensorView step(x, {1, 1, 4});
-  in.scale = 0.5;
   EXPECT_THROW(layer.forward_paged(step, cache, ids, in), mha::Error);
+  mha::MultiHeadAttentionInputs causal;
+  causal.causal = true;
+  EXPECT_THROW(layer.forward_paged(step, cache, ids, causal), mha::Error);
   EXPECT_EQ(cache.length(ids[0]), 0);  // refused before anything was appended
   EXPECT_EQ(layer.forward_paged(step, cache, ids).out.shape(), (mha::Shape{1, 1, 4}));
 }

@@ -35,25 +35,26 @@ def _has_ring():
     return importlib.util.find_spec("mha._distributed") is not None and shutil.which("mpirun") is not None
 
 
-@pytest.mark.skipif(not _has_ring(), reason="mha.distributed or mpirun missing (scripts/install-deps.sh installs both)")
-@pytest.mark.parametrize("ranks", [1, 2, 3, 4])
-def test_ring_attention_matches_one_process(ranks):
+def run_ring_worker(ranks, cases):
+    """distributed_ring_worker.py under mpirun on `ranks` ranks with `cases` random configurations; it
+    prints "ring worker ok" when every check held."""
     result = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(ranks), sys.executable,
-                             str(HERE / "distributed_ring_worker.py"), "40"],
+                             str(HERE / "distributed_ring_worker.py"), str(cases)],
                             capture_output=True, text=True, timeout=300, env=_env())
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "ring worker ok" in result.stdout
+
+
+@pytest.mark.skipif(not _has_ring(), reason="mha.distributed or mpirun missing (scripts/install-deps.sh installs both)")
+@pytest.mark.parametrize("ranks", [1, 2, 3, 4])
+def test_ring_attention_matches_one_process(ranks):
+    run_ring_worker(ranks, 40)
 
 
 @pytest.mark.skipif(not _has_ring(), reason="mha.distributed or mpirun missing")
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_mismatch_messages_name_values_and_the_rank_at_fault(ranks):
-    # No random cases ("0"): the error paths alone, mismatch_messages() among them.
-    result = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(ranks), sys.executable,
-                             str(HERE / "distributed_ring_worker.py"), "0"],
-                            capture_output=True, text=True, timeout=300, env=_env())
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "ring worker ok" in result.stdout
+    run_ring_worker(ranks, 0)  # no random cases: the error paths alone, mismatch_messages() among them
 
 
 @pytest.mark.skipif(not _has_ring(), reason="mha.distributed or mpirun missing")

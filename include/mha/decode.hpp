@@ -5,6 +5,8 @@
 ///
 ///     out[s, i, head] = softmax_j(scale q[s, i, head] . k_j) v_j   over positions j <= T_s - q_len + i
 ///
+/// (causal, the default; DecodeOptions below takes the score's other variants)
+///
 /// Legend: n sequences, q_len new queries per sequence, h query heads, h_kv key/value heads, d_k key
 /// width, d_v value width, T_s the length of sequence s.
 ///

@@ -55,14 +55,14 @@ void DecodeChunk(const DecodeParams<T, float>& p, const WorkItem& item, const Sl
                  const ChunkScratch<T, float>& w) {
   const std::int64_t R = layout.rows, T_s = p.lengths[static_cast<std::size_t>(item.seq)];
   const std::int64_t Rg = R / item.kv_heads;  // the rows of one kv head: its g query heads x Lq
-  GatherQueryRows(p, item, R, w);
-  float* acc = slot;  // [R, ld]
+  float* acc = slot;                          // [R, ld]
   float* m = slot + layout.m_offset();
   float* l = slot + layout.l_offset();
   std::fill(acc, acc + R * layout.ld, 0.0f);
   std::fill(m, m + R, -std::numeric_limits<float>::infinity());
   std::fill(l, l + R, 0.0f);
   if (decode::before_every_window(p, T_s, item)) return;  // no weight anywhere: the merge skips it
+  GatherQueryRows(p, item, R, w);
   // The rows of the block being computed and of the block read next: each block's rows are found once,
   // as the next block's (and prefetched then), and become the current ones on the next step.
   const T **k_rows = w.k_rows, **v_rows = w.v_rows, **k_next = w.k_ahead, **v_next = w.v_ahead;

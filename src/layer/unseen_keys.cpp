@@ -5,7 +5,6 @@
 #include "layer/unseen_keys.hpp"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <limits>
 #include <type_traits>

@@ -113,6 +113,9 @@ struct AttentionGradients {
   Tensor dq;  ///< [B, h, L, d_k]
   Tensor dk;  ///< [B, h_kv, S, d_k]: for grouped heads, summed over each group's query heads
   Tensor dv;  ///< [B, h_kv, S, d_v], likewise
+  /// [h] when options.sinks is given, in the sinks' dtype: -sum over b and i of
+  /// exp(sinks[head] - lse) * (dout . out), summed in float64 in the order b, then i
+  Tensor dsinks{};
 };
 
 /// The backward of scaled_dot_product_attention (Vaswani et al., in FlashAttention-2's formulation):
@@ -122,7 +125,8 @@ struct AttentionGradients {
 ///
 /// with dropout's mask regenerated from options.dropout_seed. dout and out: [B, h, L, d_v], lse:
 /// [B, h, L] (float32 for bfloat16 q), from a forward with the same q, k, v and options (need_lse = true). The
-/// gradients are returned in new tensors (they overwrite nothing and accumulate into nothing). Masks get no gradient.
+/// gradients are returned in new tensors (they overwrite nothing and accumulate into nothing). Masks get no gradient;
+/// sinks do (dsinks).
 AttentionGradients scaled_dot_product_attention_backward(const TensorView& dout, const TensorView& q,
                                                          const TensorView& k, const TensorView& v,
                                                          const TensorView& out, const TensorView& lse,

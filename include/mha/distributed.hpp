@@ -80,6 +80,10 @@ struct RingOptions {
   double dropout_p = 0.0;                      ///< in [0, 1); the mask of the single-process call
   std::uint64_t dropout_seed = 0;
   Kernel kernel = Kernel::Flash;  ///< the kernel each block runs (float64 always runs the reference)
+  /// Attention sinks (mha/score.hpp): [h] float32 or float64, the same on every rank; each row's sink
+  /// joins its softmax once, after the ring's last merge. The backward then also returns dsinks [h],
+  /// the same on every rank: each rank's rows summed in float64, the ranks' sums added in rank order.
+  std::optional<TensorView> sinks;
 };
 
 struct RingResult {

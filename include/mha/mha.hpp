@@ -8,5 +8,7 @@
 #include "mha/io.hpp"
 #include "mha/multi_head_attention.hpp"
 #include "mha/paged_kv_cache.hpp"
+#include "mha/rotary.hpp"
 #include "mha/score.hpp"
 #include "mha/tensor.hpp"
+#include "mha/varlen.hpp"

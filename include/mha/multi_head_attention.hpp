@@ -50,7 +50,22 @@ struct MultiHeadAttentionConfig {
   bool add_bias_kv = false;    ///< learned bias_k, bias_v appended as one more key/value position
   bool add_zero_attn = false;  ///< a zero key/value position appended (after bias_k/bias_v)
   double dropout = 0.0;        ///< dropout on the attention weights in training mode, in [0, 1)
-  bool batch_first = true;     ///< inputs [B, L, E]; false: [L, B, E] (PyTorch's default)
+  /// Learned attention sinks (mha/score.hpp): a parameter `sinks` [h], initialised to 0, one logit per
+  /// head that joins every row's softmax with no value; trained like the other parameters (backward
+  /// returns its gradient under "sinks"), saved and loaded with them. Used by forward, forward_cached
+  /// and forward_paged; the inputs' own ScoreSpec::sinks is then refused (the layer's are its parameter).
+  bool sinks = false;
+  /// Rotary position embeddings (mha/rotary.hpp) of every query and key head, after the projection and
+  /// in the layer's compute dtype (angles and their cos and sin in float64): rotary_dim > 0 rotates the
+  /// first rotary_dim components of each head (even, <= d_k); 0, the default, none. Positions are the
+  /// sequence's: key j at j, query i at i + S - L (the layer's bottom-right alignment; 0..L-1 for
+  /// self-attention), the caches' new positions at their index in their sequence (forward_cached and
+  /// forward_paged store keys already rotated). Not with add_bias_kv / add_zero_attn (their appended
+  /// positions have no place in the sequence).
+  std::int64_t rotary_dim = 0;
+  double rotary_base = 10000.0;     ///< inv_freq_i = rotary_base^(-2i / rotary_dim); finite and > 0
+  bool rotary_interleaved = false;  ///< pairs (2i, 2i + 1) (GPT-J); else (i, i + rotary_dim / 2) (GPT-NeoX, Llama)
+  bool batch_first = true;          ///< inputs [B, L, E]; false: [L, B, E] (PyTorch's default)
   /// Float32, Float64 or BFloat16 (parameters, activations and gradients in bfloat16; products
   /// accumulate in float32, biases are added and sums taken in float32, results rounded once; float
   /// masks are kept in float32)
@@ -129,8 +144,9 @@ class MultiHeadAttention;
 /// append, so that the attention reads [B, length + extra] keys in place.
 ///
 /// A cache belongs to one layer (use one per layer and per decoding stream): it records the layer's h,
-/// d_k, d_v, dtype, add_bias_kv and add_zero_attn, and the calls throw mha::Error when another layer's
-/// differ (a layer with the same widths cannot be told apart, except by its bias_k / bias_v).
+/// d_k, d_v, dtype, add_bias_kv, add_zero_attn and rotary embedding (keys are stored rotated), and the
+/// calls throw mha::Error when another layer's differ (a layer with the same widths cannot be told
+/// apart, except by its bias_k / bias_v).
 ///
 /// Threads: forward_cached() calls on one cache may overlap each other (from one or several layers);
 /// append_to_cache(), clear() and moving the cache need it alone. A call that would overlap an
@@ -181,6 +197,9 @@ class KeyValueCache {
   std::int64_t num_heads_ = 0, num_kv_heads_ = 0, d_k_ = 0, d_v_ = 0;  // rows hold num_kv_heads_ heads
   DType dtype_ = DType::Float32;
   bool add_bias_kv_ = false, add_zero_attn_ = false;
+  std::int64_t rotary_dim_ = 0;  // the appending layer's rotary embedding: its keys are stored rotated
+  double rotary_base_ = 0;
+  bool rotary_interleaved_ = false;
   mutable std::atomic<int> users_{0};  // readers in forward_cached(), or -1 while one call writes
 };
 

@@ -41,6 +41,13 @@ struct ScoreSpec {
   /// alone. IEEE arithmetic decides infinite logits (+inf caps to softcap). 0 or a normal positive
   /// number of the logit dtype: 5e-324 is refused, not read as 0.
   double softcap = 0.0;
+  /// Attention sinks (gpt-oss; Xiao et al., 2024): [h] logits, float32 or float64, in the units of the
+  /// scaled logits, one per query head, that join every row's softmax and bring no value:
+  /// p_j = exp(s_j) / (exp(sinks[head]) + sum_k exp(s_k)). A row's weights then sum to less than 1, and
+  /// a row whose keys are all forbidden gets output 0 and log-sum-exp sinks[head]. The log-sum-exp
+  /// returned (and taken by the backward) includes the sink. Data, not a setting: a NaN sink makes its
+  /// head's rows NaN, as a NaN logit would; -inf is no sink.
+  std::optional<TensorView> sinks{};
 };
 
 }  // namespace mha

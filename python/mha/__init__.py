@@ -6,11 +6,16 @@
 Two entry points:
 
 * :func:`scaled_dot_product_attention` -- the attention core on [B, h, L, d] arrays (and its
-  gradients, :func:`scaled_dot_product_attention_backward`).
+  gradients, :func:`scaled_dot_product_attention_backward`); :func:`varlen_attention` (and
+  :func:`varlen_attention_backward`) runs it over a packed batch of variable-length sequences,
+  FlashAttention's ``cu_seqlens`` layout ([total, h, d] rows, no padding).
 * :class:`MultiheadAttention` -- mirrors ``torch.nn.MultiheadAttention`` of PyTorch 1.13 (same
   arguments, parameter names, shapes and results), so a torch ``state_dict`` loads directly; in
   addition d_k and d_v (the per-head widths) are free, ``is_causal`` applies a causal mask, and
   ``backward()`` returns the gradients of the last training-mode forward.
+
+Rotary position embeddings (RoPE, Su et al. 2021), to apply to q and k before the attention core:
+:func:`apply_rotary` and its backward, :func:`apply_rotary_backward`.
 
 For torch models, ``import mha.torch`` gives ``mha.torch.MultiheadAttention``, a ``torch.nn.Module``
 drop-in for ``torch.nn.MultiheadAttention`` with autograd (``import mha`` alone does not import torch).
@@ -38,8 +43,9 @@ import collections
 import numpy as np
 
 from . import _core
-from ._core import (BFloat16Bits, Error, Kernel, KeyValueCache, PagedKVCache, decode_attention, from_bfloat16,
-                    max_num_threads, num_threads, set_num_threads, to_bfloat16)
+from ._core import (BFloat16Bits, Error, Kernel, KeyValueCache, PagedKVCache, apply_rotary, apply_rotary_backward,
+                    decode_attention, from_bfloat16, max_num_threads, num_threads, set_num_threads, to_bfloat16)
+from ._core import varlen_attention, varlen_attention_backward  # packed variable-length batches
 
 __all__ = [
     "BFloat16Bits",
@@ -48,6 +54,8 @@ __all__ = [
     "KeyValueCache",
     "MultiheadAttention",
     "PagedKVCache",
+    "apply_rotary",
+    "apply_rotary_backward",
     "decode_attention",
     "load",
     "from_bfloat16",
@@ -59,6 +67,8 @@ __all__ = [
     "scaled_dot_product_attention_backward",
     "set_num_threads",
     "to_bfloat16",
+    "varlen_attention",
+    "varlen_attention_backward",
     "write_npy",
     "write_safetensors",
 ]
@@ -185,18 +195,20 @@ def _refuse_autograd_tensors(**arrays):
                         "or pass tensor.detach() when no gradient is wanted")
 
 
-def _variants(window, alibi_slopes, softcap):
+def _variants(window, alibi_slopes, softcap, sinks=None):
     """Keyword arguments for the attention variants: window=(left, right) with -1 for an unbounded
-    side, alibi_slopes [h] (float32 / float64), softcap (None or 0: none). _core converts window and
-    softcap, refusing by name what is not two 64-bit integers or a real number."""
+    side, alibi_slopes [h] and sinks [h] (float32 / float64), softcap (None or 0: none). _core
+    converts window and softcap, refusing by name what is not two 64-bit integers or a real number."""
     options = dict(softcap=softcap, window=window)
     if alibi_slopes is not None:
         options["alibi_slopes"] = np.asarray(_numpy_of(alibi_slopes))
+    if sinks is not None:
+        options["sinks"] = np.asarray(_numpy_of(sinks))
     return options
 
 
 def _attention_options(q, k, attn_mask, is_causal, scale, key_padding_mask, key_lengths, dropout_p,
-                       dropout_seed, kernel, window=None, alibi_slopes=None, softcap=0.0):
+                       dropout_seed, kernel, window=None, alibi_slopes=None, softcap=0.0, sinks=None):
     """Keyword arguments for _core's attention calls; q and k are batched [B, h, *, d] arrays."""
     # Float masks in q's dtype; with bfloat16 q in float32, the dtype its logits are computed in.
     mask_dtype = np.dtype(np.float32) if isinstance(q, BFloat16Bits) else q.dtype
@@ -212,7 +224,7 @@ def _attention_options(q, k, attn_mask, is_causal, scale, key_padding_mask, key_
     options = dict(attn_mask=attn_mask, is_causal=bool(is_causal), scale=scale,
                    key_padding_mask=key_padding_mask, key_lengths=_key_lengths(key_lengths),
                    dropout_p=dropout_p, dropout_seed=dropout_seed,
-                   **_variants(window, alibi_slopes, softcap))
+                   **_variants(window, alibi_slopes, softcap, sinks))
     kernel = _kernel_arg(kernel)
     if kernel is not None:
         options["kernel"] = kernel
@@ -222,7 +234,7 @@ def _attention_options(q, k, attn_mask, is_causal, scale, key_padding_mask, key_
 def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, scale=None,
                                  key_padding_mask=None, need_weights=False, *, key_lengths=None,
                                  dropout_p=0.0, dropout_seed=0, kernel=None, need_lse=False, window=None,
-                                 alibi_slopes=None, softcap=0.0):
+                                 alibi_slopes=None, softcap=0.0, sinks=None):
     """softmax(q k^T * scale + mask) v, per batch entry and head.
 
     Args:
@@ -260,6 +272,11 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, scale
         softcap: logit soft-capping (> 0): each scaled logit x becomes softcap * tanh(x / softcap)
             before ALiBi and the masks are added; 0 (default) or None leaves logits alone. Else a
             normal positive number of the logit dtype.
+        sinks: attention sinks (gpt-oss), [h] float32 or float64 logits in the units of the scaled
+            logits, one per query head, that join every row's softmax and bring no value:
+            p_j = exp(s_j) / (exp(sinks[head]) + sum_k exp(s_k)). A row's weights then sum to less
+            than 1; a row with no allowed key gets output 0 and lse sinks[head]. The lse includes the
+            sink. A NaN sink makes its head's rows NaN; -inf is no sink.
 
     Masks combine: a position is allowed only if every mask allows it. A query row with no allowed
     key gets output 0 and weights 0.
@@ -288,7 +305,7 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, scale
         if key_padding_mask is not None:
             key_padding_mask = np.asarray(key_padding_mask)[None]
     options = _attention_options(q, k, attn_mask, is_causal, scale, key_padding_mask, key_lengths,
-                                 dropout_p, dropout_seed, kernel, window, alibi_slopes, softcap)
+                                 dropout_p, dropout_seed, kernel, window, alibi_slopes, softcap, sinks)
     results = _core.scaled_dot_product_attention(q, k, v, need_weights=bool(need_weights),
                                                  need_lse=bool(need_lse), **options)
     if unbatched:
@@ -302,8 +319,9 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, scale
 def scaled_dot_product_attention_backward(dout, q, k, v, out, lse, attn_mask=None, is_causal=False,
                                           scale=None, key_padding_mask=None, *, key_lengths=None,
                                           dropout_p=0.0, dropout_seed=0, kernel=None, window=None,
-                                          alibi_slopes=None, softcap=0.0):
-    """The gradients of scaled_dot_product_attention: returns (dq, dk, dv).
+                                          alibi_slopes=None, softcap=0.0, sinks=None):
+    """The gradients of scaled_dot_product_attention: returns (dq, dk, dv), or (dq, dk, dv, dsinks)
+    with sinks (dsinks [h] in the sinks' dtype, summed over batch and rows in float64, in order).
 
     dout is dLoss/dout [B, h, L, d_v]; out and lse come from the forward
     (``scaled_dot_product_attention(..., need_lse=True)``) with the same q, k, v and the same
@@ -320,9 +338,11 @@ def scaled_dot_product_attention_backward(dout, q, k, v, out, lse, attn_mask=Non
         if key_padding_mask is not None:
             key_padding_mask = np.asarray(key_padding_mask)[None]
     options = _attention_options(q, k, attn_mask, is_causal, scale, key_padding_mask, key_lengths,
-                                 dropout_p, dropout_seed, kernel, window, alibi_slopes, softcap)
+                                 dropout_p, dropout_seed, kernel, window, alibi_slopes, softcap, sinks)
     grads = _core.scaled_dot_product_attention_backward(dout, q, k, v, out, lse, **options)
-    return tuple(_unbatched(g) for g in grads) if unbatched else grads
+    if unbatched:  # dq, dk, dv lose their batch dimension; dsinks [h] has none
+        return tuple(_unbatched(g) for g in grads[:3]) + tuple(grads[3:])
+    return grads
 
 
 # Arrays and BFloat16Bits alike (bfloat16 data: mha.to_bfloat16), for the attention functions.
@@ -372,6 +392,18 @@ class MultiheadAttention:
             backward() is that forward's even if the caller's arrays change in between.
         seed: seeds the parameter initialisation and the dropout masks. None draws a seed from
             os.urandom; the seed used is kept in ``self.seed``.
+        sinks: learn attention sinks (gpt-oss): a parameter ``sinks`` [num_heads], initialised to
+            0, one logit per head that joins every row's softmax with no value (see
+            scaled_dot_product_attention); trained, saved and loaded like the other parameters
+            (backward() returns its gradient under "sinks").
+        rotary_dim: rotary position embeddings (RoPE, see apply_rotary) of every query and key head
+            after the projection: the first rotary_dim components (even, <= d_k) of each head; None
+            (the default): none. Key j sits at position j, query i at i + S - L (0..L-1 for
+            self-attention); append_to_cache and forward_cached put new positions at their index in
+            the sequence and store keys rotated. Not with add_bias_kv / add_zero_attn.
+        rotary_base: the wavelength base (inv_freq_i = base^(-2i / rotary_dim)), 10000.0 by default.
+        rotary_interleaved: pair components (2i, 2i + 1) (GPT-J) instead of (i, i + rotary_dim / 2)
+            (GPT-NeoX, Llama).
 
     Parameters are initialised as PyTorch does (same distributions, not the same numbers):
     projection weights xavier_uniform, out_proj.weight uniform(+-1/sqrt(h*d_v)), biases 0, bias_k
@@ -385,7 +417,7 @@ class MultiheadAttention:
 
     The parameters are also attributes under PyTorch's names (``in_proj_weight``, ``in_proj_bias``,
     ``q_proj_weight``, ``k_proj_weight``, ``v_proj_weight``, ``bias_k``, ``bias_v``,
-    ``out_proj.weight``, ``out_proj.bias``; None where this layer has no such parameter, as in
+    ``out_proj.weight``, ``out_proj.bias``, and ``sinks``; None where this layer has no such parameter, as in
     PyTorch). Reading one gives a copy; assigning one (an array or a torch tensor of its shape) sets
     it. ``copy.copy``, ``copy.deepcopy`` and ``pickle`` give an independent layer with the same
     configuration, seed, parameters, mode and kernel; what a training-mode forward kept for
@@ -396,11 +428,12 @@ class MultiheadAttention:
 
     # PyTorch's parameter attributes; out_proj.weight and out_proj.bias are reached through out_proj.
     _PARAMETER_ATTRIBUTES = ("in_proj_weight", "in_proj_bias", "q_proj_weight", "k_proj_weight",
-                             "v_proj_weight", "bias_k", "bias_v")
+                             "v_proj_weight", "bias_k", "bias_v", "sinks")
 
     def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False,
                  add_zero_attn=False, kdim=None, vdim=None, batch_first=False, d_k=None, d_v=None,
-                 dtype=np.float32, seed=None, num_kv_heads=None):
+                 dtype=np.float32, seed=None, num_kv_heads=None, sinks=False, rotary_dim=None,
+                 rotary_base=10000.0, rotary_interleaved=False):
         self._dtype, core_dtype = _as_dtype(dtype)
         config = _core.MultiHeadAttentionConfig()
         config.d_model = _int64_arg(embed_dim, "embed_dim")
@@ -413,6 +446,13 @@ class MultiheadAttention:
         config.bias = bool(bias)
         config.add_bias_kv = bool(add_bias_kv)
         config.add_zero_attn = bool(add_zero_attn)
+        config.sinks = bool(sinks)
+        if rotary_dim is not None:
+            config.rotary_dim = _int64_arg(rotary_dim, "rotary_dim")
+            if config.rotary_dim == 0:
+                raise Error("rotary_dim: expected an even number of components in [2, d_k], or None for none; got 0")
+        config.rotary_base = _float_arg(rotary_base, "rotary_base")
+        config.rotary_interleaved = bool(rotary_interleaved)
         config.dropout = _float_arg(dropout, "dropout")
         config.batch_first = bool(batch_first)
         config.dtype = core_dtype
@@ -444,6 +484,10 @@ class MultiheadAttention:
     batch_first = property(lambda self: self._config.batch_first)
     dropout = property(lambda self: self._config.dropout)
     add_zero_attn = property(lambda self: self._config.add_zero_attn)
+    has_sinks = property(lambda self: self._config.sinks, doc="whether the layer learns attention sinks")
+    rotary_dim = property(lambda self: self._config.rotary_dim or None, doc="rotated components per head, or None")
+    rotary_base = property(lambda self: self._config.rotary_base)
+    rotary_interleaved = property(lambda self: self._config.rotary_interleaved)
     dtype = property(lambda self: self._dtype,
                      doc='numpy.dtype of the parameters and inputs, or "bfloat16" (parameters held in bfloat16)')
     # Float masks are added to the logits, which a bfloat16 layer computes in float32.
@@ -549,7 +593,8 @@ class MultiheadAttention:
         config = dict(embed_dim=c.d_model, num_heads=c.num_heads, dropout=c.dropout, bias=c.bias,
                       add_bias_kv=c.add_bias_kv, add_zero_attn=c.add_zero_attn, kdim=c.kdim, vdim=c.vdim,
                       batch_first=c.batch_first, d_k=c.d_k, d_v=c.d_v, dtype=_dtype_name(self._dtype), seed=self.seed,
-                      num_kv_heads=c.num_kv_heads)
+                      num_kv_heads=c.num_kv_heads, sinks=c.sinks, rotary_dim=c.rotary_dim or None,
+                      rotary_base=c.rotary_base, rotary_interleaved=c.rotary_interleaved)
         own = {k: v for k, v in self.__dict__.items() if k not in ("_module", "_config", "_dtype", "seed")}
         return {"config": config, "state_dict": self.state_dict(), "training": self.training,
                 "kernel": self.kernel.name, "attributes": own}
@@ -685,7 +730,10 @@ class MultiheadAttention:
         return (f"MultiheadAttention(embed_dim={c.d_model}, num_heads={c.num_heads}{grouped}, d_k={c.d_k}, "
                 f"d_v={c.d_v}, kdim={c.kdim}, vdim={c.vdim}, bias={c.bias}, "
                 f"add_bias_kv={c.add_bias_kv}, add_zero_attn={c.add_zero_attn}, "
-                f"dropout={c.dropout}, batch_first={c.batch_first}, dtype={_dtype_name(self._dtype)})")
+                f"dropout={c.dropout}, batch_first={c.batch_first}, dtype={_dtype_name(self._dtype)}"
+                + (", sinks=True" if c.sinks else "")
+                + (f", rotary_dim={c.rotary_dim}, rotary_base={c.rotary_base}, rotary_interleaved={c.rotary_interleaved}"
+                   if c.rotary_dim else "") + ")")
 
 
 _IncompatibleKeys = collections.namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
@@ -740,7 +788,8 @@ def load(path, **overrides):
     c = _core.config_from_metadata(meta, name)
     config = dict(embed_dim=c.d_model, num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, d_k=c.d_k, d_v=c.d_v, kdim=c.kdim,
                   vdim=c.vdim, bias=c.bias, add_bias_kv=c.add_bias_kv, add_zero_attn=c.add_zero_attn,
-                  batch_first=c.batch_first, dropout=c.dropout,
+                  batch_first=c.batch_first, dropout=c.dropout, sinks=c.sinks, rotary_dim=c.rotary_dim or None,
+                  rotary_base=c.rotary_base, rotary_interleaved=c.rotary_interleaved,
                   dtype={_core.DType.float64: np.float64, _core.DType.bfloat16: _BFLOAT16}.get(c.dtype, np.float32))
     config.update(overrides)
     try:

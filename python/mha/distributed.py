@@ -97,7 +97,7 @@ def unshard_sequence(shards, dim, layout="zigzag"):
     return np.concatenate([p for _, p in pieces], axis=dim)
 
 
-def _options(causal, scale, layout, key_padding_mask, key_lengths, dropout_p, dropout_seed, kernel):
+def _options(causal, scale, layout, key_padding_mask, key_lengths, dropout_p, dropout_seed, kernel, sinks=None):
     if key_padding_mask is not None:
         key_padding_mask = np.asarray(key_padding_mask)
         if key_padding_mask.dtype != np.bool_:
@@ -105,11 +105,12 @@ def _options(causal, scale, layout, key_padding_mask, key_lengths, dropout_p, dr
     kernel = _kernel_arg(kernel)
     return dict(causal=bool(causal), scale=scale, layout=_layout(layout), key_padding_mask=key_padding_mask,
                 key_lengths=_key_lengths(key_lengths), dropout_p=dropout_p, dropout_seed=dropout_seed,
-                kernel=Kernel.flash if kernel is None else kernel)
+                kernel=Kernel.flash if kernel is None else kernel,
+                sinks=None if sinks is None else np.asarray(sinks))
 
 
 def ring_attention(q, k, v, comm, *, causal=False, scale=None, layout="zigzag", key_padding_mask=None,
-                   key_lengths=None, dropout_p=0.0, dropout_seed=0, kernel=None):
+                   key_lengths=None, dropout_p=0.0, dropout_seed=0, kernel=None, sinks=None):
     """This rank's rows of softmax(q k^T * scale + masks) v over the whole sequence.
 
     Args:
@@ -123,18 +124,21 @@ def ring_attention(q, k, v, comm, *, causal=False, scale=None, layout="zigzag", 
         key_lengths: B lengths over the whole sequence (the same on every rank).
         dropout_p, dropout_seed: dropout, drawn at global positions (the single-process mask).
         kernel: "flash" (default) or "reference", the kernel each block runs.
+        sinks: attention sinks [h] (float32 or float64, the same on every rank), as
+            mha.scaled_dot_product_attention takes them; each row's sink joins once.
 
     Returns:
         (out [B, h, L_r, d_v], lse [B, h, L_r]): keep lse for ring_attention_backward.
     """
-    options = _options(causal, scale, layout, key_padding_mask, key_lengths, dropout_p, dropout_seed, kernel)
+    options = _options(causal, scale, layout, key_padding_mask, key_lengths, dropout_p, dropout_seed, kernel, sinks)
     return _distributed.ring_attention(q, k, v, comm, **options)
 
 
 def ring_attention_backward(dout, q, k, v, out, lse, comm, *, causal=False, scale=None, layout="zigzag",
-                            key_padding_mask=None, key_lengths=None, dropout_p=0.0, dropout_seed=0, kernel=None):
+                            key_padding_mask=None, key_lengths=None, dropout_p=0.0, dropout_seed=0, kernel=None,
+                            sinks=None):
     """The gradients (dq [B, h, L_r, d_k], dk [B, h, S_r, d_k], dv [B, h, S_r, d_v]) of this rank's
     shards, given dout (dLoss/dout of its rows) and the forward's out and lse, with the forward's
-    options."""
-    options = _options(causal, scale, layout, key_padding_mask, key_lengths, dropout_p, dropout_seed, kernel)
+    options; with sinks also dsinks [h] (the whole sequence's, the same on every rank)."""
+    options = _options(causal, scale, layout, key_padding_mask, key_lengths, dropout_p, dropout_seed, kernel, sinks)
     return _distributed.ring_attention_backward(dout, q, k, v, out, lse, comm, **options)

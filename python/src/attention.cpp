@@ -42,13 +42,13 @@ HeldOptions attention_options(ScoreArguments score, py::handle dropout_p, py::ha
 py::tuple sdpa(py::handle q, py::handle k, py::handle v, py::handle attn_mask, bool is_causal, py::handle scale,
                py::handle key_padding_mask, std::vector<std::int64_t> key_lengths, py::handle dropout_p,
                py::handle dropout_seed, bool need_weights, bool need_lse, Kernel kernel, py::handle window,
-               py::handle alibi_slopes, py::handle softcap) {
+               py::handle alibi_slopes, py::handle softcap, py::handle sinks) {
   const ArrayView q_view = view_of(q, "q", Accept::Float);
   const ArrayView k_view = view_of(k, "k", Accept::Float);
   const ArrayView v_view = view_of(v, "v", Accept::Float);
   HeldOptions held = attention_options(
-      {attn_mask, is_causal, scale, key_padding_mask, std::move(key_lengths), window, alibi_slopes, softcap}, dropout_p,
-      dropout_seed, kernel);
+      {attn_mask, is_causal, scale, key_padding_mask, std::move(key_lengths), window, alibi_slopes, softcap, sinks},
+      dropout_p, dropout_seed, kernel);
   held.options.need_weights = need_weights;
   held.options.need_lse = need_lse;
 
@@ -64,11 +64,12 @@ py::tuple sdpa(py::handle q, py::handle k, py::handle v, py::handle attn_mask, b
 }
 
 // dout, out: [B, h, L, d_v], lse: [B, h, L] from the forward with the same inputs and options.
-// Returns (dq [B, h, L, d_k], dk [B, h, S, d_k], dv [B, h, S, d_v]).
+// Returns (dq [B, h, L, d_k], dk [B, h, S, d_k], dv [B, h, S, d_v]), and dsinks [h] last when sinks are given.
 py::tuple sdpa_backward(py::handle dout, py::handle q, py::handle k, py::handle v, py::handle out, py::handle lse,
                         py::handle attn_mask, bool is_causal, py::handle scale, py::handle key_padding_mask,
                         std::vector<std::int64_t> key_lengths, py::handle dropout_p, py::handle dropout_seed,
-                        Kernel kernel, py::handle window, py::handle alibi_slopes, py::handle softcap) {
+                        Kernel kernel, py::handle window, py::handle alibi_slopes, py::handle softcap,
+                        py::handle sinks) {
   const ArrayView dout_view = view_of(dout, "dout", Accept::Float);
   const ArrayView q_view = view_of(q, "q", Accept::Float);
   const ArrayView k_view = view_of(k, "k", Accept::Float);
@@ -76,8 +77,8 @@ py::tuple sdpa_backward(py::handle dout, py::handle q, py::handle k, py::handle 
   const ArrayView out_view = view_of(out, "out", Accept::Float);
   const ArrayView lse_view = view_of(lse, "lse", Accept::Float);
   const HeldOptions held = attention_options(
-      {attn_mask, is_causal, scale, key_padding_mask, std::move(key_lengths), window, alibi_slopes, softcap}, dropout_p,
-      dropout_seed, kernel);
+      {attn_mask, is_causal, scale, key_padding_mask, std::move(key_lengths), window, alibi_slopes, softcap, sinks},
+      dropout_p, dropout_seed, kernel);
 
   AttentionGradients grads;
   {
@@ -86,8 +87,11 @@ py::tuple sdpa_backward(py::handle dout, py::handle q, py::handle k, py::handle 
                                                   lse_view.view, held.options);
   }
   const BFloat16Out bfloat16_out = bfloat16_out_like(dout);  // bfloat16 gradients as dout came in
-  return py::make_tuple(to_python(std::move(grads.dq), bfloat16_out), to_python(std::move(grads.dk), bfloat16_out),
-                        to_python(std::move(grads.dv), bfloat16_out));
+  py::tuple dq_dk_dv =
+      py::make_tuple(to_python(std::move(grads.dq), bfloat16_out), to_python(std::move(grads.dk), bfloat16_out),
+                     to_python(std::move(grads.dv), bfloat16_out));
+  if (!held.options.sinks) return dq_dk_dv;
+  return py::make_tuple(dq_dk_dv[0], dq_dk_dv[1], dq_dk_dv[2], to_numpy_or_none(std::move(grads.dsinks)));
 }
 
 }  // namespace
@@ -103,8 +107,9 @@ void register_attention(py::module_& m) {
         py::arg("key_padding_mask") = py::none(), py::arg("key_lengths") = std::vector<std::int64_t>{},
         py::arg("dropout_p") = 0.0, py::arg("dropout_seed") = 0, py::arg("need_weights") = false,
         py::arg("need_lse") = false, py::arg("kernel") = default_kernel, py::arg("window") = py::none(),
-        py::arg("alibi_slopes") = py::none(), py::arg("softcap") = 0.0,
+        py::arg("alibi_slopes") = py::none(), py::arg("softcap") = 0.0, py::arg("sinks") = py::none(),
         "softmax(q k^T * scale + mask) v. q: [B, h, L, d_k], k: [B, h_kv, S, d_k], v: [B, h_kv, S, d_v].\n"
+        "sinks: [h] logits joining each row's softmax with no value (the lse includes them).\n"
         "Returns (out [B, h, L, d_v], weights [B, h, L, S] or None, lse [B, h, L] or None).");
 
   m.def("scaled_dot_product_attention_backward", &sdpa_backward, py::arg("dout"), py::arg("q"), py::arg("k"),
@@ -112,9 +117,10 @@ void register_attention(py::module_& m) {
         py::arg("is_causal") = false, py::arg("scale") = py::none(), py::arg("key_padding_mask") = py::none(),
         py::arg("key_lengths") = std::vector<std::int64_t>{}, py::arg("dropout_p") = 0.0, py::arg("dropout_seed") = 0,
         py::arg("kernel") = default_kernel, py::arg("window") = py::none(), py::arg("alibi_slopes") = py::none(),
-        py::arg("softcap") = 0.0,
+        py::arg("softcap") = 0.0, py::arg("sinks") = py::none(),
         "The gradients (dq, dk, dv) of scaled_dot_product_attention, given dout = dLoss/dout and the\n"
-        "forward's out and lse (need_lse=True), with the forward's options. New arrays, nothing accumulated.");
+        "forward's out and lse (need_lse=True), with the forward's options; (dq, dk, dv, dsinks) when\n"
+        "sinks are given (dsinks [h] in the sinks' dtype). New arrays, nothing accumulated.");
 
   m.def(
       "set_num_threads",

@@ -15,5 +15,7 @@ void register_multi_head_attention(py::module_& m);  // multi_head_attention.cpp
 void register_io(py::module_& m);                    // io.cpp: safetensors and .npy
 void register_paged_kv_cache(py::module_& m);        // paged_kv_cache.cpp: PagedKVCache
 void register_decode(py::module_& m);                // decode.cpp: decode_attention over a PagedKVCache
+void register_varlen(py::module_& m);                // varlen.cpp: varlen_attention and its backward
+void register_rotary(py::module_& m);                // rotary.cpp: apply_rotary and its backward
 
 }  // namespace mha::python

@@ -20,12 +20,12 @@ namespace {
 // [n, q_len, num_heads]) with need_lse; bfloat16 results are float32 arrays, or BFloat16Bits when q is one.
 py::object decode(py::handle q, py::handle cache_obj, py::handle sequence_ids, py::handle scale_arg,
                   py::handle need_lse_obj, bool is_causal, py::handle window, py::handle alibi_slopes,
-                  py::handle softcap) {
+                  py::handle softcap, py::handle sinks) {
   const PagedKVCache& cache = object_arg<PagedKVCache>(cache_obj, "cache", "an mha.PagedKVCache");
   const bool need_lse = flag_arg(need_lse_obj, "need_lse");
   ArrayView q_view = view_of(q, "q", Accept::Float);
   const std::vector<PagedKVCache::SequenceId> sequences = int64_sequence_arg(sequence_ids, "sequences");
-  const HeldScore score = score_of({{}, is_causal, scale_arg, {}, {}, window, alibi_slopes, softcap});
+  const HeldScore score = score_of({{}, is_causal, scale_arg, {}, {}, window, alibi_slopes, softcap, sinks});
   DecodeOptions options;
   static_cast<ScoreSpec&>(options) = score.score;
   options.need_lse = need_lse;
@@ -47,6 +47,7 @@ void register_decode(py::module_& m) {
   m.def("decode_attention", &decode, py::arg("q"), py::arg("cache"), py::arg("sequences"), py::kw_only(),
         py::arg("scale") = py::none(), py::arg("need_lse") = false, py::arg("is_causal") = true,
         py::arg("window") = py::none(), py::arg("alibi_slopes") = py::none(), py::arg("softcap") = 0.0,
+        py::arg("sinks") = py::none(),
         "Attention of each sequence's new queries over its cached keys and values, read through the page\n"
         "table. q: [n, q_len, num_heads, head_dim]; sequences: n ids of the cache (repeats allowed), each\n"
         "holding at least q_len positions, the last q_len being the new tokens themselves: query i sees\n"
@@ -55,8 +56,8 @@ void register_decode(py::module_& m) {
         "or a normal finite number of the logit dtype (float32 for float32 and bfloat16 caches, magnitude\n"
         "in [1.1754944e-38, 3.4028235e+38]; float64 for float64), else mha.Error naming scale. sequences:\n"
         "a sequence of int64 ids. is_causal=False lets every query see all its sequence's positions.\n"
-        "window (left, right), alibi_slopes [h] and softcap as scaled_dot_product_attention takes them,\n"
-        "over the sequence's positions (query i at length - q_len + i).\n"
+        "window (left, right), alibi_slopes [h], softcap and sinks [h] as scaled_dot_product_attention\n"
+        "takes them, over the sequence's positions (query i at length - q_len + i).\n"
         "Returns out [n, q_len, num_heads, value_dim] (with need_lse: (out, lse [n, q_len, num_heads])).\n"
         "q has the cache's dtype; for a bfloat16 cache float32 / float64 q is rounded to bfloat16 and\n"
         "the result is float32 (a BFloat16Bits q gives a BFloat16Bits result). Runs without the GIL,\n"

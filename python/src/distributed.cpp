@@ -30,15 +30,16 @@ MPI_Comm communicator(py::handle comm) {
 
 struct HeldRingOptions {
   distributed::RingOptions options;
-  std::optional<ArrayView> key_padding_mask;
+  std::optional<ArrayView> key_padding_mask, sinks;
 };
 
 // scale (None: the default), dropout_p and dropout_seed converted by name (arguments.hpp).
 HeldRingOptions ring_options(bool causal, py::handle scale, Layout layout, py::handle key_padding_mask,
                              std::vector<std::int64_t> key_lengths, py::handle dropout_p, py::handle dropout_seed,
-                             Kernel kernel) {
+                             Kernel kernel, py::handle sinks) {
   HeldRingOptions held;
   held.key_padding_mask = optional_view_of(key_padding_mask, "key_padding_mask", Accept::Mask);
+  held.sinks = optional_view_of(sinks, "sinks", Accept::Float);
   distributed::RingOptions& o = held.options;
   o.scale = optional_float_arg(scale, "scale");
   o.causal = causal;
@@ -48,17 +49,18 @@ HeldRingOptions ring_options(bool causal, py::handle scale, Layout layout, py::h
   o.dropout_p = float_arg(dropout_p, "dropout_p");
   o.dropout_seed = uint64_arg(dropout_seed, "dropout_seed");
   o.kernel = kernel;
+  if (held.sinks) o.sinks = held.sinks->view;
   return held;
 }
 
 py::tuple ring(py::handle q, py::handle k, py::handle v, py::handle comm, bool causal, py::handle scale, Layout layout,
                py::handle key_padding_mask, std::vector<std::int64_t> key_lengths, py::handle dropout_p,
-               py::handle dropout_seed, Kernel kernel) {
+               py::handle dropout_seed, Kernel kernel, py::handle sinks) {
   const MPI_Comm c = communicator(comm);
   const ArrayView qv = view_of(q, "q", Accept::Float), kv = view_of(k, "k", Accept::Float),
                   vv = view_of(v, "v", Accept::Float);
-  const HeldRingOptions held =
-      ring_options(causal, scale, layout, key_padding_mask, std::move(key_lengths), dropout_p, dropout_seed, kernel);
+  const HeldRingOptions held = ring_options(causal, scale, layout, key_padding_mask, std::move(key_lengths), dropout_p,
+                                            dropout_seed, kernel, sinks);
   distributed::RingResult r;
   {
     py::gil_scoped_release release;
@@ -70,19 +72,22 @@ py::tuple ring(py::handle q, py::handle k, py::handle v, py::handle comm, bool c
 py::tuple ring_backward(py::handle dout, py::handle q, py::handle k, py::handle v, py::handle out, py::handle lse,
                         py::handle comm, bool causal, py::handle scale, Layout layout, py::handle key_padding_mask,
                         std::vector<std::int64_t> key_lengths, py::handle dropout_p, py::handle dropout_seed,
-                        Kernel kernel) {
+                        Kernel kernel, py::handle sinks) {
   const MPI_Comm c = communicator(comm);
   const ArrayView dv = view_of(dout, "dout", Accept::Float), qv = view_of(q, "q", Accept::Float),
                   kv = view_of(k, "k", Accept::Float), vv = view_of(v, "v", Accept::Float),
                   ov = view_of(out, "out", Accept::Float), lv = view_of(lse, "lse", Accept::Float);
-  const HeldRingOptions held =
-      ring_options(causal, scale, layout, key_padding_mask, std::move(key_lengths), dropout_p, dropout_seed, kernel);
+  const HeldRingOptions held = ring_options(causal, scale, layout, key_padding_mask, std::move(key_lengths), dropout_p,
+                                            dropout_seed, kernel, sinks);
   AttentionGradients g;
   {
     py::gil_scoped_release release;
     g = distributed::ring_attention_backward(dv.view, qv.view, kv.view, vv.view, ov.view, lv.view, c, held.options);
   }
-  return py::make_tuple(to_numpy(std::move(g.dq)), to_numpy(std::move(g.dk)), to_numpy(std::move(g.dv)));
+  if (!held.options.sinks)
+    return py::make_tuple(to_numpy(std::move(g.dq)), to_numpy(std::move(g.dk)), to_numpy(std::move(g.dv)));
+  return py::make_tuple(to_numpy(std::move(g.dq)), to_numpy(std::move(g.dk)), to_numpy(std::move(g.dv)),
+                        to_numpy(std::move(g.dsinks)));
 }
 
 }  // namespace
@@ -105,9 +110,9 @@ PYBIND11_MODULE(_distributed, m) {
   });
   m.def("ring_attention", &ring, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("comm"), py::kw_only(),
         py::arg("causal"), py::arg("scale"), py::arg("layout"), py::arg("key_padding_mask"), py::arg("key_lengths"),
-        py::arg("dropout_p"), py::arg("dropout_seed"), py::arg("kernel"));
+        py::arg("dropout_p"), py::arg("dropout_seed"), py::arg("kernel"), py::arg("sinks") = py::none());
   m.def("ring_attention_backward", &ring_backward, py::arg("dout"), py::arg("q"), py::arg("k"), py::arg("v"),
         py::arg("out"), py::arg("lse"), py::arg("comm"), py::kw_only(), py::arg("causal"), py::arg("scale"),
         py::arg("layout"), py::arg("key_padding_mask"), py::arg("key_lengths"), py::arg("dropout_p"),
-        py::arg("dropout_seed"), py::arg("kernel"));
+        py::arg("dropout_seed"), py::arg("kernel"), py::arg("sinks") = py::none());
 }

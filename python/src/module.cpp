@@ -11,4 +11,6 @@ PYBIND11_MODULE(_core, m) {
   mha::python::register_io(m);
   mha::python::register_paged_kv_cache(m);
   mha::python::register_decode(m);
+  mha::python::register_varlen(m);
+  mha::python::register_rotary(m);
 }

@@ -219,6 +219,10 @@ void register_multi_head_attention(py::module_& m) {
       .def_readwrite("bias", &Config::bias)
       .def_readwrite("add_bias_kv", &Config::add_bias_kv)
       .def_readwrite("add_zero_attn", &Config::add_zero_attn)
+      .def_readwrite("sinks", &Config::sinks)
+      .def_readwrite("rotary_dim", &Config::rotary_dim)
+      .def_readwrite("rotary_base", &Config::rotary_base)
+      .def_readwrite("rotary_interleaved", &Config::rotary_interleaved)
       .def_readwrite("dropout", &Config::dropout)
       .def_readwrite("batch_first", &Config::batch_first)
       .def_readwrite("dtype", &Config::dtype);

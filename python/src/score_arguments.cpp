@@ -9,7 +9,7 @@ namespace mha::python {
 
 HeldScore score_of(ScoreArguments a) {
   // An argument a binding does not take (the layer has no scale) stays a null handle: None.
-  for (py::handle* h : {&a.attn_mask, &a.scale, &a.key_padding_mask, &a.window, &a.alibi_slopes, &a.softcap})
+  for (py::handle* h : {&a.attn_mask, &a.scale, &a.key_padding_mask, &a.window, &a.alibi_slopes, &a.softcap, &a.sinks})
     if (!*h) *h = py::none();
   HeldScore held;
   ScoreSpec& s = held.score;
@@ -18,7 +18,9 @@ HeldScore score_of(ScoreArguments a) {
   held.alibi_slopes = optional_view_of(a.alibi_slopes, "alibi_slopes", Accept::Float);
   if (held.attn_mask) s.attn_mask = held.attn_mask->view;
   if (held.key_padding_mask) s.key_padding_mask = held.key_padding_mask->view;
+  held.sinks = optional_view_of(a.sinks, "sinks", Accept::Float);
   if (held.alibi_slopes) s.alibi_slopes = held.alibi_slopes->view;
+  if (held.sinks) s.sinks = held.sinks->view;
   s.scale = optional_float_arg(a.scale, "scale");
   s.causal = a.is_causal;
   s.key_lengths = std::move(a.key_lengths);

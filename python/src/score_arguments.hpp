@@ -14,7 +14,7 @@
 namespace mha::python {
 
 // The score's arguments as a binding receives them: attn_mask, key_padding_mask [B, S] and
-// alibi_slopes [h] array-likes or None; scale a number or None; window (left, right) or None; softcap a
+// alibi_slopes [h] and sinks [h] array-likes or None; scale a number or None; window (left, right) or None; softcap a
 // number, or None or 0 for none.
 struct ScoreArguments {
   py::handle attn_mask;
@@ -25,12 +25,13 @@ struct ScoreArguments {
   py::handle window;
   py::handle alibi_slopes;
   py::handle softcap;
+  py::handle sinks{};
 };
 
 // A ScoreSpec and the arrays its views point into (kept alive as long as it is used).
 struct HeldScore {
   ScoreSpec score;
-  std::optional<ArrayView> attn_mask, key_padding_mask, alibi_slopes;
+  std::optional<ArrayView> attn_mask, key_padding_mask, alibi_slopes, sinks;
 };
 
 // Converts and checks the types (mha.Error naming the argument); the library checks the values.

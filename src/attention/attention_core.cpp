@@ -12,6 +12,7 @@
 #include "attention/flash.hpp"
 #include "attention/params.hpp"
 #include "attention/reference.hpp"
+#include "attention/sinks.hpp"
 #include "dtype_dispatch.hpp"
 #include "logit_scalars.hpp"
 #include "mha/error.hpp"
@@ -64,6 +65,7 @@ void validate_score(const ScoreSpec& o, DType dtype, std::int64_t B, std::int64_
              ", got " + number_str(slope) + " for head " + std::to_string(head));
     }
   }
+  if (o.sinks) validate_sinks(*o.sinks, dtype, h);
   if (!(o.softcap >= 0.0 && zero_or_normal(o.softcap, dtype)))
     fail("softcap: expected 0 (none) or a finite number in " + normal_range(dtype) + ", got " + number_str(o.softcap));
   if (o.key_padding_mask) {
@@ -175,6 +177,7 @@ void fill_common(AttentionInputs<T>& p, const TensorView& q, const TensorView& k
   p.window_left = o.window_left, p.window_right = o.window_right;
   p.softcap = static_cast<Acc>(o.softcap);
   if (o.alibi_slopes) p.alibi_slopes = o.alibi_slopes->data_as<Acc>();  // contiguous (with_compute_masks)
+  if (o.sinks) p.sinks = o.sinks->data_as<Acc>();                       // likewise
   if (o.attn_mask) {
     if (o.attn_mask->dtype() == DType::Bool) p.bool_mask = mask4<std::uint8_t>(*o.attn_mask, p.h);
     else p.additive_mask = mask4<Acc>(*o.attn_mask, p.h);
@@ -197,8 +200,8 @@ Strided4<T> strided_output(const StridedOutput& o) {
 DType compute_dtype(DType dtype) { return dtype == DType::BFloat16 ? DType::Float32 : dtype; }
 
 // The options with their float masks in the compute dtype: converted copies (in `storage`) of those
-// that are not (bfloat16 masks of bfloat16 inputs), and the ALiBi slopes contiguous in it.
-AttentionOptions with_compute_masks(const AttentionOptions& o, DType compute, Tensor (&storage)[3]) {
+// that are not (bfloat16 masks of bfloat16 inputs), and the ALiBi slopes and sinks contiguous in it.
+AttentionOptions with_compute_masks(const AttentionOptions& o, DType compute, Tensor (&storage)[4]) {
   AttentionOptions converted = o;
   auto convert = [&](std::optional<TensorView>& mask, Tensor& copy) {
     if (!mask || mask->dtype() == DType::Bool || mask->dtype() == compute) return;
@@ -210,6 +213,10 @@ AttentionOptions with_compute_masks(const AttentionOptions& o, DType compute, Te
   if (o.alibi_slopes) {
     storage[2] = Tensor::copy_of(*o.alibi_slopes, compute);
     converted.alibi_slopes = storage[2].view();
+  }
+  if (o.sinks) {
+    storage[3] = Tensor::copy_of(*o.sinks, compute);
+    converted.sinks = storage[3].view();
   }
   return converted;
 }
@@ -251,6 +258,7 @@ void run_typed(const TensorView& q, const TensorView& k, const TensorView& v, co
   AttentionParams<T> p;
   fill_common(p, q, k, v, o);
   p.partial_over_keys = partial_over_keys;
+  if (partial_over_keys) p.sinks = nullptr;  // the caller's merge adds the sink once
   p.out = strided_output<T>(out);
   if (o.need_weights) {
     weights = Tensor::uninitialized(dtype_of<T>(), {p.B, p.h, p.L, p.S});  // written whole by the kernels
@@ -294,7 +302,8 @@ template <class T>
 void run_backward_typed(const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
                         const TensorView& out, const TensorView& lse, const AttentionOptions& o,
                         const StridedOutput& dq, const StridedOutput& dk, const StridedOutput& dv) {
-  const bool flash = o.kernel == Kernel::Flash && v.size(3) > 0;
+  // d_v = 0, L = 0 or S = 0: nothing to tile (and the reference zeroes what has no gradient)
+  const bool flash = o.kernel == Kernel::Flash && v.size(3) > 0 && q.size(2) > 0 && k.size(2) > 0;
   if constexpr (std::is_same_v<T, double>) {
     reference_attention_backward(backward_params<T>(dout, q, k, v, out, lse, o, dq, dk, dv));
   } else if (flash) {
@@ -370,7 +379,7 @@ void run_attention_backward(const TensorView& dout_in, const TensorView& q_in, c
   const TensorView k = with_readable_rows(k_in, copies[1]);
   const TensorView v = with_readable_rows(v_in, copies[2]);
   const TensorView dout = with_readable_rows(dout_in, copies[3]);
-  Tensor masks[3];
+  Tensor masks[4];
   const AttentionOptions oc = with_compute_masks(o, compute_dtype(q.dtype()), masks);
   dispatch_floating(q.dtype(), [&]<class T>(T) { run_backward_typed<T>(dout, q, k, v, out, lse, oc, dq, dk, dv); });
 }
@@ -381,7 +390,7 @@ void run_attention(const TensorView& q_in, const TensorView& k_in, const TensorV
   const TensorView q = with_readable_rows(q_in, copies[0]);
   const TensorView k = with_readable_rows(k_in, copies[1]);
   const TensorView v = with_readable_rows(v_in, copies[2]);
-  Tensor masks[3];
+  Tensor masks[4];
   const AttentionOptions oc = with_compute_masks(o, compute_dtype(q.dtype()), masks);
   dispatch_floating(q.dtype(), [&]<class T>(T) { run_typed<T>(q, k, v, oc, out, weights, lse, partial_over_keys); });
 }

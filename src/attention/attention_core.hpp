@@ -32,7 +32,8 @@ struct StridedOutput {
 // weights / lse: allocated and filled when the options ask for them (else left undefined).
 // partial_over_keys: k and v are some of the keys a caller merges results over (the ring): a row whose
 // allowed logits are all -inf has no weight in this part, lse -inf, marked by a NaN output row (not
-// 0 / 0 already: the other parts may give it weight), see AttentionParams.
+// 0 / 0 already: the other parts may give it weight), see AttentionParams; the kernel then leaves
+// options.sinks to the caller, whose merge adds each sink once (LseMerge::add_sink).
 void run_attention(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionOptions& options,
                    const StridedOutput& out, Tensor& weights, Tensor& lse, bool partial_over_keys = false);
 

@@ -116,25 +116,28 @@ void AccumulateValues(const AttentionParams<T>& p, const ForwardBlock<T>& w, con
   }
 }
 
-// out = acc / l; m becomes lse = m + log l. A row with no allowed key attends to nothing; one whose
-// allowed logits are all -inf gets NaN (0 / 0), as the reference.
+// out = acc / l; m becomes lse = m + log l, the head's sink folded in first (online_softmax.hpp). A row
+// with no allowed key attends to nothing (output 0; lse -inf, or the sink); one whose allowed logits are
+// all -inf gets NaN (0 / 0), as the reference, unless a sink gives the row weight.
 template <class T>
 void FinishRows(const AttentionParams<T>& p, const ForwardBlock<T>& w, std::int64_t b, std::int64_t head,
                 std::int64_t i0, std::int64_t rows, std::int64_t key_end) {
   for (std::int64_t r = 0; r < rows; ++r) {
+    const bool no_key = w.m[r] == kMinusInf && !has_allowed_key(p, b, head, i0 + r, key_end);
+    const float acc_scale = p.sinks ? fold_sink(w.m[r], w.l[r], p.sinks[head]) : 1.0f;
     bool empty = w.m[r] == kMinusInf;
-    if (empty && has_allowed_key(p, b, head, i0 + r, key_end)) {                   // allowed keys, all at -inf: 0 / 0
+    if (empty && !no_key) {                                                        // allowed keys, all at -inf: 0 / 0
       if (!p.partial_over_keys) w.m[r] = std::numeric_limits<float>::quiet_NaN();  // else lse -inf, out NaN
       empty = false;
     }
-    const float inv_l = empty ? 0.0f : 1.0f / w.l[r];
+    const float inv_l = empty || no_key ? 0.0f : acc_scale / w.l[r];
     T* out_row = &p.out(b, head, i0 + r, 0);
     const float* acc_row = w.acc + r * w.ld_acc;
     if (p.out.stride[3] == 1)  // (vectorised)
       for (std::int64_t c = 0; c < p.d_v; ++c) out_row[c] = T(empty ? 0.0f : acc_row[c] * inv_l);
     else
       for (std::int64_t c = 0; c < p.d_v; ++c) out_row[c * p.out.stride[3]] = T(empty ? 0.0f : acc_row[c] * inv_l);
-    w.m[r] = empty ? kMinusInf : w.m[r] + std::log(w.l[r]);
+    w.m[r] = empty ? kMinusInf : w.m[r] + std::log(w.l[r]);  // with a sink, a row of no key: the sink
     if (p.lse) p.lse[(b * p.h + head) * p.L + i0 + r] = w.m[r];
   }
 }

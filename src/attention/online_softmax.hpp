@@ -40,6 +40,19 @@ OnlineSoftmaxStep<A> online_softmax_step(A m, A block_max) {
   return {m_new, m_new == m ? A(1) : A(std::exp(m - m_new)), false};
 }
 
+// An attention sink (mha/score.hpp): one more logit of the row, `sink`, that brings no value. Folds it
+// into the row's state (m, l) and returns the factor acc is multiplied by, exp(m - m'): 0 when the row
+// had no weight, so acc stays 0 and the row's output 0. A NaN sink makes m and l NaN; a sink of -inf
+// is none (the state stays, factor 1); +inf gives l NaN, as a +inf logit does.
+template <class A>
+A fold_sink(A& m, A& l, A sink) {
+  const OnlineSoftmaxStep<A> step = online_softmax_step(m, sink);
+  if (step.no_weight) return A(1);
+  l = l * step.rescale + A(std::exp(sink - step.m_new));
+  m = step.m_new;
+  return step.rescale;
+}
+
 // The merge of one row's partial results over disjoint key sets (chunks of a sequence, ring steps):
 // partial c is (m_c, l_c, acc_c) as above, or a normalised (lse_c, 1, out_c). The merged state is
 // M = max_c m_c (NaN if any is), L = sum_c w_c l_c and acc = sum_c w_c acc_c with w_c = exp(m_c - M),
@@ -57,6 +70,12 @@ class LseMerge {
     const A w = m == M_ ? A(1) : A(std::exp(m - M_));
     L_ += w * l;
     for (std::int64_t e = 0; e < d_v; ++e) out[e] += w * acc[e];
+  }
+  // An attention sink (mha/score.hpp) as a partial with max `sink`, l = 1 and no value: adds its weight
+  // to L only. See its max first (see_max(sink)), as any partial's.
+  void add_sink(A sink) {
+    if (sink == kMinusInf) return;
+    L_ += sink == M_ ? A(1) : A(std::exp(sink - M_));
   }
   // out /= L; returns lse = M + log L. Call it only when some partial had weight (!no_weight()): what a
   // row without any is, the caller says (decode: 0 / 0, NaN, as its rows always see a key; the ring: a

@@ -50,6 +50,10 @@ struct AttentionInputs {
   std::int64_t window_left = -1, window_right = -1;
   const Acc* alibi_slopes = nullptr;  // [h] or null: ALiBi adds -slope[head] * |i' - j| to logit (i, j)
   Acc softcap = 0;                    // > 0: the scaled logit x becomes softcap * tanh(x / softcap), first
+  // [h] or null: attention sinks, one logit per query head in each row's softmax, with no value
+  // (online_softmax.hpp's fold_sink); the log-sum-exp includes it. Null in a part whose results are
+  // merged by the caller (partial_over_keys): the merge adds the sink once.
+  const Acc* sinks = nullptr;
 
   // Masks, each viewed as [B, h, L, S] through broadcast strides; null when absent.
   Strided4<const std::uint8_t> key_padding;   // nonzero = padded key (strides: b, 0, 0, s)

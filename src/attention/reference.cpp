@@ -4,10 +4,13 @@
 // For each (b, head, i), with k and v of key/value head head / (h / h_kv) (grouped-query attention):
 //   s_j = cap(scale * q_i . k_j) + added_ij        for keys j not forbidden (AttentionInputs::forbidden);
 //                                                  cap(x) = softcap tanh(x / softcap), or x without softcap
-//   m   = max_j s_j;  l = sum_j exp(s_j - m);  p_j = exp(s_j - m) / l;  lse = m + log(l)
+//   with an attention sink (sinks[head], no value), one more logit s_sink in m and l only:
+//   m   = max(max_j s_j, s_sink);  l = sum_j exp(s_j - m) + exp(s_sink - m);  p_j = exp(s_j - m) / l
+//   lse = m + log(l)
 //   p_j = dropout(p_j)                             (kept: p_j / (1 - dropout_p), dropped: 0)
 //   out_i = sum_j p_j v_j
-// A row with no allowed key has out_i = 0, p = 0, lse = -inf. Keys with p_j == 0 are not read.
+// A row with no allowed key has out_i = 0, p = 0, lse = -inf (with a sink: s_sink). Keys with p_j == 0 are
+// not read.
 #include "attention/reference.hpp"
 
 #include <omp.h>
@@ -64,6 +67,8 @@ void reference_attention_forward(const AttentionParams<T>& p) {
 
     for (std::int64_t c = 0; c < p.d_v; ++c) p.out(b, head, i, c) = 0;
     T* weights = p.weights ? p.weights + r * p.S : nullptr;
+    const T sink = p.sinks ? p.sinks[head] : kMinusInf;           // -inf: no sink
+    if (p.sinks && !(sink <= m)) m = sink;                        // NaN kept, as for a logit
     if (m == kMinusInf && has_allowed_key(p, b, head, i, p.S)) {  // allowed keys, all at -inf: 0 / 0
       if (p.partial_over_keys) {  // no weight in this part: lse -inf, the output NaN as a mark
         for (std::int64_t c = 0; c < p.d_v; ++c) p.out(b, head, i, c) = std::numeric_limits<T>::quiet_NaN();
@@ -80,7 +85,7 @@ void reference_attention_forward(const AttentionParams<T>& p) {
     }
 
     // Softmax, stable: subtract the row max before exponentiating.
-    T sum = 0;
+    T sum = sink == kMinusInf ? T(0) : std::exp(sink - m);
     for (std::int64_t j = 0; j < p.S; ++j) {
       s[j] = forbidden(j) ? T(0) : std::exp(s[j] - m);  // NaN everywhere allowed when m is NaN
       sum += s[j];

@@ -1,5 +1,8 @@
 // The public attention call: validate once, allocate the outputs, run the chosen kernel.
 #include "attention/attention_core.hpp"
+#include "attention/sinks.hpp"
+
+#include <vector>
 
 namespace mha {
 
@@ -23,6 +26,11 @@ AttentionGradients scaled_dot_product_attention_backward(const TensorView& dout,
                            Tensor::uninitialized(q.dtype(), v.shape())};
   detail::run_attention_backward(dout, q, k, v, out, lse, options, {grads.dq.data(), grads.dq.strides()},
                                  {grads.dk.data(), grads.dk.strides()}, {grads.dv.data(), grads.dv.strides()});
+  if (options.sinks) {
+    std::vector<double> dsinks(static_cast<std::size_t>(q.size(1)), 0.0);
+    detail::accumulate_sink_gradient(dout, out, lse, *options.sinks, dsinks);
+    grads.dsinks = detail::sink_gradient_tensor(dsinks, options.sinks->dtype());
+  }
   return grads;
 }
 

@@ -49,16 +49,16 @@ void check_arguments(const TensorView& q, const PagedKVCache& cache,
                  : options.key_padding_mask ? "key_padding_mask"
                                             : "key_lengths") +
                 ": not taken by decode (a sequence's keys are its cached positions: append only those it may see)");
-  try {  // scale, window, ALiBi slopes [h] and softcap, in the logit dtype, as the prefill kernels take them
+  try {  // scale, window, ALiBi slopes [h], sinks [h] and softcap, in the logit dtype, as the prefill kernels take them
     validate_score(options, c.dtype, n, h, q_len, /*S: only the masks, refused above, would read it*/ 1);
   } catch (const Error& e) {
     throw Error(where + e.what());
   }
 }
 
-// The slopes [h] (float32 or float64, any stride) in the compute type.
+// Per-head numbers [h] (ALiBi slopes, sinks; float32 or float64, any stride) in the compute type.
 template <class A>
-std::vector<A> slopes_of(const std::optional<TensorView>& slopes) {
+std::vector<A> per_head(const std::optional<TensorView>& slopes) {
   std::vector<A> out;
   if (!slopes) return out;
   for (std::int64_t head = 0; head < slopes->size(0); ++head) {
@@ -81,7 +81,8 @@ DecodeResult run(const TensorView& q, const PagedKVCache& cache, std::span<const
   for (int d = 0; d < 4; ++d) p.q_stride[d] = q.stride(d);
   p.scale = static_cast<A>(options.scale.value_or(1.0 / std::sqrt(static_cast<double>(p.d_k))));
   p.causal = options.causal, p.window_left = options.window_left, p.window_right = options.window_right;
-  p.alibi_slopes = slopes_of<A>(options.alibi_slopes);
+  p.alibi_slopes = per_head<A>(options.alibi_slopes);
+  p.sinks = per_head<A>(options.sinks);
   p.softcap = static_cast<A>(options.softcap);
   for (PagedKVCache::SequenceId id : sequences) {
     p.lengths.push_back(cache.length(id));

@@ -109,7 +109,8 @@ void run_decode(const DecodeParams<T, A>& p, DecodeMode mode, Chunk chunk) {
       const std::int64_t chunks = plan.group_first[static_cast<std::size_t>(k) + 1] - first;
       for (std::int64_t r = 0; r < R; ++r) {
         const std::int64_t head = item.first_head + r / p.q_len, i = r % p.q_len;
-        const A lse = merge_row(partials.get(), layout, first, chunks, r, p.d_v, row.data());
+        const A sink = p.sinks.empty() ? -std::numeric_limits<A>::infinity() : p.sinks[static_cast<std::size_t>(head)];
+        const A lse = merge_row(partials.get(), layout, first, chunks, r, sink, p.d_v, row.data());
         const std::int64_t at = (item.seq * p.q_len + i) * p.h + head;  // [n, Lq, h]
         for (std::int64_t e = 0; e < p.d_v; ++e) p.out[at * p.d_v + e] = T(row[static_cast<std::size_t>(e)]);
         if (p.lse) p.lse[at] = lse;

@@ -38,6 +38,7 @@ struct DecodeParams {
   std::int64_t window_left = -1, window_right = -1;  // i' - window_left <= t <= i' + window_right; -1 unbounded
   std::vector<A> alibi_slopes;                       // [h], or empty: logit (i, t) gets -slope[head] |i' - t|
   A softcap = 0;                                     // > 0: each scaled logit x becomes softcap tanh(x / softcap)
+  std::vector<A> sinks;  // [h], or empty: each row's sink logit, added once by the merge (split_kv.hpp)
   bool has_variants() const { return window_left >= 0 || !alibi_slopes.empty() || softcap > 0; }
 
   std::int64_t group_size() const { return h / h_kv; }

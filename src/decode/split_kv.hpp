@@ -97,14 +97,16 @@ struct SlotLayout {
   std::int64_t size() const { return (rows * ld + 2 * rows + 15) / 16 * 16; }
 };
 
-// Row r of a group: merges the partials of its chunks (the slots of items first .. first + chunks) into
-// out_row [d_v] and returns the row's lse. M = -inf means every visible logit was -inf: 0 / 0, NaN (as
-// the reference). A NaN anywhere makes M, and so the row, NaN.
+// Row r of a group: merges the partials of its chunks (the slots of items first .. first + chunks) and
+// the row's attention sink (`sink`, -inf for none: a partial of no value) into out_row [d_v] and returns
+// the row's lse. M = -inf means every visible logit was -inf and there is no sink: 0 / 0, NaN (as the
+// reference). A NaN anywhere makes M, and so the row, NaN.
 template <class A>
 A merge_row(const A* partials, const SlotLayout& layout, std::int64_t first, std::int64_t chunks, std::int64_t r,
-            std::int64_t d_v, A* out_row) {
+            A sink, std::int64_t d_v, A* out_row) {
   auto slot = [&](std::int64_t c) { return partials + (first + c) * layout.size(); };
   LseMerge<A> merge;  // online_softmax.hpp
+  merge.see_max(sink);
   for (std::int64_t c = 0; c < chunks; ++c) merge.see_max(slot(c)[layout.m_offset() + r]);
   if (merge.no_weight()) {  // every visible logit -inf: 0 / 0
     std::fill(out_row, out_row + d_v, std::numeric_limits<A>::quiet_NaN());
@@ -113,6 +115,7 @@ A merge_row(const A* partials, const SlotLayout& layout, std::int64_t first, std
   std::fill(out_row, out_row + d_v, A(0));
   for (std::int64_t c = 0; c < chunks; ++c)
     merge.add(slot(c)[layout.m_offset() + r], slot(c)[layout.l_offset() + r], slot(c) + r * layout.ld, d_v, out_row);
+  merge.add_sink(sink);
   return merge.finish(d_v, out_row);
 }
 

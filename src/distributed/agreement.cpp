@@ -1,6 +1,7 @@
 // The collective check of a ring call (agreement.hpp).
 #include "distributed/agreement.hpp"
 
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -58,6 +59,8 @@ std::string difference(const RankCall& a, const RankCall& b) {
       differs("dropout_seed", a.dropout_seed, b.dropout_seed),
       differs("key_lengths count", a.key_lengths_count, b.key_lengths_count),
       differs("key_lengths (a digest)", a.key_lengths_digest, b.key_lengths_digest),
+      named("sinks", given_text(a.has_sinks), given_text(b.has_sinks)),
+      differs("sinks (a digest)", a.sinks_digest, b.sinks_digest),
   };
   for (const std::string& c : checks)
     if (!c.empty()) return c;
@@ -158,6 +161,17 @@ void fill_call(RankCall& c, const TensorView& q, const TensorView& k, const Tens
   c.dropout_seed = o.dropout_seed;
   c.key_lengths_count = static_cast<std::int64_t>(o.key_lengths.size());
   c.key_lengths_digest = key_lengths_digest(o.key_lengths);
+  c.has_sinks = o.sinks.has_value();
+  if (o.sinks && o.sinks->rank() == 1 && (o.sinks->dtype() == DType::Float32 || o.sinks->dtype() == DType::Float64)) {
+    std::uint64_t digest = mha::detail::mix64(static_cast<std::uint64_t>(o.sinks->size(0)));
+    for (std::int64_t head = 0; head < o.sinks->size(0); ++head) {
+      const std::int64_t at = head * o.sinks->stride(0);
+      const double sink =
+          o.sinks->dtype() == DType::Float32 ? o.sinks->data_as<float>()[at] : o.sinks->data_as<double>()[at];
+      digest = mha::detail::mix64(digest ^ std::bit_cast<std::uint64_t>(sink));
+    }
+    c.sinks_digest = digest;
+  }
 }
 
 std::uint64_t key_lengths_digest(const std::vector<std::int64_t>& lengths) {

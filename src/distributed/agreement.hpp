@@ -24,6 +24,8 @@ struct RankCall {
   std::int64_t B = 0, h = 0, L_r = 0, S_r = 0, d_k = 0, d_v = 0;
   double scale = 0, dropout_p = 0;  // scale: NaN when the default
   std::uint64_t dropout_seed = 0, key_lengths_digest = 0;
+  std::int32_t has_sinks = 0;
+  std::uint64_t sinks_digest = 0;  // of the sinks' values, as float64 bits
   std::int64_t key_lengths_count = 0;
   char error[256] = {};  // this rank's own argument error, or empty
 };

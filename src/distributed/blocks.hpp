@@ -128,13 +128,29 @@ void merge_partial(Tensor& out, Tensor& lse, std::int64_t start, const Tensor& o
     }
 }
 
-// After the last merge: a row that no part gave weight (lse -inf) but that had allowed keys, all at
+// After the last merge: each row's attention sink (sinks [h], or empty) joins the row as a partial of no
+// value, once; then a row that no part nor sink gave weight (lse -inf) but that had allowed keys, all at
 // -inf, is 0 / 0, NaN in output and lse, as one call over every key gives it.
 template <class T>
-void finish_merged_rows(Tensor& out, Tensor& lse, const std::vector<std::uint8_t>& all_minus_inf) {
-  const std::int64_t d_v = out.size(3);
+void finish_merged_rows(Tensor& out, Tensor& lse, const std::vector<std::uint8_t>& all_minus_inf,
+                        const std::vector<T>& sinks) {
+  const std::int64_t h = out.size(1), L_r = out.size(2), d_v = out.size(3);
   T* o = out.data_as<T>();
   T* l = lse.data_as<T>();
+  std::vector<T> merged(static_cast<std::size_t>(d_v));
+  for (std::int64_t row = 0; row < lse.numel() && !sinks.empty(); ++row) {
+    const T sink = sinks[static_cast<std::size_t>(row / L_r % h)];
+    mha::detail::LseMerge<T> merge;
+    merge.see_max(l[row]);
+    merge.see_max(sink);
+    if (merge.no_weight()) continue;
+    T* o_row = o + row * d_v;
+    std::copy(o_row, o_row + d_v, merged.begin());
+    std::fill(o_row, o_row + d_v, T(0));
+    merge.add(l[row], T(1), merged.data(), d_v, o_row);  // no weight (and o_row stays 0) when l is -inf
+    merge.add_sink(sink);
+    l[row] = merge.finish(d_v, o_row);
+  }
   for (std::int64_t row = 0; row < lse.numel(); ++row)
     if (all_minus_inf[static_cast<std::size_t>(row)] && l[row] == -std::numeric_limits<T>::infinity()) {
       l[row] = std::numeric_limits<T>::quiet_NaN();

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "attention/attention_core.hpp"
+#include "attention/sinks.hpp"
 #include "distributed/agreement.hpp"
 #include "distributed/blocks.hpp"
 #include "dtype_dispatch.hpp"
@@ -62,7 +63,20 @@ AttentionOptions local_options(const RingOptions& o) {
   a.dropout_p = o.dropout_p;
   a.dropout_seed = o.dropout_seed;
   a.kernel = o.kernel;
+  a.sinks = o.sinks;
   return a;
+}
+
+// The sinks [h] in T, or empty.
+template <class T>
+std::vector<T> sinks_of(const RingOptions& o) {
+  std::vector<T> sinks;
+  for (std::int64_t head = 0; o.sinks && head < o.sinks->size(0); ++head) {
+    const std::int64_t at = head * o.sinks->stride(0);
+    sinks.push_back(static_cast<T>(o.sinks->dtype() == DType::Float32 ? o.sinks->data_as<float>()[at]
+                                                                      : o.sinks->data_as<double>()[at]));
+  }
+  return sinks;
 }
 
 // The dtypes the ring runs in (bfloat16 across ranks is not built yet).
@@ -177,8 +191,22 @@ RingResult forward(const TensorView& q, const TensorView& k, const TensorView& v
     transfer.wait();
     std::swap(current, next);
   }
-  detail::finish_merged_rows<T>(result.out, result.lse, all_minus_inf);
+  detail::finish_merged_rows<T>(result.out, result.lse, all_minus_inf, sinks_of<T>(o));
   return result;
+}
+
+// dsinks [h] in the sinks' dtype, the same on every rank: each rank's rows summed in float64
+// (sinks.hpp), the ranks' sums gathered and added in rank order.
+Tensor sink_gradients_over_ranks(const Ring& ring, const TensorView& dout, const TensorView& out, const TensorView& lse,
+                                 const TensorView& sinks) {
+  const std::size_t h = static_cast<std::size_t>(sinks.size(0));
+  std::vector<double> mine(h, 0.0), all(h * static_cast<std::size_t>(ring.size));
+  mha::detail::accumulate_sink_gradient(dout, out, lse, sinks, mine);
+  MPI_Allgather(mine.data(), static_cast<int>(h), MPI_DOUBLE, all.data(), static_cast<int>(h), MPI_DOUBLE, ring.comm);
+  std::vector<double> sum(h, 0.0);
+  for (int r = 0; r < ring.size; ++r)
+    for (std::size_t head = 0; head < h; ++head) sum[head] += all[static_cast<std::size_t>(r) * h + head];
+  return mha::detail::sink_gradient_tensor(sum, sinks.dtype());
 }
 
 template <class T>
@@ -253,6 +281,7 @@ AttentionGradients backward(const TensorView& dout, const TensorView& q, const T
   AttentionGradients g{std::move(dq), Tensor(dtype_of<T>(), {B, h, S_r, d_k}), Tensor(dtype_of<T>(), {B, h, S_r, d_v})};
   std::copy_n(gradients.data(), g.dk.numel(), g.dk.data_as<T>());
   std::copy_n(gradients.data() + g.dk.numel(), g.dv.numel(), g.dv.data_as<T>());
+  if (o.sinks) g.dsinks = sink_gradients_over_ranks(ring, dout, out, lse, *o.sinks);
   return g;
 }
 

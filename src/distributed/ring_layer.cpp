@@ -24,6 +24,7 @@ struct RingMultiHeadAttention::Saved {
   Tensor concat;             // the heads side by side [rows of query, vw]
   RingOptions options;
   Tensor padding;  // the key padding mask, copied (options point into it)
+  Tensor sinks;    // the layer's sinks parameter, copied (likewise)
   std::int64_t B = 0, L_r = 0, S_r = 0;
 };
 
@@ -182,6 +183,7 @@ MultiHeadAttentionGradients backward_typed(MultiHeadAttention& layer, MPI_Comm c
   mha::detail::project_backward<T>(heads_side_by_side<T>(core.dv, kv_rows), s.value, kv_rows, B, s.S_r, 0, w.v, vw,
                                    dw_v, db_q ? db_q + 2 * qk : nullptr, g.value);
   sum_over_ranks<T>(g.parameters, layer.parameter_names(), comm);
+  if (c.sinks) g.parameters["sinks"] = std::move(core.dsinks);  // summed over the ranks already (rank order)
   return g;
 }
 
@@ -192,6 +194,9 @@ RingMultiHeadAttention::RingMultiHeadAttention(MultiHeadAttention& layer, MPI_Co
   if (layer.config().dtype == DType::BFloat16)
     throw Error("RingMultiHeadAttention: the layer is bfloat16; the ring takes float32 or float64 layers (bfloat16 "
                 "across ranks is not built yet)");
+  if (layer.config().rotary_dim > 0)
+    throw Error("RingMultiHeadAttention: the layer has rotary_dim = " + std::to_string(layer.config().rotary_dim) +
+                "; rotary embeddings across ranks (at each shard's positions in the whole sequence) are not built yet");
   if (layer.config().num_kv_heads != layer.config().num_heads)
     throw Error("RingMultiHeadAttention: the layer has num_kv_heads = " + std::to_string(layer.config().num_kv_heads) +
                 " < num_heads = " + std::to_string(layer.config().num_heads) +
@@ -209,6 +214,7 @@ Tensor RingMultiHeadAttention::forward(const TensorView& query, const TensorView
   s->options.layout = layout_;
   s->options.key_lengths = inputs.key_lengths;
   s->options.kernel = layer_->kernel();
+  if (c.sinks) s->sinks = Tensor::copy_of(layer_->parameter("sinks")), s->options.sinks = s->sinks.view();
   if (layer_->training()) s->options.dropout_p = c.dropout, s->options.dropout_seed = inputs.dropout_seed;
   std::string error;
   try {

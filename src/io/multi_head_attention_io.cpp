@@ -36,6 +36,10 @@ std::map<std::string, std::string> config_metadata(const MultiHeadAttentionConfi
           {"bias", flag(c.bias)},
           {"add_bias_kv", flag(c.add_bias_kv)},
           {"add_zero_attn", flag(c.add_zero_attn)},
+          {"sinks", flag(c.sinks)},
+          {"rotary_dim", std::to_string(c.rotary_dim)},
+          {"rotary_base", to_string(c.rotary_base)},
+          {"rotary_interleaved", flag(c.rotary_interleaved)},
           {"batch_first", flag(c.batch_first)},
           {"dropout", to_string(c.dropout)},
           {"dtype", dtype_name(c.dtype)}};
@@ -110,6 +114,10 @@ MultiHeadAttentionConfig config_from_metadata(const std::map<std::string, std::s
   c.bias = m.flag("bias");
   c.add_bias_kv = m.flag("add_bias_kv");
   c.add_zero_attn = m.flag("add_zero_attn");
+  c.sinks = metadata.count("sinks") ? m.flag("sinks") : false;                // files written before sinks have none
+  c.rotary_dim = metadata.count("rotary_dim") ? m.integer("rotary_dim") : 0;  // likewise before rotary
+  c.rotary_base = metadata.count("rotary_base") ? m.real("rotary_base") : 10000.0;
+  c.rotary_interleaved = metadata.count("rotary_interleaved") ? m.flag("rotary_interleaved") : false;
   c.batch_first = m.flag("batch_first");
   c.dropout = m.real("dropout");
   c.dtype = m.dtype("dtype");

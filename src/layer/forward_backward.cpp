@@ -9,7 +9,9 @@
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
+#include "attention/sinks.hpp"
 #include "dtype_dispatch.hpp"
 #include "layer/attend.hpp"
 #include "layer/buffer_pool.hpp"
@@ -18,6 +20,7 @@
 #include "layer/inputs.hpp"
 #include "layer/masks.hpp"
 #include "layer/projections.hpp"
+#include "layer/rotary_heads.hpp"
 #include "layer/unseen_keys.hpp"
 #include "mha/error.hpp"
 #include "mha/multi_head_attention.hpp"
@@ -128,6 +131,14 @@ HeadViews head_views(const SavedForward& f, const MultiHeadAttentionConfig& c) {
   return v;
 }
 
+// The rotary embedding of the projected queries [rows of query, h*d_k] and keys [rows of key, h_kv*d_k]
+// (or, inverse, of their gradients): query i at position i + S - L, key j at j.
+void rotate_projections(const SavedForward& f, const MultiHeadAttentionConfig& c, bool inverse, Tensor& q, Tensor& k) {
+  const std::int64_t query_first[1] = {f.S - f.L}, key_first[1] = {0};
+  rotate_heads(heads_view(q, f.B, c.num_heads, f.L, c.d_k, f.q_rows), c, query_first, inverse);
+  rotate_heads(heads_view(k, f.B, c.num_kv_heads, f.S, c.d_k, f.kv_rows), c, key_first, inverse);
+}
+
 // The sizes of a forward's inputs, once they are checked.
 struct ForwardSizes {
   InputDims dims;
@@ -166,7 +177,7 @@ MultiHeadAttentionOutput MultiHeadAttention::forward(const TensorView& query, co
   const auto [dims, B, L, S] = check_forward_inputs(query, key, value, c);
 
   // ---- masks, in kernel terms [B, h, L, S'] ---------------------------------------------------
-  KernelMasks masks = kernel_masks(in, c, dims.batched, B, L, S);
+  KernelMasks masks = kernel_masks(in, c, dims.batched, B, L, S, c.sinks ? &parameter("sinks") : nullptr);
   AttentionOptions& o = masks.options;
   const std::int64_t extra = extra_positions(c), S2 = S + extra;
   o.need_weights = in.need_weights;
@@ -213,6 +224,7 @@ MultiHeadAttentionOutput MultiHeadAttention::forward(const TensorView& query, co
     project<T>(f.x_view[1], f.kv_input_rows, B, S, extra, w.k, kk, w.k_bias, f.k_proj);
     project<T>(f.x_view[2], f.kv_input_rows, B, S, extra, w.v, kv, w.v_bias, f.v_proj);
     if (extra) write_extra_positions<T>(*this, f.k_proj.data_as<T>(), f.v_proj.data_as<T>(), B, S2, S);
+    if (has_rotary(c)) rotate_projections(f, c, /*inverse=*/false, f.q_proj, f.k_proj);
     Tensor weights;
     attend_and_project_out<T>(head_views(f, c), o, w, f.gate, f.context, gated.data_as<T>(), result.out, weights,
                               f.lse);
@@ -243,6 +255,17 @@ void sum_over_batches(const Tensor& d_proj, std::int64_t B, std::int64_t S, std:
     for (std::int64_t b = 0; b < B; ++b) sum += d_proj.data_as<T>()[(b * S2 + S) * width + n];
     dbias[n] = T(sum);
   }
+}
+
+// The sinks parameter's gradient [h] (forward: one more logit, sinks[head], in each row's softmax;
+// attention/sinks.hpp), from the heads' dout and out and the forward's log-sum-exps.
+template <class T>
+void sink_parameter_gradient(const TensorView& dout_heads, const TensorView& out_heads, const SavedForward& f,
+                             T* dsinks) {
+  const TensorView& sinks = *f.masks.options.sinks;
+  std::vector<double> sums(static_cast<std::size_t>(sinks.size(0)), 0.0);
+  accumulate_sink_gradient(dout_heads, out_heads, f.lse.view(), sinks, sums);
+  for (std::size_t head = 0; head < sums.size(); ++head) dsinks[head] = T(sums[head]);
 }
 
 }  // namespace
@@ -296,6 +319,8 @@ MultiHeadAttentionGradients MultiHeadAttention::backward(const TensorView& dout)
     run_attention_backward(dcontext_heads, heads.q, heads.k, heads.v, heads.context, f.lse.view(), f.masks.options,
                            {dq_proj.data(), heads.q.strides()}, {dk_proj.data(), heads.k.strides()},
                            {dv_proj.data(), heads.v.strides()});
+    if (has_rotary(c)) rotate_projections(f, c, /*inverse=*/true, dq_proj, dk_proj);  // forward: q = R q_lin
+    if (c.sinks) sink_parameter_gradient(dcontext_heads, heads.context, f, grad("sinks"));
     if (c.add_bias_kv) {  // forward: k_proj[b, S] = bias_k, v_proj[b, S] = bias_v for every b
       sum_over_batches<T>(dk_proj, B, S, S2, kk, grad("bias_k"));
       sum_over_batches<T>(dv_proj, B, S, S2, kv, grad("bias_v"));

@@ -14,6 +14,7 @@
 #include "layer/inputs.hpp"
 #include "layer/masks.hpp"
 #include "layer/projections.hpp"
+#include "layer/rotary_heads.hpp"
 #include "mha/error.hpp"
 #include "mha/multi_head_attention.hpp"
 
@@ -66,6 +67,7 @@ KeyValueCache& KeyValueCache::operator=(KeyValueCache&& other) {
   num_heads_ = other.num_heads_, num_kv_heads_ = other.num_kv_heads_, d_k_ = other.d_k_, d_v_ = other.d_v_,
   dtype_ = other.dtype_;
   add_bias_kv_ = other.add_bias_kv_, add_zero_attn_ = other.add_zero_attn_;
+  rotary_dim_ = other.rotary_dim_, rotary_base_ = other.rotary_base_, rotary_interleaved_ = other.rotary_interleaved_;
   other.batch_ = other.length_ = other.capacity_ = 0;
   return *this;
 }
@@ -107,6 +109,12 @@ void MultiHeadAttention::check_cache_layer(const KeyValueCache& cache) const {
          ", but this layer has " +
          cache_signature(c.num_heads, c.num_kv_heads, c.d_k, c.d_v, c.dtype, c.add_bias_kv, c.add_zero_attn) +
          "; use one cache per layer");
+  if (cache.rotary_dim_ != c.rotary_dim ||
+      (c.rotary_dim > 0 && (cache.rotary_base_ != c.rotary_base || cache.rotary_interleaved_ != c.rotary_interleaved)))
+    fail("cache: filled by a layer with rotary_dim " + str(cache.rotary_dim_) + " (base " +
+         std::to_string(cache.rotary_base_) + (cache.rotary_interleaved_ ? ", interleaved" : "") +
+         "), but this layer has rotary_dim " + str(c.rotary_dim) + " (base " + std::to_string(c.rotary_base) +
+         (c.rotary_interleaved ? ", interleaved" : "") + "): its keys are stored rotated; use one cache per layer");
   if (c.add_bias_kv && cache.length_ > 0) {  // position `length` of batch 0 holds the appending layer's bias_k / bias_v
     const std::size_t elem = dtype_size(c.dtype);
     const std::size_t qk = static_cast<std::size_t>(c.num_kv_heads * c.d_k),
@@ -154,6 +162,8 @@ void MultiHeadAttention::append_to_cache(KeyValueCache& cache, const TensorView&
     cache.batch_ = B, cache.num_heads_ = h, cache.num_kv_heads_ = c.num_kv_heads, cache.d_k_ = c.d_k,
     cache.d_v_ = c.d_v, cache.dtype_ = c.dtype;
     cache.add_bias_kv_ = c.add_bias_kv, cache.add_zero_attn_ = c.add_zero_attn;
+    cache.rotary_dim_ = c.rotary_dim, cache.rotary_base_ = c.rotary_base,
+    cache.rotary_interleaved_ = c.rotary_interleaved;
   }
 
   // ---- project into rows [length, length + S_new) of every batch, then the extra positions -------
@@ -168,6 +178,12 @@ void MultiHeadAttention::append_to_cache(KeyValueCache& cache, const TensorView&
     T* values = cache.values_.data_as<T>();  // [B, capacity, h_kv*d_v]
     project_per_batch<T>(k_in, rows, B, S_new, w.k, qk, w.k_bias, keys + S0 * qk, cache.capacity_);
     project_per_batch<T>(v_in, rows, B, S_new, w.v, vw, w.v_bias, values + S0 * vw, cache.capacity_);
+    if (has_rotary(c)) {  // the new keys at their positions S0.., stored rotated
+      const std::int64_t first[1] = {S0};
+      rotate_heads(
+          TensorView(keys + S0 * qk, c.dtype, {B, c.num_kv_heads, S_new, c.d_k}, {cache.capacity_ * qk, c.d_k, qk, 1}),
+          c, first, /*inverse=*/false);
+    }
     write_extra_positions<T>(*this, keys, values, B, cache.capacity_, S1);
   };
   dispatch_floating(c.dtype, run);
@@ -195,7 +211,7 @@ MultiHeadAttentionOutput MultiHeadAttention::forward_cached(const TensorView& qu
          shape_str(query.shape()));
 
   // ---- masks over the cache's S positions, in kernel terms [B, h, L, S'] ----------------------
-  KernelMasks masks = kernel_masks(in, c, dims.batched, B, L, S);
+  KernelMasks masks = kernel_masks(in, c, dims.batched, B, L, S, c.sinks ? &parameter("sinks") : nullptr);
   AttentionOptions& o = masks.options;
   o.need_weights = in.need_weights;
   o.kernel = kernel_;  // evaluation mode: no dropout, no log-sum-exps
@@ -215,7 +231,9 @@ MultiHeadAttentionOutput MultiHeadAttention::forward_cached(const TensorView& qu
     const ProjectionWeights<T> w = projection_weights<T>(*this);
     project<T>(q_in, q_rows, B, L, 0, w.q, qk, w.q_bias, q_proj);
     HeadViews heads;
-    heads.q = heads_view(q_proj, B, h, L, c.d_k, q_rows);                           // [B, h, L, d_k]
+    heads.q = heads_view(q_proj, B, h, L, c.d_k, q_rows);  // [B, h, L, d_k]
+    const std::int64_t query_first[1] = {S - L};           // query i at i + S - L, as forward puts it
+    if (has_rotary(c)) rotate_heads(heads.q, c, query_first, /*inverse=*/false);
     heads.k = heads_view(cache.keys_, B, c.num_kv_heads, S2, c.d_k, cache_rows);    // [B, h_kv, S', d_k]
     heads.v = heads_view(cache.values_, B, c.num_kv_heads, S2, c.d_v, cache_rows);  // [B, h_kv, S', d_v]
     heads.context = heads_view(context, B, h, L, c.d_v, q_rows);                    // [B, h, L, d_v]

@@ -18,7 +18,7 @@ namespace mha::detail {
 void KernelMasks::own_views() {
   for (auto [view, storage] :
        {std::pair{&options.key_padding_mask, &key_padding_mask}, std::pair{&options.attn_mask, &attn_mask},
-        std::pair{&options.alibi_slopes, &alibi_slopes}}) {
+        std::pair{&options.alibi_slopes, &alibi_slopes}, std::pair{&options.sinks, &sinks}}) {
     if (*view && (*view)->data() != storage->data()) {
       *storage = Tensor::copy_of(**view);
       *view = storage->view();
@@ -95,7 +95,7 @@ void pad_masks_for_extra_keys(KernelMasks& m, std::int64_t B, std::int64_t h, st
 }  // namespace
 
 KernelMasks kernel_masks(const MultiHeadAttentionInputs& in, const MultiHeadAttentionConfig& c, bool batched,
-                         std::int64_t B, std::int64_t L, std::int64_t S) {
+                         std::int64_t B, std::int64_t L, std::int64_t S, const Tensor* sinks) {
   const std::int64_t h = c.num_heads;
   // Float masks are added to the logits, which a bfloat16 layer computes in float32: its masks are
   // kept (or made) float32, not rounded to bfloat16.
@@ -126,6 +126,12 @@ KernelMasks kernel_masks(const MultiHeadAttentionInputs& in, const MultiHeadAtte
     fail(std::string(in.alibi_slopes ? "alibi_slopes" : "window") +
          ": not available with add_bias_kv / add_zero_attn (the appended key positions have no place in the "
          "sequence)");
+  if (in.sinks)
+    fail("sinks: a layer's sinks are its parameter `sinks` (MultiHeadAttentionConfig::sinks = true), not an input");
+  if (sinks) {
+    masks.sinks = Tensor::copy_of(*sinks, mask_dtype);
+    o.sinks = masks.sinks.view();
+  }
   validate_score(o, c.dtype, B, h, L, S);  // scale, softcap and slopes in the layer's logit dtype
   if (const std::int64_t extra = extra_positions(c)) {
     dispatch_float32_or_float64(mask_dtype, [&]<class T>(T) { pad_masks_for_extra_keys<T>(masks, B, h, L, S, extra); });

@@ -13,7 +13,7 @@ namespace mha::detail {
 // The masks in kernel terms, owning any tensor built for them.
 struct KernelMasks {
   AttentionOptions options;
-  Tensor attn_mask, key_padding_mask, alibi_slopes;  // storage for masks built here
+  Tensor attn_mask, key_padding_mask, alibi_slopes, sinks;  // storage for masks built here
 
   // Points the options at copies owned here, so the masks outlive the caller's arrays.
   void own_views();
@@ -21,7 +21,9 @@ struct KernelMasks {
 
 // The user's masks over S keys in kernel terms, [B, h, L, S'] with S' = S + the extra positions:
 // validated, a float attn_mask of the other float dtype converted, padded for the extra positions.
+// sinks: the layer's sinks parameter [h] (config.sinks), or null; copied (in float32 for a bfloat16
+// layer, the dtype its logits are computed in) into the options.
 KernelMasks kernel_masks(const MultiHeadAttentionInputs& in, const MultiHeadAttentionConfig& c, bool batched,
-                         std::int64_t B, std::int64_t L, std::int64_t S);
+                         std::int64_t B, std::int64_t L, std::int64_t S, const Tensor* sinks);
 
 }  // namespace mha::detail

@@ -5,12 +5,14 @@
 // d_v per-head widths, P tokens per page.
 #include <set>
 #include <string>
+#include <vector>
 
 #include "attention/attention_core.hpp"
 #include "dtype_dispatch.hpp"
 #include "layer/inputs.hpp"
 #include "layer/linear.hpp"
 #include "layer/projections.hpp"
+#include "layer/rotary_heads.hpp"
 #include "mha/decode.hpp"
 #include "mha/error.hpp"
 #include "mha/multi_head_attention.hpp"
@@ -38,17 +40,20 @@ std::int64_t pages_needed(const PagedKVCache& cache, std::span<const PagedKVCach
   return pages;
 }
 
-// The decode's score from the inputs: their scale, window, ALiBi slopes and softcap, checked as
+// The decode's score from the inputs (their scale, window, ALiBi slopes, softcap) and the layer's sinks, checked as
 // decode_attention checks them (before anything is appended); masks, causal and head_gate are refused
 // (each sequence's queries attend causally to its own positions).
 DecodeOptions decode_score(const MultiHeadAttentionInputs& in, DType dtype, std::int64_t n, std::int64_t h,
-                           std::int64_t q_len) {
+                           std::int64_t q_len, const Tensor* sinks) {
   if (in.key_padding_mask || in.attn_mask || !in.key_lengths.empty() || in.causal || in.head_gate)
     fail("inputs: forward_paged takes no masks, causal or head_gate (each sequence's queries attend causally to "
          "its own positions); leave them at their defaults");
   DecodeOptions o;
   o.scale = in.scale, o.window_left = in.window_left, o.window_right = in.window_right;
   o.alibi_slopes = in.alibi_slopes, o.softcap = in.softcap;
+  if (in.sinks)
+    fail("sinks: a layer's sinks are its parameter `sinks` (MultiHeadAttentionConfig::sinks = true), not an input");
+  if (sinks) o.sinks = sinks->view();  // float32 for a bfloat16 layer (the caller's copy)
   detail::validate_score(o, dtype, n, h, q_len, 1);
   return o;
 }
@@ -78,7 +83,9 @@ MultiHeadAttentionOutput MultiHeadAttention::forward_paged(const TensorView& que
   detail::check_dtype(query, "query", c.dtype);
   if (c.add_bias_kv || c.add_zero_attn) fail("forward_paged: not available with add_bias_kv / add_zero_attn");
   const std::int64_t n = query.size(0), q_len = query.size(1);
-  const DecodeOptions score = decode_score(inputs, c.dtype, n, c.num_heads, q_len);
+  const Tensor sinks =
+      c.sinks ? Tensor::copy_of(parameter("sinks"), c.dtype == DType::BFloat16 ? DType::Float32 : c.dtype) : Tensor();
+  const DecodeOptions score = decode_score(inputs, c.dtype, n, c.num_heads, q_len, c.sinks ? &sinks : nullptr);
   if (static_cast<std::int64_t>(sequences.size()) != n)
     fail("sequences: expected n = " + str(n) + " ids, one per row of query " + shape_str(query.shape()) + ", got " +
          str(static_cast<std::int64_t>(sequences.size())));
@@ -112,6 +119,16 @@ MultiHeadAttentionOutput MultiHeadAttention::forward_paged(const TensorView& que
     detail::linear_forward(xp, E, rows, E, w.q, qk, w.q_bias, q_proj.data_as<T>(), qk);
     detail::linear_forward(xp, E, rows, E, w.k, kk, w.k_bias, keys.data_as<T>(), kk);
     detail::linear_forward(xp, E, rows, E, w.v, kv, w.v_bias, values.data_as<T>(), kv);
+    if (detail::has_rotary(c)) {  // each sequence's new queries and keys at its positions length..
+      std::vector<std::int64_t> first;
+      for (PagedKVCache::SequenceId s : sequences) first.push_back(cache.length(s));
+      detail::rotate_heads(
+          TensorView(q_proj.data(), c.dtype, {n, c.num_heads, q_len, c.d_k}, {q_len * qk, c.d_k, qk, 1}), c, first,
+          /*inverse=*/false);
+      detail::rotate_heads(
+          TensorView(keys.data(), c.dtype, {n, c.num_kv_heads, q_len, c.d_k}, {q_len * kk, c.d_k, kk, 1}), c, first,
+          /*inverse=*/false);
+    }
     for (std::int64_t s = 0; s < n; ++s) {  // sequence s's q_len rows: keys [q_len, h_kv, d_k], values likewise
       const std::int64_t first = s * q_len;
       cache.append(sequences[static_cast<std::size_t>(s)],

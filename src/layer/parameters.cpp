@@ -49,6 +49,21 @@ void check_parameter_sizes(const MultiHeadAttentionConfig& c) {
   size_product(vw, c.vdim, "num_heads * d_v * vdim", "v_proj_weight");
 }
 
+// The rotary embedding's settings (rotary_heads.hpp): refused by name, with the reason.
+void check_rotary(const MultiHeadAttentionConfig& c) {
+  if (c.rotary_dim < 0 || c.rotary_dim % 2 != 0 || c.rotary_dim > c.d_k)
+    fail("rotary_dim: expected 0 (none) or an even number of components in [2, d_k = " + str(c.d_k) + "], got " +
+         str(c.rotary_dim));
+  if (c.rotary_dim == 0) return;
+  const double largest_inv_freq = std::pow(c.rotary_base, -(c.rotary_dim - 2.0) / static_cast<double>(c.rotary_dim));
+  if (!(std::isfinite(c.rotary_base) && c.rotary_base > 0 && std::isfinite(largest_inv_freq)))
+    fail("rotary_base: expected a finite base > 0 whose frequencies base^(-2i / rotary_dim) are finite, got " +
+         std::to_string(c.rotary_base));
+  if (c.add_bias_kv || c.add_zero_attn)
+    fail(std::string("rotary_dim: not available with ") + (c.add_bias_kv ? "add_bias_kv" : "add_zero_attn") +
+         " (the appended key positions have no place in the sequence)");
+}
+
 MultiHeadAttentionConfig resolve(MultiHeadAttentionConfig c) {
   if (c.num_heads <= 0) fail("num_heads: expected a positive number of heads, got " + str(c.num_heads));
   if (c.d_model <= 0) fail("d_model: expected a positive width, got " + str(c.d_model));
@@ -73,6 +88,7 @@ MultiHeadAttentionConfig resolve(MultiHeadAttentionConfig c) {
   check_parameter_sizes(c);
   if (!(c.dropout >= 0.0 && c.dropout < 1.0))
     fail("dropout: expected a probability in [0, 1), got " + std::to_string(c.dropout));
+  check_rotary(c);
   if (!detail::is_floating(c.dtype))
     fail(std::string("dtype: expected ") + detail::floating_dtype_names() + ", got " + dtype_name(c.dtype));
   return c;
@@ -122,7 +138,8 @@ MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionConfig& config, s
   // nn.Linear's kaiming_uniform_(a = sqrt(5)) reduces to U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
   const double out_bound = 1.0 / std::sqrt(static_cast<double>(vw));
   fill(add("out_proj.weight", {E, vw}), [&] { return rng.uniform(-out_bound, out_bound); });
-  if (c.bias) add("out_proj.bias", {E});  // zeros, as PyTorch's _reset_parameters sets it
+  if (c.bias) add("out_proj.bias", {E});     // zeros, as PyTorch's _reset_parameters sets it
+  if (c.sinks) add("sinks", {c.num_heads});  // zeros: each sink starts as a logit of 0
 }
 
 bool MultiHeadAttention::packed_in_proj() const {
@@ -133,7 +150,7 @@ bool MultiHeadAttention::packed_in_proj() const {
 std::vector<std::string> MultiHeadAttention::parameter_names() const {
   std::vector<std::string> names;
   for (const char* name : {"in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias",
-                           "bias_k", "bias_v", "out_proj.weight", "out_proj.bias"})
+                           "bias_k", "bias_v", "out_proj.weight", "out_proj.bias", "sinks"})
     if (parameters_.count(name)) names.emplace_back(name);
   return names;
 }

@@ -46,7 +46,8 @@ def one_case(seed):
     padding = rng.random((B, S)) < 0.3 if rng.integers(3) == 0 else None
     lengths = [int(n) for n in rng.integers(0, S + 1, B)] if rng.integers(3) == 0 else None
     dropout = 0.25 if rng.integers(4) == 0 else 0.0
-    options = dict(key_padding_mask=padding, key_lengths=lengths, dropout_p=dropout, dropout_seed=seed)
+    sinks = (rng.standard_normal(h) * 2).astype(dtype) if rng.integers(3) == 0 else None
+    options = dict(key_padding_mask=padding, key_lengths=lengths, dropout_p=dropout, dropout_seed=seed, sinks=sinks)
 
     def single(x, kernel):
         out, lse = mha.scaled_dot_product_attention(*x[:3], is_causal=causal, need_lse=True, kernel=kernel, **options)
@@ -65,16 +66,21 @@ def one_case(seed):
                         key_padding_mask=None if padding is None else dist.shard_sequence(padding, 1, P, rank, layout))
     out_r, lse_r = dist.ring_attention(q_r, k_r, v_r, comm, **ring_options)
     grads_r = dist.ring_attention_backward(dout_r, q_r, k_r, v_r, out_r, lse_r, comm, **ring_options)
-    for name, got, want, single_one in zip(("out", "lse", "dq", "dk", "dv"), (out_r, lse_r) + tuple(grads_r), ref, one):
-        want_r = dist.shard_sequence(want, 2, P, rank, layout)
+    names = ("out", "lse", "dq", "dk", "dv", "dsinks")  # dsinks [h], with sinks: the whole sequence's on every rank
+    for name, got, want, single_one in zip(names, (out_r, lse_r) + tuple(grads_r), ref, one):
+        if name == "dsinks":
+            assert comm.allgather(got.tobytes()) == [got.tobytes()] * P, "ranks got different dsinks"
+        whole = name == "dsinks"
+        want_r = want if whole else dist.shard_sequence(want, 2, P, rank, layout)
+        single_r = single_one if whole else dist.shard_sequence(single_one, 2, P, rank, layout)
         error, magnitude = max_error(got, want_r)
         if dtype == np.float64:
             allowed = 1e-12 * magnitude
         else:
-            allowed = 4 * max_error(dist.shard_sequence(single_one, 2, P, rank, layout), want_r)[0] + 1e-5 * magnitude
+            allowed = 4 * max_error(single_r, want_r)[0] + 1e-5 * magnitude
         assert error <= allowed, (f"seed {seed} rank {rank}/{P}: {name} error {error} > {allowed} "
                                   f"(B {B} h {h} L {L} S {S} d {d_k},{d_v} causal {causal} {layout} {dtype.__name__} "
-                                  f"padding {padding is not None} lengths {lengths} dropout {dropout})")
+                                  f"padding {padding is not None} lengths {lengths} dropout {dropout} sinks {sinks})")
 
 
 def minus_inf_keys_case(seed):
@@ -141,13 +147,15 @@ def mismatch_messages():
                 error_of(lambda: dist.ring_attention(x, x, x, comm, layout="contiguous" if rank == 1 else "zigzag")),
                 error_of(lambda: dist.ring_attention(x, x, x, comm, kernel="reference" if rank == 1 else "flash")),
                 error_of(lambda: dist.ring_attention(short, x, x, comm)),  # the queries short
-                error_of(lambda: dist.ring_attention(short, short, short, comm))]  # as if cut from 17 rows
+                error_of(lambda: dist.ring_attention(short, short, short, comm)),  # as if cut from 17 rows
+                error_of(lambda: dist.ring_attention(x, x, x, comm, sinks=np.array([0.5, float(rank == 1)])))]
     assert comm.allgather(messages) == [messages] * P, "ranks raised different errors"
     expected = ["ring_attention: rank 1: differs from rank 0 in dtype float64, rank 0 float32",
                 "ring_attention: rank 1: differs from rank 0 in layout contiguous, rank 0 zigzag",
                 "ring_attention: rank 1: differs from rank 0 in kernel reference, rank 0 flash",
                 "ring_attention: rank 1: holds 7 query and 10 key rows" if P == 2 else "ring_attention: rank 1: holds",
-                "ring_attention: rank 1: holds"]
+                "ring_attention: rank 1: holds",
+                "ring_attention: rank 1: differs from rank 0 in sinks (a digest)"]
     for message, start in zip(messages, expected):
         assert message is not None and message.startswith(start), (start, message)
     full = np.arange(40.0).reshape(2, 20)

@@ -339,3 +339,19 @@ def test_sdpa_backward_unbatched_and_errors():
         mha.scaled_dot_product_attention_backward(dout[:, :2], q, k, v, out, lse)
     with pytest.raises(ValueError, match="^lse"):
         mha.scaled_dot_product_attention_backward(dout, q, k, v, out, lse[:, :2])
+
+
+@pytest.mark.parametrize("L,S", [(0, 0), (0, 3), (3, 0)])
+@pytest.mark.parametrize("kernel", ["flash", "reference"])
+@pytest.mark.parametrize("bfloat16", [False, True])
+def test_the_backward_of_empty_queries_or_keys_is_zero_not_a_crash(L, S, kernel, bfloat16):
+    """L = 0 or S = 0 (an empty sequence of a packed batch, say): every gradient is 0. The fused kernel
+    once aborted the process here (its workspace allocator asserts on a size of 0)."""
+    q, k = np.ones((2, 3, L, 4), np.float32), np.ones((2, 3, S, 4), np.float32)
+    if bfloat16:
+        q, k = mha.to_bfloat16(q), mha.to_bfloat16(k)
+    out, lse = mha.scaled_dot_product_attention(q, k, k, need_lse=True, kernel=kernel)
+    grads = mha.scaled_dot_product_attention_backward(out, q, k, k, out, lse, kernel=kernel)
+    for g, like in zip(grads, (q, k, k)):
+        g = mha.from_bfloat16(g) if bfloat16 else g
+        assert g.shape == like.shape and np.all(g == 0)

@@ -13,11 +13,12 @@ import mha
 from mha_reference import round_to_bfloat16
 
 
-def reference(q, keys, values, scale=None, dtype=np.float64, causal=True, window=None, alibi=None, softcap=0.0):
+def reference(q, keys, values, scale=None, dtype=np.float64, causal=True, window=None, alibi=None, softcap=0.0,
+              sinks=None):
     """q [n, q_len, h, d_k]; keys[s] [T, h_kv, d_k], values[s] [T, h_kv, d_v]: query i of sequence s, at
     position i' = T - q_len + i, sees positions <= i' (causal; else all T), within [i' - left, i' + right]
     for a window (-1: unbounded); logits softcap tanh(x / softcap), then - slope |i' - t|; query head i
-    reads kv head i // (h // h_kv)."""
+    reads kv head i // (h // h_kv); a sink [h] is one more logit of the row with no value."""
     n, q_len, h, d_k = q.shape
     h_kv, d_v = keys[0].shape[1], values[0].shape[2]
     scale = 1.0 / np.sqrt(d_k) if scale is None else scale
@@ -41,8 +42,11 @@ def reference(q, keys, values, scale=None, dtype=np.float64, causal=True, window
                     logits = dtype(softcap) * np.tanh(logits / dtype(softcap))
                 if alibi is not None:
                     logits = logits - dtype(alibi[head]) * np.abs(position - t[seen]).astype(dtype)
+                if sinks is not None:
+                    logits = np.append(logits, dtype(sinks[head]))
                 p = np.exp(logits - logits.max())
-                out[s, i, head] = (p @ v[seen, kv]) / p.sum()
+                values_seen = v[seen, kv]
+                out[s, i, head] = (p[:len(values_seen)] @ values_seen) / p.sum()
     return out
 
 
@@ -118,9 +122,10 @@ def test_decode_matches_a_float64_reference(batch):
     "causal": st.booleans(),
     "window": st.none() | st.tuples(st.integers(-1, 40), st.integers(-1, 6)),
     "alibi": st.none() | st.just("slopes"),
-    "softcap": st.sampled_from([0.0, 0.5, 3.0, 50.0])}))
+    "softcap": st.sampled_from([0.0, 0.5, 3.0, 50.0]),
+    "sinks": st.none() | st.sampled_from([0.5, 4.0])}))
 def test_decode_with_every_variant_matches_a_float64_reference(batch, variants):
-    """Window, ALiBi, softcap and causal or not, alone and together, over the sequences' own positions
+    """Window, ALiBi, softcap, sinks and causal or not, alone and together, over the sequences' own positions
     (issue 31's decode variants), against the reference above; chunks wholly before every window are
     skipped by the kernel, which the long sequences and small windows here exercise."""
     h, h_kv, d_k, d_v, page_size, lengths, q_len, fork, dtype, seed = batch
@@ -142,14 +147,17 @@ def test_decode_with_every_variant_matches_a_float64_reference(batch, variants):
     slopes = rng.uniform(0, 0.5, h).astype(np.float32) if variants["alibi"] else None
     if window is not None and not causal:  # every query must see at least one position: its own
         window = (max(window[0], 0), max(window[1], 0))
-    got = mha.decode_attention(q, cache, ids, is_causal=causal, window=window, alibi_slopes=slopes, softcap=softcap)
-    check(got, q, keys, values, dtype, causal=causal, window=window, alibi=slopes, softcap=softcap)
+    sinks = None if variants["sinks"] is None else (rng.standard_normal(h) * variants["sinks"]).astype(np.float32)
+    got = mha.decode_attention(q, cache, ids, is_causal=causal, window=window, alibi_slopes=slopes, softcap=softcap,
+                               sinks=sinks)
+    check(got, q, keys, values, dtype, causal=causal, window=window, alibi=slopes, softcap=softcap, sinks=sinks)
 
 
 def test_decode_variants_are_bitwise_the_same_for_one_and_two_threads_and_refuse_masks():
     cache, ids, rng = small_cache()
     q = rng.standard_normal((3, 2, 4, 8)).astype(np.float32)
-    options = dict(window=(7, 0), alibi_slopes=np.array([0.1, 0.2, 0.3, 0.4], np.float32), softcap=5.0)
+    options = dict(window=(7, 0), alibi_slopes=np.array([0.1, 0.2, 0.3, 0.4], np.float32), softcap=5.0,
+                   sinks=np.array([0.5, -1.0, 2.0, 0.0], np.float32))
     saved = mha.num_threads()
     try:
         mha.set_num_threads(1)
@@ -165,6 +173,8 @@ def test_decode_variants_are_bitwise_the_same_for_one_and_two_threads_and_refuse
         mha.decode_attention(q, cache, ids, window=(-2, 0))
     with pytest.raises(mha.Error, match=r"decode_attention: softcap"):
         mha.decode_attention(q, cache, ids, softcap=1e39)
+    with pytest.raises(mha.Error, match=r"decode_attention: sinks: expected one logit per query head"):
+        mha.decode_attention(q, cache, ids, sinks=np.ones(3, np.float32))
 
 
 def small_cache(dtype="float32", page_size=4):

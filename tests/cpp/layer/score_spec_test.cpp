@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "mha/error.hpp"
@@ -43,28 +44,60 @@ TEST(ScoreSpec, TheLayersScaleEqualsQueryWeightsScaledByTheSameFactor) {
 
 TEST(ScoreSpec, ForwardPagedStepByStepEqualsOneCausalForwardWithTheSameScore) {
   // The score's variants reach decode through forward_paged: token t decoded alone equals row t of a
-  // causal forward over the whole sequence with the same scale, window, ALiBi slopes and softcap.
-  const std::int64_t E = 8, h = 2, T = 23;
-  MultiHeadAttention layer({.d_model = E, .num_heads = h, .batch_first = true, .dtype = DType::Float64}, 5);
-  std::vector<double> x(static_cast<std::size_t>(T * E)), slopes = {0.25, 0.0625};
-  for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::sin(1.3 * static_cast<double>(i));
-  mha::MultiHeadAttentionInputs score;
-  score.scale = 0.8, score.window_left = 5, score.softcap = 2.0;
-  score.alibi_slopes = mha::TensorView(slopes, {h});
-  mha::MultiHeadAttentionInputs whole = score;
-  whole.causal = true;
-  const Tensor full =
-      layer.forward(mha::TensorView(x, {1, T, E}), mha::TensorView(x, {1, T, E}), mha::TensorView(x, {1, T, E}), whole)
-          .out;  // [1, T, E]
-  mha::PagedKVCache cache(layer.paged_cache_config(4, T));
-  const std::vector<mha::PagedKVCache::SequenceId> ids = {cache.add_sequence()};
-  for (std::int64_t t = 0; t < T; ++t) {
-    const Tensor step =
-        layer.forward_paged(mha::TensorView(std::span<const double>(x).subspan(t * E, E), {1, 1, E}), cache, ids, score)
-            .out;
-    for (std::int64_t e = 0; e < E; ++e)
-      EXPECT_NEAR(step.data_as<double>()[e], full.data_as<double>()[t * E + e], 1e-12) << "t " << t << " e " << e;
+  // causal forward over the whole sequence with the same scale, window, ALiBi slopes and softcap, and
+  // the layer's attention sinks when it has them.
+  // and its rotary embedding (keys stored rotated, each new position at its index).
+  for (const int variant : {0, 1, 2, 3}) {
+    const bool sinks = variant == 1 || variant == 3;
+    const std::int64_t E = 8, h = 2, T = 23, rotary_dim = variant >= 2 ? 4 : 0;
+    MultiHeadAttention layer({.d_model = E,
+                              .num_heads = h,
+                              .sinks = sinks,
+                              .rotary_dim = rotary_dim,
+                              .rotary_interleaved = variant == 3,
+                              .batch_first = true,
+                              .dtype = DType::Float64},
+                             5);
+    std::vector<double> sink_values = {1.5, -0.5};
+    if (sinks) layer.set_parameter("sinks", mha::TensorView(sink_values, {h}));
+    std::vector<double> x(static_cast<std::size_t>(T * E)), slopes = {0.25, 0.0625};
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::sin(1.3 * static_cast<double>(i));
+    mha::MultiHeadAttentionInputs score;
+    score.scale = 0.8, score.window_left = 5, score.softcap = 2.0;
+    score.alibi_slopes = mha::TensorView(slopes, {h});
+    mha::MultiHeadAttentionInputs whole = score;
+    whole.causal = true;
+    const Tensor full =
+        layer
+            .forward(mha::TensorView(x, {1, T, E}), mha::TensorView(x, {1, T, E}), mha::TensorView(x, {1, T, E}), whole)
+            .out;  // [1, T, E]
+    mha::PagedKVCache cache(layer.paged_cache_config(4, T));
+    const std::vector<mha::PagedKVCache::SequenceId> ids = {cache.add_sequence()};
+    for (std::int64_t t = 0; t < T; ++t) {
+      const Tensor step = layer
+                              .forward_paged(mha::TensorView(std::span<const double>(x).subspan(t * E, E), {1, 1, E}),
+                                             cache, ids, score)
+                              .out;
+      for (std::int64_t e = 0; e < E; ++e)
+        EXPECT_NEAR(step.data_as<double>()[e], full.data_as<double>()[t * E + e], 1e-12)
+            << "variant " << variant << " t " << t << " e " << e;
+    }
   }
+}
+
+TEST(ScoreSpec, ALayersSinksAreItsParameterNotAnInput) {
+  MultiHeadAttention layer({.d_model = 4, .num_heads = 2, .sinks = true}, /*seed=*/1);
+  std::vector<float> x(8, 0.5f), sinks = {0.0f, 1.0f};
+  const mha::TensorView query(x, {2, 4});
+  mha::MultiHeadAttentionInputs in;
+  in.sinks = mha::TensorView(sinks, {2});
+  try {
+    layer.forward(query, query, query, in);
+    FAIL() << "inputs.sinks was taken";
+  } catch (const mha::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sinks: a layer's sinks are its parameter"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(layer.parameter("sinks").shape(), (mha::Shape{2}));
 }
 
 TEST(ScoreSpec, ScoresOutsideTheLogitDtypeAndMasksAreRefusedBeforeForwardPagedAppends) {

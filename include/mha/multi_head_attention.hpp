@@ -106,6 +106,16 @@ struct MultiHeadAttentionInputs : ScoreSpec {
   /// backward() then also returns dLoss/dg) and forward_cached(). Not given: no extra work; a gate of
   /// ones gives bitwise the results of no gate.
   std::optional<TensorView> head_gate{};
+  /// Packed sequences (FlashAttention's varlen layout, mha/varlen.hpp): unbatched query [L_total, E] and
+  /// key / value [S_total, *] holding n sequences one after another; cu_seqlens [n + 1] (prefix sums from
+  /// 0 to L_total) says where each sequence's queries start, cu_seqlens_k where its keys start (empty:
+  /// cu_seqlens again, self-attention). Sequence i attends only to its own keys, causal and window
+  /// bottom-right aligned within it, and rotary positions count from 0 in each sequence; nothing is
+  /// padded. forward and backward only (not forward_cached / forward_paged); masks over a [B, S] batch,
+  /// add_bias_kv and add_zero_attn are refused; no weights are returned (need_weights is ignored: a
+  /// packed batch's weights have no [L, S] layout).
+  std::vector<std::int64_t> cu_seqlens{};
+  std::vector<std::int64_t> cu_seqlens_k{};  ///< see cu_seqlens
 };
 
 struct MultiHeadAttentionOutput {

@@ -195,6 +195,12 @@ def _refuse_autograd_tensors(**arrays):
                         "or pass tensor.detach() when no gradient is wanted")
 
 
+def _offsets(offsets):
+    """Packed sequences' offsets as a list (a 1-D integer array or a sequence); _core refuses the rest by name."""
+    array = np.asarray(_numpy_of(offsets))
+    return array.tolist() if array.ndim == 1 and array.dtype.kind in "iu" else offsets
+
+
 def _variants(window, alibi_slopes, softcap, sinks=None):
     """Keyword arguments for the attention variants: window=(left, right) with -1 for an unbounded
     side, alibi_slopes [h] and sinks [h] (float32 / float64), softcap (None or 0: none). _core
@@ -610,7 +616,7 @@ class MultiheadAttention:
     # ---- forward -------------------------------------------------------------------------------
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True, is_causal=False, *, key_lengths=None, head_gate=None, window=None,
-                alibi_slopes=None, softcap=0.0):
+                alibi_slopes=None, softcap=0.0, cu_seqlens=None, cu_seqlens_k=None):
         """Multi-head attention of query over key/value; returns (out, weights or None).
 
         Args:
@@ -638,6 +644,13 @@ class MultiheadAttention:
                 (not with add_bias_kv / add_zero_attn, except softcap; softcap None or 0: none).
                 softcap and each slope must be 0 or a normal number of the layer's logit dtype
                 (float32 for float32 and bfloat16 layers, float64 for float64), else mha.Error.
+            cu_seqlens, cu_seqlens_k: packed sequences (FlashAttention's varlen layout, see
+                varlen_attention): unbatched query [L_total, E] and key / value [S_total, *] holding n
+                sequences one after another, cu_seqlens [n + 1] the prefix sums of their query lengths
+                (from 0 to L_total), cu_seqlens_k those of their key lengths (None: cu_seqlens again,
+                self-attention). Each sequence attends only to its own keys (causal and window within
+                it; rotary positions count from 0 in each); nothing is padded. No masks, no weights
+                (None is returned for them), not with add_bias_kv / add_zero_attn.
 
         Returns:
             (out like query, weights or None); unbatched input gives weights [L, S'] or [h, L, S'].
@@ -655,6 +668,8 @@ class MultiheadAttention:
             head_gate=None if head_gate is None else _as_array(head_gate),
             key_lengths=_key_lengths(key_lengths), is_causal=bool(is_causal),
             need_weights=bool(need_weights), average_attn_weights=bool(average_attn_weights),
+            cu_seqlens=None if cu_seqlens is None else _offsets(cu_seqlens),
+            cu_seqlens_k=None if cu_seqlens_k is None else _offsets(cu_seqlens_k),
             **_variants(window, alibi_slopes, softcap))
 
     # ---- incremental decoding --------------------------------------------------------------------

@@ -21,12 +21,53 @@
 
 #include "attention/attention_core.hpp"
 #include "attention/sinks.hpp"
+#include "attention/varlen_checks.hpp"
 #include "dtype_dispatch.hpp"
 #include "mha/error.hpp"
 
 namespace mha {
 
+namespace detail {
+
+// `cu` ([n + 1]) checked to be prefix sums over the `total` rows of `rows` ("q's rows").
+void validate_offsets(const CuSeqlens& cu, const char* name, std::int64_t total, const char* total_name,
+                      const char* rows) {
+  const std::string at = std::string(name) + "[";
+  if (cu.size() < 1) throw Error(std::string(name) + ": expected [n + 1] offsets (n >= 0 sequences), got none");
+  if (cu[0] != 0)
+    throw Error(std::string(name) + ": expected prefix sums starting at 0, got " + at +
+                "0] = " + std::to_string(cu[0]));
+  for (std::int64_t i = 1; i < cu.size(); ++i)
+    if (cu[i] < cu[i - 1])
+      throw Error(std::string(name) + ": expected non-decreasing prefix sums, got " + at + std::to_string(i) + "] = " +
+                  std::to_string(cu[i]) + " after " + at + std::to_string(i - 1) + "] = " + std::to_string(cu[i - 1]));
+  const std::int64_t last = cu.size() - 1;
+  if (cu[last] != total)
+    throw Error(std::string(name) + ": expected prefix sums ending at " + total_name + " = " + std::to_string(total) +
+                " (" + rows + "), got " + at + std::to_string(last) + "] = " + std::to_string(cu[last]));
+}
+
+// What a packed batch cannot take: arguments laid out over a [B, S] or [L, S] batch, and the weights.
+void refuse_batch_options(const AttentionOptions& o) {
+  const char* why = ": not taken by varlen_attention: a packed batch has no [B, S] batch to lay it over";
+  if (o.attn_mask)
+    throw Error(std::string("attn_mask") + why +
+                " (each sequence's keys are its own; causal and window mask within a sequence)");
+  if (o.key_padding_mask)
+    throw Error(std::string("key_padding_mask") + why +
+                " (pack only the real keys: cu_seqlens_k says where each ends)");
+  if (!o.key_lengths.empty())
+    throw Error(std::string("key_lengths") + why + " (the key lengths are cu_seqlens_k's differences)");
+  if (o.need_weights)
+    throw Error("need_weights: not taken by varlen_attention: a packed batch's weights have no [B, h, L, S] layout");
+}
+
+}  // namespace detail
+
 namespace {
+
+using detail::refuse_batch_options;
+using detail::validate_offsets;
 
 [[noreturn]] void fail(const std::string& message) { throw Error(message); }
 
@@ -39,37 +80,6 @@ void expect_rank3(const TensorView& t, const char* name, const char* layout) {
   if (t.rank() != 3)
     fail(std::string(name) + ": expected rank 3 " + layout + " (packed sequences), got rank " +
          std::to_string(t.rank()) + " " + shape_str(t.shape()));
-}
-
-// `cu` ([n + 1]) checked to be prefix sums over the `total` rows of `rows` ("q's rows").
-void validate_offsets(const CuSeqlens& cu, const char* name, std::int64_t total, const char* total_name,
-                      const char* rows) {
-  const std::string at = std::string(name) + "[";
-  if (cu.size() < 1) fail(std::string(name) + ": expected [n + 1] offsets (n >= 0 sequences), got none");
-  if (cu[0] != 0)
-    fail(std::string(name) + ": expected prefix sums starting at 0, got " + at + "0] = " + std::to_string(cu[0]));
-  for (std::int64_t i = 1; i < cu.size(); ++i)
-    if (cu[i] < cu[i - 1])
-      fail(std::string(name) + ": expected non-decreasing prefix sums, got " + at + std::to_string(i) + "] = " +
-           std::to_string(cu[i]) + " after " + at + std::to_string(i - 1) + "] = " + std::to_string(cu[i - 1]));
-  const std::int64_t last = cu.size() - 1;
-  if (cu[last] != total)
-    fail(std::string(name) + ": expected prefix sums ending at " + total_name + " = " + std::to_string(total) + " (" +
-         rows + "), got " + at + std::to_string(last) + "] = " + std::to_string(cu[last]));
-}
-
-// What a packed batch cannot take: arguments laid out over a [B, S] or [L, S] batch, and the weights.
-void refuse_batch_options(const AttentionOptions& o) {
-  const char* why = ": not taken by varlen_attention: a packed batch has no [B, S] batch to lay it over";
-  if (o.attn_mask)
-    fail(std::string("attn_mask") + why +
-         " (each sequence's keys are its own; causal and window mask within a sequence)");
-  if (o.key_padding_mask)
-    fail(std::string("key_padding_mask") + why + " (pack only the real keys: cu_seqlens_k says where each ends)");
-  if (!o.key_lengths.empty())
-    fail(std::string("key_lengths") + why + " (the key lengths are cu_seqlens_k's differences)");
-  if (o.need_weights)
-    fail("need_weights: not taken by varlen_attention: a packed batch's weights have no [B, h, L, S] layout");
 }
 
 // The batch of one that validate_attention checks: [total, heads, d] viewed as [1, heads, total, d].

@@ -12,6 +12,7 @@
 #include "dtype_dispatch.hpp"
 #include "layer/head_gate.hpp"
 #include "layer/linear.hpp"
+#include "layer/packed.hpp"
 #include "layer/projections.hpp"
 #include "mha/multi_head_attention.hpp"
 
@@ -67,12 +68,14 @@ Tensor output_weights(Tensor per_head, bool average, bool batched) {
 // With a head gate, the gated heads are written to `gated` (laid out as context; context's own memory
 // gates in place) and projected instead: out = Concat(g_1 head_1, ..., g_h head_h) W_o^T + b_o.
 // weights ([B, h, L, S']) and lse ([B, h, L]) are filled when the options ask for them.
+// Packed sequences (packed.rows given) attend each to its own keys (packed.hpp).
 template <class T>
 void attend_and_project_out(const HeadViews& heads, const AttentionOptions& o, const ProjectionWeights<T>& w,
-                            const HeadGate& gate, Tensor& context, T* gated, Tensor& out, Tensor& weights,
-                            Tensor& lse) {
+                            const HeadGate& gate, Tensor& context, T* gated, Tensor& out, Tensor& weights, Tensor& lse,
+                            const PackedRows& packed = {}) {
   const std::int64_t rows = context.size(0), vw = context.size(1), E = out.shape().back();
-  run_attention(heads.q, heads.k, heads.v, o, {context.data(), heads.context.strides()}, weights, lse);
+  if (packed.packed()) packed_attention(heads.q, heads.k, heads.v, o, packed, context, lse);
+  else run_attention(heads.q, heads.k, heads.v, o, {context.data(), heads.context.strides()}, weights, lse);
   const T* concat = context.data_as<T>();  // [rows of query, h*d_v]
   if (gate.given) {
     apply_head_gate<T>(gate, heads.context, gated);  // heads.context views `context`

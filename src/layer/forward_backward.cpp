@@ -133,10 +133,19 @@ HeadViews head_views(const SavedForward& f, const MultiHeadAttentionConfig& c) {
 
 // The rotary embedding of the projected queries [rows of query, h*d_k] and keys [rows of key, h_kv*d_k]
 // (or, inverse, of their gradients): query i at position i + S - L, key j at j.
-void rotate_projections(const SavedForward& f, const MultiHeadAttentionConfig& c, bool inverse, Tensor& q, Tensor& k) {
+// Packed sequences: each row at its sequence's own position (packed.hpp).
+void rotate_projections(const SavedForward& f, const PackedRows& packed, const MultiHeadAttentionConfig& c,
+                        bool inverse, Tensor& q, Tensor& k) {
+  const TensorView q_heads = heads_view(q, f.B, c.num_heads, f.L, c.d_k, f.q_rows);
+  const TensorView k_heads = heads_view(k, f.B, c.num_kv_heads, f.S, c.d_k, f.kv_rows);
+  if (packed.packed()) {
+    rotate_heads_at(q_heads, c, packed_query_positions(packed), inverse);
+    rotate_heads_at(k_heads, c, packed_key_positions(packed), inverse);
+    return;
+  }
   const std::int64_t query_first[1] = {f.S - f.L}, key_first[1] = {0};
-  rotate_heads(heads_view(q, f.B, c.num_heads, f.L, c.d_k, f.q_rows), c, query_first, inverse);
-  rotate_heads(heads_view(k, f.B, c.num_kv_heads, f.S, c.d_k, f.kv_rows), c, key_first, inverse);
+  rotate_heads(q_heads, c, query_first, inverse);
+  rotate_heads(k_heads, c, key_first, inverse);
 }
 
 // The sizes of a forward's inputs, once they are checked.
@@ -180,7 +189,7 @@ MultiHeadAttentionOutput MultiHeadAttention::forward(const TensorView& query, co
   KernelMasks masks = kernel_masks(in, c, dims.batched, B, L, S, c.sinks ? &parameter("sinks") : nullptr);
   AttentionOptions& o = masks.options;
   const std::int64_t extra = extra_positions(c), S2 = S + extra;
-  o.need_weights = in.need_weights;
+  o.need_weights = in.need_weights && !masks.packed.packed();  // packed: no [L, S] weights (see cu_seqlens)
   o.need_lse = training_;
   o.kernel = kernel_;
   HeadGate gate = head_gate_of(in.head_gate, c, dims.batched, B);  // validated before any state changes
@@ -224,11 +233,11 @@ MultiHeadAttentionOutput MultiHeadAttention::forward(const TensorView& query, co
     project<T>(f.x_view[1], f.kv_input_rows, B, S, extra, w.k, kk, w.k_bias, f.k_proj);
     project<T>(f.x_view[2], f.kv_input_rows, B, S, extra, w.v, kv, w.v_bias, f.v_proj);
     if (extra) write_extra_positions<T>(*this, f.k_proj.data_as<T>(), f.v_proj.data_as<T>(), B, S2, S);
-    if (has_rotary(c)) rotate_projections(f, c, /*inverse=*/false, f.q_proj, f.k_proj);
+    if (has_rotary(c)) rotate_projections(f, masks.packed, c, /*inverse=*/false, f.q_proj, f.k_proj);
     Tensor weights;
-    attend_and_project_out<T>(head_views(f, c), o, w, f.gate, f.context, gated.data_as<T>(), result.out, weights,
-                              f.lse);
-    if (in.need_weights) result.weights = output_weights<T>(std::move(weights), in.average_attn_weights, dims.batched);
+    attend_and_project_out<T>(head_views(f, c), o, w, f.gate, f.context, gated.data_as<T>(), result.out, weights, f.lse,
+                              masks.packed);
+    if (o.need_weights) result.weights = output_weights<T>(std::move(weights), in.average_attn_weights, dims.batched);
   });
 
   if (training_) {
@@ -255,6 +264,18 @@ void sum_over_batches(const Tensor& d_proj, std::int64_t B, std::int64_t S, std:
     for (std::int64_t b = 0; b < B; ++b) sum += d_proj.data_as<T>()[(b * S2 + S) * width + n];
     dbias[n] = T(sum);
   }
+}
+
+// The attention core's backward: dq_proj, dk_proj, dv_proj (written whole) from dcontext [B, h, L, d_v],
+// per packed sequence when the forward was packed.
+void attention_core_backward(const SavedForward& f, const TensorView& dcontext, const HeadViews& heads, Tensor& dq_proj,
+                             Tensor& dk_proj, Tensor& dv_proj) {
+  if (f.masks.packed.packed())
+    return packed_attention_backward(dcontext, heads.q, heads.k, heads.v, heads.context, f.lse.view(), f.masks.options,
+                                     f.masks.packed, dq_proj, dk_proj, dv_proj);
+  run_attention_backward(dcontext, heads.q, heads.k, heads.v, heads.context, f.lse.view(), f.masks.options,
+                         {dq_proj.data(), heads.q.strides()}, {dk_proj.data(), heads.k.strides()},
+                         {dv_proj.data(), heads.v.strides()});
 }
 
 // The sinks parameter's gradient [h] (forward: one more logit, sinks[head], in each row's softmax;
@@ -316,10 +337,8 @@ MultiHeadAttentionGradients MultiHeadAttention::backward(const TensorView& dout)
 
     // Attention core. Forward: context = Attention(q_proj, k_proj, v_proj) per head.
     const TensorView dcontext_heads(dcontext.data(), c.dtype, heads.context.shape(), heads.context.strides());
-    run_attention_backward(dcontext_heads, heads.q, heads.k, heads.v, heads.context, f.lse.view(), f.masks.options,
-                           {dq_proj.data(), heads.q.strides()}, {dk_proj.data(), heads.k.strides()},
-                           {dv_proj.data(), heads.v.strides()});
-    if (has_rotary(c)) rotate_projections(f, c, /*inverse=*/true, dq_proj, dk_proj);  // forward: q = R q_lin
+    attention_core_backward(f, dcontext_heads, heads, dq_proj, dk_proj, dv_proj);
+    if (has_rotary(c)) rotate_projections(f, f.masks.packed, c, /*inverse=*/true, dq_proj, dk_proj);  // q = R q_lin
     if (c.sinks) sink_parameter_gradient(dcontext_heads, heads.context, f, grad("sinks"));
     if (c.add_bias_kv) {  // forward: k_proj[b, S] = bias_k, v_proj[b, S] = bias_v for every b
       sum_over_batches<T>(dk_proj, B, S, S2, kk, grad("bias_k"));

@@ -210,6 +210,9 @@ MultiHeadAttentionOutput MultiHeadAttention::forward_cached(const TensorView& qu
     fail("query: expected batch size " + str(cache.batch_) + " like the cache's (cache.batch()), got shape " +
          shape_str(query.shape()));
 
+  if (!in.cu_seqlens.empty() || !in.cu_seqlens_k.empty())
+    fail("cu_seqlens: forward_cached takes no packed sequences (a cache holds [B, length] positions); give each "
+         "sequence its own batch row");
   // ---- masks over the cache's S positions, in kernel terms [B, h, L, S'] ----------------------
   KernelMasks masks = kernel_masks(in, c, dims.batched, B, L, S, c.sinks ? &parameter("sinks") : nullptr);
   AttentionOptions& o = masks.options;

@@ -101,6 +101,7 @@ KernelMasks kernel_masks(const MultiHeadAttentionInputs& in, const MultiHeadAtte
   // kept (or made) float32, not rounded to bfloat16.
   const DType mask_dtype = c.dtype == DType::BFloat16 ? DType::Float32 : c.dtype;
   KernelMasks masks;
+  masks.packed = packed_rows(in, c, batched, L, S);  // checked first: it refuses the masks below
   AttentionOptions& o = masks.options;
   static_cast<ScoreSpec&>(o) = in;  // the score as given; then what the layer's terms change
   if (in.key_padding_mask) {

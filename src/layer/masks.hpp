@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "layer/packed.hpp"
 #include "mha/attention.hpp"
 #include "mha/multi_head_attention.hpp"
 
@@ -14,6 +15,7 @@ namespace mha::detail {
 struct KernelMasks {
   AttentionOptions options;
   Tensor attn_mask, key_padding_mask, alibi_slopes, sinks;  // storage for masks built here
+  PackedRows packed;  // the offsets of packed sequences (inputs.cu_seqlens), or none
 
   // Points the options at copies owned here, so the masks outlive the caller's arrays.
   void own_views();

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "mha/multi_head_attention.hpp"
 
@@ -21,5 +22,10 @@ inline bool has_rotary(const MultiHeadAttentionConfig& c) { return c.rotary_dim 
 // R when !inverse, R^T (the backward) when inverse. first: one position for every batch row, or B of them.
 void rotate_heads(const TensorView& heads, const MultiHeadAttentionConfig& c, std::span<const std::int64_t> first,
                   bool inverse);
+
+// The same for one batch row (heads [1, heads, T, d_k]) whose row t sits at positions[t] (packed
+// sequences, each counting from 0).
+void rotate_heads_at(const TensorView& heads, const MultiHeadAttentionConfig& c,
+                     const std::vector<std::int64_t>& positions, bool inverse);
 
 }  // namespace mha::detail

@@ -4,6 +4,7 @@
 // Legend: n sequences, Lq new queries per sequence, h query heads, h_kv key/value heads, d_k, d_v.
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include "attention/attention_core.hpp"
 #include "decode/decode_params.hpp"
@@ -19,8 +20,10 @@ void check_arguments(const TensorView& q, const PagedKVCache& cache,
                      std::span<const PagedKVCache::SequenceId> sequences, const DecodeOptions& options) {
   const PagedKVCacheConfig& c = cache.config();
   const std::string where = "decode_attention: ";
-  if (q.dtype() != c.dtype)
-    throw Error(where + "q: expected the cache's dtype " + dtype_name(c.dtype) + ", got " + dtype_name(q.dtype()));
+  const bool quantized = c.storage != KVStorage::Native;  // float32 or bfloat16 queries (widened exactly)
+  if (q.dtype() != c.dtype && !(quantized && q.dtype() == DType::BFloat16))
+    throw Error(where + "q: expected the cache's dtype " + dtype_name(c.dtype) +
+                (quantized ? " or bfloat16 (the cache is quantized)" : "") + ", got " + dtype_name(q.dtype()));
   if (q.rank() != 4 || q.size(3) != c.head_dim)
     throw Error(where + "q: expected [n, q_len, num_heads, head_dim] with head_dim = the cache's " +
                 std::to_string(c.head_dim) + ", got " + shape_str(q.shape()));
@@ -72,12 +75,12 @@ std::vector<A> per_head(const std::optional<TensorView>& slopes) {
 template <class T>
 DecodeResult run(const TensorView& q, const PagedKVCache& cache, std::span<const PagedKVCache::SequenceId> sequences,
                  const DecodeOptions& options, DecodeMode mode) {
-  using A = compute_t<T>;
+  using A = std::conditional_t<kQuantized<T>, float, compute_t<query_t<T>>>;
   const PagedKVCacheConfig& c = cache.config();
   DecodeParams<T, A> p;
   p.n = q.size(0), p.q_len = q.size(1), p.h = q.size(2), p.d_k = c.head_dim;
   p.h_kv = c.num_kv_heads, p.d_v = c.value_dim, p.page_size = c.page_size;
-  p.q = static_cast<const T*>(q.data());
+  p.q = static_cast<const query_t<T>*>(q.data());
   for (int d = 0; d < 4; ++d) p.q_stride[d] = q.stride(d);
   p.scale = static_cast<A>(options.scale.value_or(1.0 / std::sqrt(static_cast<double>(p.d_k))));
   p.causal = options.causal, p.window_left = options.window_left, p.window_right = options.window_right;
@@ -90,11 +93,15 @@ DecodeResult run(const TensorView& q, const PagedKVCache& cache, std::span<const
     for (std::int32_t page : cache.page_table(id)) {
       p.k_pages.push_back(static_cast<const T*>(cache.key_page(page)));
       p.v_pages.push_back(static_cast<const T*>(cache.value_page(page)));
+      if constexpr (kQuantized<T>) {
+        p.k_scale_pages.push_back(cache.key_scales(page));
+        p.v_scale_pages.push_back(cache.value_scales(page));
+      }
     }
   }
   DecodeResult result;
   result.out = Tensor::uninitialized(c.dtype, {p.n, p.q_len, p.h, p.d_v});
-  p.out = static_cast<T*>(result.out.data());
+  p.out = static_cast<query_t<T>*>(result.out.data());
   if (options.need_lse) {
     result.lse = Tensor::uninitialized(dtype_of<A>(), {p.n, p.q_len, p.h});
     p.lse = static_cast<A*>(result.lse.data());
@@ -110,6 +117,13 @@ DecodeResult decode_attention_with_mode(const TensorView& q, const PagedKVCache&
                                         const DecodeOptions& options, DecodeMode mode) {
   const PagedKVCache::Hold hold = cache.read_hold();  // no writer until the kernel has read every page
   check_arguments(q, cache, sequences, options);
+  const KVStorage storage = cache.config().storage;
+  if (storage != KVStorage::Native) {  // float32 queries over int8 / float8 rows (bfloat16 ones widened first)
+    Tensor widened;
+    const TensorView q32 = q.dtype() == DType::Float32 ? q : (widened = Tensor::copy_of(q, DType::Float32)).view();
+    return storage == KVStorage::Int8 ? run<std::int8_t>(q32, cache, sequences, options, mode)
+                                      : run<Float8E4M3>(q32, cache, sequences, options, mode);
+  }
   return dispatch_floating(q.dtype(),
                            [&](auto element) { return run<decltype(element)>(q, cache, sequences, options, mode); });
 }

@@ -61,6 +61,19 @@ void block_rows(const DecodeParams<T, A>& p, std::int64_t s, std::int64_t head, 
   }
 }
 
+// The scales of a block's rows (quantized pages): key_scales[j], value_scales[j] of positions t0 + j of
+// kv head `head` of sequence s, j < kb.
+template <class T, class A>
+void block_scales(const DecodeParams<T, A>& p, std::int64_t s, std::int64_t head, std::int64_t t0, std::int64_t kb,
+                  float* key_scales, float* value_scales) {
+  std::int64_t page = p.first_page[static_cast<std::size_t>(s)] + t0 / p.page_size, row = t0 % p.page_size;
+  for (std::int64_t j = 0; j < kb; ++j) {
+    key_scales[j] = p.k_scale_pages[static_cast<std::size_t>(page)][head * p.page_size + row];
+    value_scales[j] = p.v_scale_pages[static_cast<std::size_t>(page)][head * p.page_size + row];
+    if (++row == p.page_size) row = 0, ++page;
+  }
+}
+
 // Runs the call: chunk(p, item, layout, slot, scratch) fills an item's slot (m, l and unnormalised O
 // over its positions, see split_kv.hpp).
 template <class T, class A, class Chunk>
@@ -112,7 +125,7 @@ void run_decode(const DecodeParams<T, A>& p, DecodeMode mode, Chunk chunk) {
         const A sink = p.sinks.empty() ? -std::numeric_limits<A>::infinity() : p.sinks[static_cast<std::size_t>(head)];
         const A lse = merge_row(partials.get(), layout, first, chunks, r, sink, p.d_v, row.data());
         const std::int64_t at = (item.seq * p.q_len + i) * p.h + head;  // [n, Lq, h]
-        for (std::int64_t e = 0; e < p.d_v; ++e) p.out[at * p.d_v + e] = T(row[static_cast<std::size_t>(e)]);
+        for (std::int64_t e = 0; e < p.d_v; ++e) p.out[at * p.d_v + e] = query_t<T>(row[static_cast<std::size_t>(e)]);
         if (p.lse) p.lse[at] = lse;
       }
     }

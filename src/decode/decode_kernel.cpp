@@ -42,7 +42,7 @@ template <class T>
 void GatherQueryRows(const DecodeParams<T, float>& p, const WorkItem& item, std::int64_t R,
                      const ChunkScratch<T, float>& w) {
   for (std::int64_t r = 0; r < R; ++r) {
-    const T* q = p.query_row(item.seq, r % p.q_len, item.first_head + r / p.q_len);
+    const query_t<T>* q = p.query_row(item.seq, r % p.q_len, item.first_head + r / p.q_len);
     float* row = w.q + r * w.ld_q;
     for (std::int64_t c = 0; c < p.d_k; ++c) row[c] = static_cast<float>(q[c * p.q_stride[3]]);
     std::fill(row + p.d_k, row + w.ld_q, 0.0f);
@@ -85,7 +85,11 @@ void DecodeChunk(const DecodeParams<T, float>& p, const WorkItem& item, const Sl
       if (ahead.count > 0)
         decode::block_rows(p, item.seq, item.kv_head + next_head, next_t0, ahead.count, k_next, v_next);
       float* acc_g = acc + kh * Rg * layout.ld;
-      BlockLogits(w.q + kh * Rg * w.ld_q, w.ld_q, Rg, k_rows, kb, p.d_k, p.scale, w.visible, ahead, w.s);
+      float key_scales[kKeyBlock], value_scales[kKeyBlock];  // quantized rows' scales
+      if constexpr (kQuantized<T>)
+        decode::block_scales(p, item.seq, item.kv_head + kh, t0, kb, key_scales, value_scales);
+      BlockLogits(w.q + kh * Rg * w.ld_q, w.ld_q, Rg, k_rows, kb, p.d_k, p.scale, kQuantized<T> ? key_scales : nullptr,
+                  w.visible, ahead, w.s);
       if (p.has_variants())
         decode::apply_score_variants(p, item, kh * Rg, Rg, T_s, t0, kb, w.visible, w.visible_begin, w.s, kKeyBlock);
       BlockOnlineSoftmax(w.s, Rg, m + kh * Rg, l + kh * Rg, acc_g, layout.ld);
@@ -94,6 +98,7 @@ void DecodeChunk(const DecodeParams<T, float>& p, const WorkItem& item, const Sl
         for (std::int64_t r = 0; r < Rg; ++r) all = all && w.s[r * kKeyBlock + j] != 0.0f;
         w.all_weighted[j] = all;
       }
+      if constexpr (kQuantized<T>) ScaleWeightsByValueScales(w.s, Rg, kb, value_scales);
       BlockAccumulate(w.s, Rg, v_rows, kb, p.d_v, w.all_weighted, acc_g, layout.ld);
     }
   }
@@ -106,6 +111,8 @@ void Decode(const DecodeParams<T, float>& p, DecodeMode mode) {
 
 void DecodeFloat(const DecodeParams<float, float>& p, DecodeMode mode) { Decode(p, mode); }
 void DecodeBfloat16(const DecodeParams<bfloat16, float>& p, DecodeMode mode) { Decode(p, mode); }
+void DecodeInt8(const DecodeParams<std::int8_t, float>& p, DecodeMode mode) { Decode(p, mode); }
+void DecodeFloat8(const DecodeParams<Float8E4M3, float>& p, DecodeMode mode) { Decode(p, mode); }
 
 }  // namespace mha::detail::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
@@ -115,12 +122,20 @@ namespace mha::detail {
 
 HWY_EXPORT(DecodeFloat);
 HWY_EXPORT(DecodeBfloat16);
+HWY_EXPORT(DecodeInt8);
+HWY_EXPORT(DecodeFloat8);
 
 void decode_attention_kernel(const DecodeParams<float, float>& p, DecodeMode mode) {
   HWY_DYNAMIC_DISPATCH(DecodeFloat)(p, mode);
 }
 void decode_attention_kernel(const DecodeParams<bfloat16, float>& p, DecodeMode mode) {
   HWY_DYNAMIC_DISPATCH(DecodeBfloat16)(p, mode);
+}
+void decode_attention_kernel(const DecodeParams<std::int8_t, float>& p, DecodeMode mode) {
+  HWY_DYNAMIC_DISPATCH(DecodeInt8)(p, mode);
+}
+void decode_attention_kernel(const DecodeParams<Float8E4M3, float>& p, DecodeMode mode) {
+  HWY_DYNAMIC_DISPATCH(DecodeFloat8)(p, mode);
 }
 
 }  // namespace mha::detail

@@ -1,6 +1,8 @@
-// Per-target row operations of the decode kernel (decode_kernel.cpp), float32 arithmetic on float32 or
-// bfloat16 keys and values (bfloat16 widened in registers): the logits of a block of keys for the R
-// query rows of a work item, the online softmax over them, and acc += P V for the block.
+// Per-target row operations of the decode kernel (decode_kernel.cpp), float32 arithmetic on float32,
+// bfloat16, int8 or float8 e4m3 keys and values (widened in registers; a quantized row's scale is
+// applied once to its logit and once to its weight, never to a dequantized copy): the logits of a block
+// of keys for the R query rows of a work item, the online softmax over them, and acc += P V for the
+// block.
 //
 // Every row is computed alone, in the same order whichever rows share its tile, so a row's result does
 // not depend on how many rows the item holds (group-packed and per-head items agree bitwise).
@@ -22,6 +24,7 @@
 
 #include "attention/online_softmax-inl.h"  // ExpKeepNaN
 #include "attention/online_softmax.hpp"
+#include "decode/decode_params.hpp"
 #include "decode/split_kv.hpp"
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
@@ -44,6 +47,30 @@ HWY_INLINE hn::Vec<D> LoadWidened(D d, const bfloat16* HWY_RESTRICT p) {
   const hn::Rebind<std::uint16_t, D> du16;
   const auto bits = hn::PromoteTo(du, hn::LoadU(du16, reinterpret_cast<const std::uint16_t*>(p)));
   return hn::BitCast(d, hn::ShiftLeft<16>(bits));
+}
+
+// int8 widened exactly.
+template <class D>
+HWY_INLINE hn::Vec<D> LoadWidened(D d, const std::int8_t* HWY_RESTRICT p) {
+  const hn::RebindToSigned<D> di;
+  const hn::Rebind<std::int8_t, D> di8;
+  return hn::ConvertTo(d, hn::PromoteTo(di, hn::LoadU(di8, p)));
+}
+// float8 e4m3 (no infinities; S.1111.111 is NaN) widened exactly: a normal value (exponent field e > 0)
+// becomes the float with exponent e - 7 and the same 3 mantissa bits; a subnormal is m 2^-9.
+template <class D>
+HWY_INLINE hn::Vec<D> LoadWidened(D d, const Float8E4M3* HWY_RESTRICT p) {
+  const hn::RebindToSigned<D> di;
+  const hn::Rebind<std::uint8_t, D> du8;
+  const auto bits = hn::BitCast(di, hn::PromoteTo(hn::RebindToUnsigned<D>(), hn::LoadU(du8, &p->bits)));
+  const auto magnitude_bits = hn::And(bits, hn::Set(di, 0x7F));  // e m: exponent and mantissa
+  const auto normal = hn::BitCast(d, hn::Add(hn::ShiftLeft<20>(magnitude_bits), hn::Set(di, 120 << 23)));
+  const auto subnormal = hn::Mul(hn::ConvertTo(d, magnitude_bits), hn::Set(d, 1.0f / 512.0f));
+  auto magnitude = hn::IfThenElse(hn::RebindMask(d, hn::Lt(magnitude_bits, hn::Set(di, 8))), subnormal, normal);
+  magnitude = hn::IfThenElse(hn::RebindMask(d, hn::Eq(magnitude_bits, hn::Set(di, 0x7F))),
+                             hn::Set(d, std::numeric_limits<float>::quiet_NaN()), magnitude);
+  const auto sign = hn::ShiftLeft<24>(hn::And(bits, hn::Set(di, 0x80)));
+  return hn::BitCast(d, hn::Or(hn::BitCast(di, magnitude), sign));
 }
 
 // The lane sums of a0..a3 into out[0..3], four at once: per 128-bit block, two interleaving adds leave
@@ -111,12 +138,13 @@ struct RowsAhead {
   std::int64_t k_bytes = 0, v_bytes = 0;
 };
 
-// s [R, kKeyBlock] = scale q k_j for keys j < kb, -inf where a row may not see key j (j >= visible[r])
-// and in the padding up to kKeyBlock. Meanwhile prefetches the rows ahead.
+// s [R, kKeyBlock] = scale q k_j for keys j < kb (quantized rows: scale key_scales[j] q k_j), -inf where
+// a row may not see key j (j >= visible[r]) and in the padding up to kKeyBlock. Meanwhile prefetches the
+// rows ahead.
 template <class T>
 void BlockLogits(const float* HWY_RESTRICT q, std::int64_t ld_q, std::int64_t R, const T* const* k_rows,
-                 std::int64_t kb, std::int64_t d_k, float scale, const std::int64_t* visible, const RowsAhead<T>& ahead,
-                 float* HWY_RESTRICT s) {
+                 std::int64_t kb, std::int64_t d_k, float scale, const float* key_scales, const std::int64_t* visible,
+                 const RowsAhead<T>& ahead, float* HWY_RESTRICT s) {
   constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
   float dots[4];
   for (std::int64_t j = 0; j < kb; ++j) {
@@ -124,14 +152,15 @@ void BlockLogits(const float* HWY_RESTRICT q, std::int64_t ld_q, std::int64_t R,
       PrefetchRow(ahead.k[j], ahead.k_bytes);
       PrefetchRow(ahead.v[j], ahead.v_bytes);
     }
+    const float scale_j = key_scales ? scale * key_scales[j] : scale;
     std::int64_t r = 0;
     for (; r + 4 <= R; r += 4) {
       DotTile<4>(q + r * ld_q, ld_q, k_rows[j], d_k, dots);
-      for (int t = 0; t < 4; ++t) s[(r + t) * kKeyBlock + j] = j < visible[r + t] ? dots[t] * scale : kMinusInf;
+      for (int t = 0; t < 4; ++t) s[(r + t) * kKeyBlock + j] = j < visible[r + t] ? dots[t] * scale_j : kMinusInf;
     }
     for (; r < R; ++r) {
       DotTile<1>(q + r * ld_q, ld_q, k_rows[j], d_k, dots);
-      s[r * kKeyBlock + j] = j < visible[r] ? dots[0] * scale : kMinusInf;
+      s[r * kKeyBlock + j] = j < visible[r] ? dots[0] * scale_j : kMinusInf;
     }
   }
   for (std::int64_t r = 0; r < R; ++r)
@@ -174,6 +203,16 @@ inline void BlockOnlineSoftmax(float* HWY_RESTRICT s, std::int64_t R, float* m, 
     if (step.rescale != 1.0f) ScaleRow(acc + r * ld_acc, ld_acc, step.rescale);
     m[r] = step.m_new;
   }
+}
+
+// Quantized values: each weight p_rj times its value row's scale, so that acc += p s_j q_j is the weight
+// times the dequantized row. A weight of exactly 0 stays 0 (a NaN scale of a row no query weighs cannot
+// reach a result).
+inline void ScaleWeightsByValueScales(float* HWY_RESTRICT p, std::int64_t R, std::int64_t kb,
+                                      const float* value_scales) {
+  for (std::int64_t r = 0; r < R; ++r)
+    for (std::int64_t j = 0; j < kb; ++j)
+      if (p[r * kKeyBlock + j] != 0.0f) p[r * kKeyBlock + j] *= value_scales[j];
 }
 
 // acc [rows, ld_acc] (rows <= 4) += P V over the keys of a block, columns [c, c + N): each row's sum

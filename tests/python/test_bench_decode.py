@@ -46,14 +46,15 @@ def test_prints_bandwidth_rows_and_targets(decode_run):
     stdout, report = decode_run
     assert re.search(r"machine: .+ CPUs.+last-level cache 64 MiB \(set by --llc-mib\)", stdout)
     assert len(re.findall(r"read bandwidth, [12] thread\(s\), 16 MiB buffer: \d+\.\d GB/s", stdout)) == 2
-    row_lines = [line for line in stdout.splitlines() if re.match(r"^\s*(f32|bf16)\s+\d+\s+\d+", line)]
+    row_lines = [line for line in stdout.splitlines() if re.match(r"^\s*(f32|bf16|int8|fp8)\s+\d+\s+\d+", line)]
     rows = [line.split() for line in row_lines]
     measured = {(r[0], int(r[1]), int(r[2]), int(r[4].rstrip("*"))) for r in rows if "skipped" not in r}
     skipped = {(r[0], int(r[1]), int(r[2])) for r in rows if "skipped:" in r}
     # The largest cache, 2 x 300 tokens x 8 heads x 2 x 128 x 4 B = 4.9 MB, is under --max-cache-gib 0.005
     # (5.4 MB): every (dtype, batch, context) runs at both thread counts.
     assert not skipped
-    assert measured == {(d, b, t, n) for d in ("f32", "bf16") for b in (1, 2) for t in (100, 300) for n in (1, 2)}
+    assert measured == {(d, b, t, n) for d in ("f32", "bf16", "int8", "fp8") for b in (1, 2) for t in (100, 300)
+                        for n in (1, 2)}
     # Every cache here (at most 4.9 MB) fits the 64 MiB set as the last-level cache: the two targets about
     # larger caches have no rows to judge, and every row is flagged * (within the last-level cache).
     assert "Targets (issue 13)" in stdout and stdout.count(" rows, worst ") == 1 and stdout.count(": no rows (") == 2
@@ -87,7 +88,8 @@ def test_json_has_every_row(decode_run):
     assert report["heads"] == 32 and report["kv_heads"] == 8 and report["head_dim"] == 128
     assert {b["threads"] for b in report["read_bandwidth"]} == {1, 2}
     assert all(b["bytes_per_s"] > 0 for b in report["read_bandwidth"])
-    assert len(report["runs"]) == 16
+    assert len(report["runs"]) == 32  # f32, bf16, int8, fp8 caches x 2 batches x 2 contexts x 2 thread counts
+    assert {run["dtype"] for run in report["runs"]} == {"f32", "bf16", "int8", "fp8"}
     for run in report["runs"]:
         assert run["packed_median_s"] > 0 and run["per_head_median_s"] > 0
         assert run["read_bandwidth_bytes_per_s"] > 0 and isinstance(run["read_bandwidth_moved"], bool)
@@ -97,7 +99,8 @@ def test_json_has_every_row(decode_run):
         assert run["read_bandwidth_moved"] == (abs(before - after) > 0.15 * max(before, after))
         assert run["packed_fraction_of_bandwidth"] == pytest.approx(
             run["cache_bytes"] / run["packed_median_s"] / run["read_bandwidth_bytes_per_s"])
-        assert run["cache_bytes"] == run["batch"] * run["context"] * 8 * 2 * 128 * (4 if run["dtype"] == "f32" else 2)
+        row_bytes = {"f32": 128 * 4, "bf16": 128 * 2, "int8": 128 + 4, "fp8": 128 + 4}[run["dtype"]]  # + a scale
+        assert run["cache_bytes"] == run["batch"] * run["context"] * 8 * 2 * row_bytes
     assert [t["target"] for t in report["targets"]][2].startswith("packed over per head")
     assert report["steal_seconds"] >= 0
     assert [(t["rows"], t["worst"], t["met"]) for t in report["targets"][:2]] == [(0, None, False)] * 2

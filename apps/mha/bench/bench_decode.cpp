@@ -6,8 +6,9 @@
 //               each group of rows (one dtype, batch and context), since on a shared machine it moves by
 //               2x within minutes; a row is compared with the better of its group's two
 //   decode      mha::decode_attention, h 32, h_kv 8, d_k = d_v 128, one new query per sequence, for each
-//               context length (tokens per sequence) and batch (sequences per step), float32 and bf16
-//               caches (caches over --max-cache-gib skipped): the median time of a step; the K/V bytes
+//               context length (tokens per sequence) and batch (sequences per step), float32, bf16, int8 and
+//               float8 e4m3 caches (the quantized ones read their rows' scales too, counted in the bytes)
+//               (caches over --max-cache-gib skipped): the median time of a step; the K/V bytes
 //               in the cache (what a step must read once) over that time, and that as a % of the read
 //               bandwidth at the same thread count; with the query heads of a group packed (each K/V
 //               byte read once per group) and per head (read h / h_kv times), at each thread count
@@ -58,18 +59,35 @@ Tensor fill_block(std::uint64_t seed, DType dtype) {
   return dtype == DType::Float32 ? std::move(t) : Tensor::copy_of(t, dtype);
 }
 
+// What a cache holds: float32 or bfloat16 rows, or float32 rows quantized to int8 / float8 e4m3 with a
+// float32 scale per (token, kv head) row, which the decode reads too.
+struct CacheKind {
+  const char* name;
+  DType dtype;  // of the queries and results (float32 for the quantized caches)
+  mha::KVStorage storage;
+  std::int64_t bytes_per_row(std::int64_t d) const {  // one (token, kv head) row of keys or of values
+    return storage == mha::KVStorage::Native ? d * static_cast<std::int64_t>(mha::dtype_size(dtype)) : d + 4;
+  }
+};
+constexpr CacheKind kCacheKinds[] = {{"f32", DType::Float32, mha::KVStorage::Native},
+                                     {"bf16", DType::BFloat16, mha::KVStorage::Native},
+                                     {"int8", DType::Float32, mha::KVStorage::Int8},
+                                     {"fp8", DType::Float32, mha::KVStorage::Float8E4M3}};
+
 // B sequences of T tokens each.
 struct DecodeCache {
   PagedKVCache cache;
   std::vector<PagedKVCache::SequenceId> ids;
 };
 
-DecodeCache make_cache(DType dtype, std::int64_t B, std::int64_t T, std::int64_t page_size) {
+DecodeCache make_cache(const CacheKind& kind, std::int64_t B, std::int64_t T, std::int64_t page_size) {
+  const DType dtype = kind.dtype;
   DecodeCache c{PagedKVCache({.num_kv_heads = kKvHeads,
                               .head_dim = kDim,
                               .page_size = page_size,
                               .capacity_tokens = B * ((T + page_size - 1) / page_size * page_size),
-                              .dtype = dtype}),
+                              .dtype = dtype,
+                              .storage = kind.storage}),
                 {}};
   const Tensor blocks[2] = {fill_block(1, dtype), fill_block(2, dtype)};
   for (std::int64_t s = 0; s < B; ++s) {
@@ -220,17 +238,17 @@ int run_bench_decode(const BenchOptions& options, const std::string& command) {
              "packing");
   const RepeatPolicy policy{.warmup = 1, .min_reps = 5, .max_reps = 30, .min_time_s = 0.3, .max_time_s = 3.0};
   std::vector<Row> rows;
-  for (const DType dtype : {DType::Float32, DType::BFloat16}) {
+  for (const CacheKind& kind : kCacheKinds) {
+    const DType dtype = kind.dtype;
     for (const std::int64_t B : options.decode_batches) {
       for (const std::int64_t T : options.decode_contexts) {
-        const std::int64_t bytes = B * T * kKvHeads * 2 * kDim * static_cast<std::int64_t>(mha::dtype_size(dtype));
+        const std::int64_t bytes = B * T * kKvHeads * 2 * kind.bytes_per_row(kDim);  // payload (+ scales)
         if (static_cast<double>(bytes) > options.decode_max_cache_gib * (1 << 30)) {
-          fmt::print("{:>6} {:>5} {:>7} {:>9.0f}  skipped: over --max-cache-gib {}\n",
-                     dtype == DType::Float32 ? "f32" : "bf16", B, context_name(T),
+          fmt::print("{:>6} {:>5} {:>7} {:>9.0f}  skipped: over --max-cache-gib {}\n", kind.name, B, context_name(T),
                      static_cast<double>(bytes) / (1 << 20), options.decode_max_cache_gib);
           continue;
         }
-        const DecodeCache c = make_cache(dtype, B, T, options.decode_page_size);
+        const DecodeCache c = make_cache(kind, B, T, options.decode_page_size);
         const Tensor q =
             Tensor::copy_of(fill_block(3, DType::Float32).reshaped({kFillTokens * kKvHeads, kDim}).view(), dtype);
         const mha::TensorView q_step(q.data(), dtype, {B, 1, kHeads, kDim});
@@ -240,7 +258,7 @@ int run_bench_decode(const BenchOptions& options, const std::string& command) {
         std::vector<Row> group;
         for (std::size_t ti = 0; ti < options.threads.size(); ++ti) {
           mha::set_num_threads(options.threads[ti]);
-          Row r{dtype == DType::Float32 ? "f32" : "bf16", B, T, bytes, options.threads[ti], {}, {}};
+          Row r{kind.name, B, T, bytes, options.threads[ti], {}, {}};
           auto step = [&](Mode mode) {
             return measure([&] { (void)mha::detail::decode_attention_with_mode(q_step, c.cache, c.ids, {}, mode); },
                            policy);

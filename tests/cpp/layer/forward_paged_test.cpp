@@ -27,7 +27,8 @@ struct PagedLayerCase {
   const char* name;
   std::int64_t h, h_kv, page_size;
   DType dtype;
-  double tolerance;  // relative to the output's scale
+  double tolerance;                                 // relative to the output's scale
+  mha::KVStorage storage = mha::KVStorage::Native;  // quantized caches: within their rows' rounding
 };
 
 void PrintTo(const PagedLayerCase& c, std::ostream* os) { *os << c.name; }
@@ -37,6 +38,9 @@ const PagedLayerCase kCases[] = {
     {"float64_multi_head_pages_of_1", 2, 2, 1, DType::Float64, 1e-12},
     {"float32_multi_query_pages_of_16", 4, 1, 16, DType::Float32, 1e-5},
     {"bfloat16_grouped_pages_of_4", 4, 2, 4, DType::BFloat16, 0x1.0p-5},
+    // int8 rows: each element within half a step of max|row| / 127; e4m3: 3 mantissa bits (2^-4 relative)
+    {"float32_int8_cache_grouped_pages_of_16", 4, 2, 16, DType::Float32, 0x1.0p-6, mha::KVStorage::Int8},
+    {"float32_float8_cache_multi_head_pages_of_5", 2, 2, 5, DType::Float32, 0x1.0p-3, mha::KVStorage::Float8E4M3},
 };
 
 MultiHeadAttention make_layer(const PagedLayerCase& c) {
@@ -67,7 +71,9 @@ class ForwardPaged : public ::testing::TestWithParam<PagedLayerCase> {};
 TEST_P(ForwardPaged, EqualsACausalForwardOverEachWholeSequence) {
   const PagedLayerCase& c = GetParam();
   MultiHeadAttention layer = make_layer(c);
-  PagedKVCache cache(layer.paged_cache_config(c.page_size, 256));
+  mha::PagedKVCacheConfig cache_config = layer.paged_cache_config(c.page_size, 256);
+  cache_config.storage = c.storage;
+  PagedKVCache cache(cache_config);
   Rng rng(7);
   const std::int64_t lengths[] = {9, 4, 13};  // each sequence's whole input
   std::vector<std::vector<double>> inputs;
@@ -107,7 +113,9 @@ TEST_P(ForwardPaged, EqualsACausalForwardOverEachWholeSequence) {
 TEST_P(ForwardPaged, AForkContinuedOtherwiseLeavesItsParentAlone) {
   const PagedLayerCase& c = GetParam();
   MultiHeadAttention layer = make_layer(c);
-  PagedKVCache cache(layer.paged_cache_config(c.page_size, 128));
+  mha::PagedKVCacheConfig cache_config = layer.paged_cache_config(c.page_size, 128);
+  cache_config.storage = c.storage;
+  PagedKVCache cache(cache_config);
   Rng rng(8);
   const std::vector<double> prefix = rounded_to(c.dtype, random_values(5 * 16, rng));
   const std::vector<double> a = rounded_to(c.dtype, random_values(2 * 16, rng));

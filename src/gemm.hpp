@@ -1,9 +1,9 @@
 // The one entry for matrix products: every product of the library (projections, their gradients, the
 // fused kernel's tiles) and of the example Transformer goes through here. float32 runs oneDNN's sgemm
 // (the only call of it in the tree); float64, the verification dtype that oneDNN's CPU matmul does
-// not support, runs plain loops; bfloat16 runs oneDNN's matmul primitive (gemm_bf16.cpp), which picks
-// AMX, AVX512-BF16 or its own fallback for the machine, always accumulating in float32. A new dtype's
-// product is added here.
+// not support, runs plain loops; bfloat16 (gemm_bf16.cpp) runs oneDNN's matmul primitive (AMX or
+// AVX512-BF16) or sgemm over float32 copies of the operands, whichever this process found faster at
+// first use (bf16_path.hpp), always accumulating in float32. A new dtype's product is added here.
 //
 // A product is C [M, N] = alpha op(A) op(B), or C += alpha op(A) op(B), with op(A) [M, K] and
 // op(B) [K, N]. Every matrix is row-major with its own row stride in elements (ld), so an operand or
@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <string>
 
+#include "bf16_path.hpp"
 #include "mha/bfloat16.hpp"
 
 namespace mha::detail {
@@ -116,9 +117,16 @@ void gemm(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<bfloat16> A,
 void gemm_tile(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<bfloat16> A, GemmInput<bfloat16> B,
                GemmOutput<float> C, float alpha = 1);
 
-// What runs bfloat16 products on this machine: "oneDNN matmul " and its implementation's name
-// ("brg:avx512_core_amx_bf16" on AMX, "brg:avx512_core_bf16" with AVX512-BF16) where the CPU has bf16
-// instructions, else "float32 sgemm on widened operands (...)" naming what oneDNN would have used.
+// The path that runs this process's bfloat16 products (those of M N K >= 65536 multiply-adds; smaller
+// ones always run on sgemm, gemm_bf16.cpp says why), decided once, at the first call of either function
+// below or the first such product: MHA_BF16_GEMM=onednn|sgemm forces one; otherwise, where oneDNN has a
+// native bf16 matmul, both are timed on the fused kernels' tiles on one thread (bf16_path.hpp; a few ms
+// of products, after making what they need: gemm_bf16.cpp's kMeasuredRounds).
+Bf16Path bf16_gemm_path();
+
+// That path and why, e.g. "oneDNN matmul brg:avx512_core_amx_bf16 (chosen: 1370 vs sgemm's 275 GFLOP/s,
+// measured at first use)", "sgemm over widened operands (forced by MHA_BF16_GEMM=sgemm)", or "sgemm
+// over widened operands (no bf16 instructions; oneDNN's bf16 matmul here: ...)".
 std::string bf16_gemm_implementation();
 
 }  // namespace mha::detail

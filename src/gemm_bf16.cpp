@@ -1,11 +1,13 @@
 // bfloat16 products through oneDNN's matmul primitive: oneDNN picks the implementation for the machine
 // (AMX tiles or AVX512-BF16 dot products) and accumulates in float32. See gemm.hpp for the conventions.
 //
-// Where the CPU has no bfloat16 instructions, oneDNN 2.6 has no bf16 matmul at all (AVX2: "unimplemented")
-// or only an emulation slower than sgemm (AVX-512 without BF16: 79 GFLOP/s against sgemm's 223 on one
-// thread, measured on a Zen 5 with DNNL_MAX_CPU_ISA=AVX512_CORE). There the products run on sgemm
-// over float32 copies of the operands: every bfloat16 value is exact in float32 and sgemm accumulates
-// in float32, so the results are rounded at the same points (native_bfloat16() decides, once).
+// Or through sgemm over float32 copies of the operands: every bfloat16 value is exact in float32 and
+// sgemm accumulates in float32, so the results are rounded at the same points. Which of the two runs is
+// chosen once per process (bf16_path.hpp, bf16_path_choice below). Where the CPU has no bfloat16
+// instructions it is always sgemm: oneDNN 2.6 has no bf16 matmul at all (AVX2: "unimplemented") or only
+// an emulation slower than sgemm (AVX-512 without BF16: 79 GFLOP/s against sgemm's 223 on one thread,
+// measured on a Zen 5 with DNNL_MAX_CPU_ISA=AVX512_CORE). Where it has them, the two paths are timed on
+// the fused kernels' tiles at first use, because the ISA does not say which is faster (bf16_path.hpp).
 //
 // A primitive is made for one shape (sizes, row strides, transposes, output dtype, alpha, overwrite or
 // accumulate) and making one costs 0.3-13 ms (measured on a Zen 5), against microseconds for running
@@ -17,15 +19,21 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <system_error>
+#include <thread>
 #include <tuple>
 #include <type_traits>
 #include <vector>
 
+#include "attention/flash_config.hpp"
+#include "bf16_path.hpp"
 #include "gemm.hpp"
 #include "gemm_blocks.hpp"
 #include "mha/error.hpp"
@@ -166,6 +174,145 @@ GemmInput<float> widened(std::int64_t rows, std::int64_t cols, GemmInput<bfloat1
   return {out.data(), std::max<std::int64_t>(stored_cols, 1), X.transposed};
 }
 
+// C (+)= alpha op(A) op(B) through sgemm on the calling thread, on its own widened copies of A and B.
+void widened_tile(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<bfloat16> A, GemmInput<bfloat16> B,
+                  GemmOutput<float> C, float alpha) {
+  thread_local std::vector<float> a, b;
+  gemm_tile(M, N, K, widened(M, K, A, a), widened(K, N, B, b), C, alpha);
+}
+
+// ---- the path, chosen once per process (bf16_path.hpp) ----
+
+// The name oneDNN gives its bf16 matmul here (for a 256^3 product): "brg:avx512_core_amx_bf16" on AMX,
+// "brg:avx512_core_bf16" with AVX512-BF16; "none" where it has none.
+std::string onednn_matmul_name() {
+  const memory::desc square({256, 256}, memory::data_type::bf16, memory::dims{256, 1});
+  try {
+    return dnnl::matmul::primitive_desc(dnnl::matmul::desc(square, square, square), cpu_engine()).impl_info_str();
+  } catch (const dnnl::error&) {
+    return "none";
+  }
+}
+
+// One product of a fused kernel's tiles, as it calls gemm_tile.
+struct TileProduct {
+  std::int64_t M, N, K;
+  GemmInput<bfloat16> A, B;
+  GemmOutput<float> C;
+  float alpha;
+};
+
+// The operands of the forward's two tile products (flash_forward.cpp) for head width d, at the kernel's
+// own sizes and row strides: S = scale Q K^T [kBlockQ, kBlockK] (K = d, overwritten) and
+// acc += P V [kBlockQ, d] (K = kBlockK, accumulated); the backward's products have the same sizes.
+struct TileOperands {
+  std::int64_t d;
+  std::vector<bfloat16> q, k, p, v;  // q: [kBlockQ, d], k: [kBlockK, d], p: [kBlockQ, kBlockK], v: [kBlockK, d]
+  std::vector<float> s, acc;         // s: [kBlockQ, kBlockK], acc: [kBlockQ, d]
+
+  explicit TileOperands(std::int64_t width) : d(width) {
+    using flash::kBlockK, flash::kBlockQ;
+    // Values in [-1, 1) on a 1/8 grid: finite products, none subnormal, sums far from overflow.
+    auto fill = [](std::vector<bfloat16>& x, std::int64_t size) {
+      for (std::int64_t i = 0; i < size; ++i) x.push_back(bfloat16(static_cast<float>((i * 37) % 16 - 8) / 8.0f));
+    };
+    fill(q, kBlockQ * d), fill(k, kBlockK * d), fill(p, kBlockQ * kBlockK), fill(v, kBlockK * d);
+    s.assign(static_cast<std::size_t>(kBlockQ * kBlockK), 0.0f);
+    acc.assign(static_cast<std::size_t>(kBlockQ * d), 0.0f);
+  }
+
+  std::vector<TileProduct> products() {
+    using flash::kBlockK, flash::kBlockQ;
+    return {{kBlockQ, kBlockK, d, plain(q.data(), d), transposed(k.data(), d), overwrite(s.data(), kBlockK), 0.125f},
+            {kBlockQ, d, kBlockK, plain(p.data(), kBlockK), plain(v.data(), d), accumulate_into(acc.data(), d), 1.0f}};
+  }
+};
+
+// Seconds for running every product once on `path`; -1 if oneDNN refused one.
+double time_products(Bf16Path path, const std::vector<TileProduct>& products) {
+  const auto start = std::chrono::steady_clock::now();
+  for (const TileProduct& t : products) {
+    if (path == Bf16Path::WidenedSgemm) {
+      widened_tile(t.M, t.N, t.K, t.A, t.B, t.C, t.alpha);
+    } else if (matmul_on_this_thread(t.M, t.N, t.K, t.A, t.B, t.C.data, t.C.ld, false, t.C.accumulate, t.alpha) !=
+               dnnl_success) {
+      return -1;
+    }
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+double median(std::vector<double> x) {
+  std::nth_element(x.begin(), x.begin() + static_cast<std::ptrdiff_t>(x.size() / 2), x.end());
+  return x[x.size() / 2];
+}
+
+// Rounds of the measurement: each runs the four tile products (d = 64 and 128) once on each path, the two
+// paths alternating so that a change in the machine's load falls on both; the median round counts. About
+// 25 MFLOP a round: 7 rounds take 1-3 ms of one core per path (0.4 ms with AMX). A first round, not
+// counted, makes what the products need and a process makes anyway (the four primitives, as the kernels'
+// tiles of d = 64 and 128 need them; oneDNN's sgemm kernels, which every product below kMinMatmulWork
+// runs on) and warms the caches: measured on an Intel Xeon with AMX, 2.5 ms and 34 ms.
+constexpr int kMeasuredRounds = 7;
+
+// Both paths' GFLOP/s on the tiles, on the calling thread; nullopt if oneDNN refused a product.
+std::optional<Bf16PathRates> measure_tile_rates() {
+  TileOperands narrow(64), wide(128);
+  std::vector<TileProduct> products = narrow.products();
+  for (const TileProduct& t : wide.products()) products.push_back(t);
+  double flops = 0;
+  for (const TileProduct& t : products) flops += 2.0 * static_cast<double>(t.M * t.N * t.K);
+  std::vector<double> onednn_s, sgemm_s;
+  for (int round = -1; round < kMeasuredRounds; ++round) {  // round -1 warms up
+    const double onednn = time_products(Bf16Path::OneDnnMatmul, products);
+    const double sgemm = time_products(Bf16Path::WidenedSgemm, products);
+    if (onednn < 0) return std::nullopt;
+    if (round < 0) continue;
+    onednn_s.push_back(onednn), sgemm_s.push_back(sgemm);
+  }
+  return Bf16PathRates{flops / median(onednn_s) * 1e-9, flops / median(sgemm_s) * 1e-9};
+}
+
+// The measurement on a thread of its own, with one OpenMP thread allowed there (sgemm then runs on it
+// alone), so that it neither reads nor changes the caller's thread count, inside a parallel region or
+// not; the caller waits. nullopt if the measurement failed.
+std::optional<Bf16PathRates> measure_bf16_paths() {
+  std::optional<Bf16PathRates> rates;
+  try {
+    std::thread([&rates] {
+      omp_set_num_threads(1);
+      try {
+        rates = measure_tile_rates();
+      } catch (...) {  // no memory for the operands, or a primitive oneDNN could not make: not measured
+      }
+    }).join();
+  } catch (const std::system_error&) {  // no thread to measure on
+  }
+  return rates;
+}
+
+// The path of this process, decided at its first bfloat16 product that is not small: from
+// MHA_BF16_GEMM, or measured (kMeasuredRounds). An invalid MHA_BF16_GEMM is said once on stderr (it cannot
+// throw: the first product may run inside a kernel's parallel region) and ignored.
+const Bf16PathChoice& bf16_path_choice() {
+  static const Bf16PathChoice choice = [] {
+    Bf16PathFacts facts{native_bfloat16(), onednn_matmul_name(), std::nullopt, std::nullopt};
+    if (const char* value = std::getenv(kBf16PathVariable)) facts.request = value;
+    if (parse_bf16_path_request(facts.request) == Bf16PathRequest::Invalid)
+      std::fprintf(stderr, "mha: %s=\"%s\" is not onednn, sgemm or auto: ignored (auto, measured)\n", kBf16PathVariable,
+                   facts.request->c_str());
+    if (bf16_path_needs_rates(facts.onednn_native, facts.request)) facts.rates = measure_bf16_paths();
+    return choose_bf16_path(facts);
+  }();
+  return choice;
+}
+
+// Whether a product runs on sgemm over widened operands: small ones always, others where the process's
+// path is sgemm (always so without bf16 instructions).
+bool runs_widened(std::int64_t M, std::int64_t N, std::int64_t K) {
+  return small_product(M, N, K) || bf16_path_choice().path == Bf16Path::WidenedSgemm;
+}
+
 // The whole product through sgemm on widened operands (gemm<float>'s blocks, thread-count
 // independent), C bfloat16 (through a float32 copy, rounded once) or float32.
 template <class TC>
@@ -206,7 +353,7 @@ void gemm_bf16_blocks(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<
                       GemmOutput<TC> C, float alpha) {
   if (M == 0 || N == 0) return;
   if (K == 0) return zero_unless_accumulating(M, N, C);
-  if (!native_bfloat16() || small_product(M, N, K)) return gemm_widened(M, N, K, A, B, C, alpha);
+  if (runs_widened(M, N, K)) return gemm_widened(M, N, K, A, B, C, alpha);
   const SerialIfSmall serial_if_small(2.0 * M * N * K);
   constexpr bool c_bfloat16 = std::is_same_v<TC, bfloat16>;
   const dnnl_status_t status = for_each_block(
@@ -234,10 +381,7 @@ void gemm_tile(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<bfloat1
                GemmOutput<float> C, float alpha) {
   if (M == 0 || N == 0) return;
   if (K == 0) return zero_unless_accumulating(M, N, C);
-  if (!native_bfloat16() || small_product(M, N, K)) {  // sgemm on this thread's widened copies of the operands
-    thread_local std::vector<float> a, b;
-    return gemm_tile(M, N, K, widened(M, K, A, a), widened(K, N, B, b), C, alpha);
-  }
+  if (runs_widened(M, N, K)) return widened_tile(M, N, K, A, B, C, alpha);
   const dnnl_status_t status = matmul_on_this_thread(M, N, K, A, B, C.data, C.ld, false, C.accumulate, alpha);
   if (status == dnnl_success) return;
   // As gemm_tile for float32: a refused tile is a broken internal invariant; stop loudly.
@@ -245,18 +389,8 @@ void gemm_tile(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<bfloat1
   std::abort();
 }
 
-std::string bf16_gemm_implementation() {
-  const auto bf16 = memory::data_type::bf16;
-  const memory::desc square({256, 256}, bf16, memory::dims{256, 1});
-  std::string onednn;
-  try {
-    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(square, square, square), cpu_engine());
-    onednn = pd.impl_info_str();
-  } catch (const dnnl::error&) {
-    onednn = "none";
-  }
-  if (native_bfloat16()) return "oneDNN matmul " + onednn;
-  return "float32 sgemm on widened operands (no bf16 instructions; oneDNN's bf16 matmul here: " + onednn + ")";
-}
+Bf16Path bf16_gemm_path() { return bf16_path_choice().path; }
+
+std::string bf16_gemm_implementation() { return bf16_path_choice().description; }
 
 }  // namespace mha::detail

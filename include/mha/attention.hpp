@@ -55,11 +55,23 @@
 ///
 /// bfloat16 (DType::BFloat16): q, k, v, out, weights and the gradients are bfloat16; the log-sum-exp is
 /// float32 (and the backward takes it as float32). Both products of a tile take bfloat16 operands with
-/// float32 accumulation (oneDNN's matmul primitive: AMX, AVX512-BF16 or its fallback, as the CPU has);
-/// the online softmax, its running max and sum and the output accumulator are float32; P is rounded to
-/// bfloat16 for the P V product and dS for the backward's products, as FlashAttention does; each
-/// result is rounded to bfloat16 once. The reference kernel computes bfloat16 in float32 (inputs
-/// widened exactly, results rounded once).
+/// float32 accumulation; the online softmax, its running max and sum and the output accumulator are
+/// float32; P is rounded to bfloat16 for the P V product and dS for the backward's products, as
+/// FlashAttention does; each result is rounded to bfloat16 once. The reference kernel computes bfloat16
+/// in float32 (inputs widened exactly, results rounded once).
+///
+/// The bfloat16 products run on one of two paths, chosen once per process by which ran faster at first use
+/// (the kernels' tiles timed for a few ms on one thread): oneDNN's matmul primitive on the CPU's bf16
+/// instructions (AMX or AVX512-BF16), or sgemm over the operands widened exactly to float32 (always,
+/// without bf16 instructions). `mha bench --dtype bf16` prints which and why; the environment variable
+/// MHA_BF16_GEMM=onednn|sgemm|auto forces one (another value is ignored, with a message on stderr). Both
+/// round at the same points, but they sum the float32 products in different orders, and the bf16
+/// instructions treat subnormal inputs and results as zero (measured with AMX) where sgemm keeps them: a
+/// float32 accumulator, overwritten or accumulated into, can differ in its last bits between the paths
+/// (measured on the kernels' tiles: 20-55% of the elements), and so a bfloat16 result by a unit in its last
+/// place. Both stay within the bfloat16 error rule, and a process's results are bitwise the same for every
+/// thread count; for results bitwise the same from one process to the next, set MHA_BF16_GEMM (a measured
+/// choice is stable while one path is clearly faster: oneDNN is kept unless sgemm is over 10% faster).
 #pragma once
 
 #include <cstdint>

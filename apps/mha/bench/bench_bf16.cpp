@@ -3,7 +3,9 @@
 //
 //   roof        oneDNN's bf16 matmul C [2048, 2048] = A B (one primitive, every thread), with the
 //               implementation oneDNN picked (brg:avx512_core_amx_bf16 on AMX, brg:avx512_core_bf16
-//               with AVX512-BF16, another name where the CPU has neither)
+//               with AVX512-BF16, another name where the CPU has neither); beside it the path the
+//               library's bf16 products took in this process and why (MHA_BF16_GEMM, or the rates
+//               measured at first use: src/bf16_path.hpp)
 //   core        scaled_dot_product_attention, B 1, h 8, N = L = S, d 64 and 128, forward and backward,
 //               GFLOP/s and % of the roof; float32 beside it; on one thread also the rate of the
 //               forward's two tile products alone, and so the share of the softmax's work
@@ -224,6 +226,7 @@ int run_bench_bf16(const BenchOptions& options, const std::string& command) {
   nlohmann::json report = {{"command", command},
                            {"machine", m.cpu_model + " (" + m.cpu_family_model + ")"},
                            {"onednn_isa", m.onednn_isa},
+                           {"bf16_path", mha::detail::bf16_gemm_implementation()},
                            {"date", m.date},
                            {"runs", nlohmann::json::array()}};
   for (const int threads : options.threads) {

@@ -22,10 +22,13 @@
 ///     every rank one early and one late chunk, so each does nearly the same work.
 /// shard_chunks() says which rows a rank holds; shard_sequence() and unshard_sequence() cut and join.
 ///
-/// Masks across shards: causal (over the whole sequence; needs L == S), key padding (each rank passes
-/// the mask of its own keys; it travels with them), key lengths (over the whole sequence, the same on
-/// every rank), dropout (drawn at global positions, so the mask equals the single-process one). A
-/// per-position attn_mask would need L_r x S memory per rank and is not offered.
+/// The score across shards (RingOptions is a ScoreSpec, mha/score.hpp): positions are those of the
+/// whole sequence, query i at i' = i + S - L as in one call, so causal (needs L == S), the sliding
+/// window and ALiBi's distances are the single-process ones; key padding (each rank passes the mask of
+/// its own keys; it travels with them), key lengths (over the whole sequence, the same on every rank),
+/// softcap, sinks and dropout (drawn at global positions, so the mask equals the single-process one).
+/// Key chunks wholly outside a query chunk's causal or window reach are skipped. A per-position
+/// attn_mask would need L_r x S memory per rank and is refused, as is a float key_padding_mask.
 ///
 /// Errors: every rank first checks its arguments, then one small collective (an allgather of each
 /// rank's sizes, options and error) runs before any exchange, so inconsistent shapes, dtypes or options
@@ -44,6 +47,7 @@
 #include "mha/attention.hpp"
 #include "mha/error.hpp"
 #include "mha/multi_head_attention.hpp"
+#include "mha/score.hpp"
 #include "mha/tensor.hpp"
 
 namespace mha::distributed {
@@ -71,19 +75,22 @@ Tensor shard_sequence(const TensorView& full, std::int64_t dim, int ranks, int r
 /// inverse of shard_sequence. The shards must agree in every other dimension and in dtype.
 Tensor unshard_sequence(const std::vector<TensorView>& shards, std::int64_t dim, Layout layout);
 
-struct RingOptions {
-  std::optional<double> scale;  ///< default 1 / sqrt(d_k); 0 or a normal number of the dtype (attention.hpp)
-  bool causal = false;          ///< over the whole sequence; needs L == S
+/// The score (ScoreSpec: scale, causal, key_padding_mask, key_lengths, window, ALiBi, softcap, sinks) over
+/// the whole sequence, and what concerns the ring call. Every rank must pass the same options (the key
+/// padding mask excepted: its own keys'); the agreement compares them, slopes and sinks by a digest.
+///   - causal: over the whole sequence; needs L == S.
+///   - key_padding_mask: bool [B, S_r], this rank's keys, true = padding (a float one is refused).
+///   - key_lengths: B lengths in [0, S] over the whole sequence.
+///   - attn_mask: refused (not taken across ranks).
+///   - window_left / window_right, alibi_slopes [h], softcap: as in one call over the whole sequence.
+///   - sinks [h]: each row's sink joins its softmax once, after the ring's last merge. The backward then
+///     also returns dsinks [h], the same on every rank: each rank's rows summed in float64, the ranks'
+///     sums added in rank order.
+struct RingOptions : ScoreSpec {
   Layout layout = Layout::Zigzag;
-  std::optional<TensorView> key_padding_mask;  ///< bool [B, S_r]: this rank's keys, true = padding
-  std::vector<std::int64_t> key_lengths;       ///< B lengths in [0, S] over the whole sequence (all ranks)
-  double dropout_p = 0.0;                      ///< in [0, 1); the mask of the single-process call
+  double dropout_p = 0.0;  ///< in [0, 1); the mask of the single-process call
   std::uint64_t dropout_seed = 0;
   Kernel kernel = Kernel::Flash;  ///< the kernel each block runs (float64 always runs the reference)
-  /// Attention sinks (mha/score.hpp): [h] float32 or float64, the same on every rank; each row's sink
-  /// joins its softmax once, after the ring's last merge. The backward then also returns dsinks [h],
-  /// the same on every rank: each rank's rows summed in float64, the ranks' sums added in rank order.
-  std::optional<TensorView> sinks;
 };
 
 struct RingResult {

@@ -19,7 +19,7 @@ on every rank, before any message is exchanged. See include/mha/distributed.hpp 
 """
 import numpy as np
 
-from . import Error, _kernel_arg, _key_lengths, Kernel
+from . import Error, _kernel_arg, _key_lengths, _variants, Kernel
 
 try:
     from . import _distributed
@@ -97,20 +97,25 @@ def unshard_sequence(shards, dim, layout="zigzag"):
     return np.concatenate([p for _, p in pieces], axis=dim)
 
 
-def _options(causal, scale, layout, key_padding_mask, key_lengths, dropout_p, dropout_seed, kernel, sinks=None):
+def _options(causal, scale, layout, key_padding_mask, key_lengths, dropout_p, dropout_seed, kernel, sinks=None,
+             window=None, alibi_slopes=None, softcap=0.0, attn_mask=None):
     if key_padding_mask is not None:
         key_padding_mask = np.asarray(key_padding_mask)
         if key_padding_mask.dtype != np.bool_:
             raise Error(f"key_padding_mask: ring attention takes a boolean mask [B, S_r], got {key_padding_mask.dtype}")
     kernel = _kernel_arg(kernel)
+    # window and softcap as given (_distributed converts them, naming what is not two 64-bit integers or
+    # a real number); attn_mask other than None reaches the library, which refuses it on every rank.
     return dict(causal=bool(causal), scale=scale, layout=_layout(layout), key_padding_mask=key_padding_mask,
                 key_lengths=_key_lengths(key_lengths), dropout_p=dropout_p, dropout_seed=dropout_seed,
                 kernel=Kernel.flash if kernel is None else kernel,
-                sinks=None if sinks is None else np.asarray(sinks))
+                attn_mask=None if attn_mask is None else np.asarray(attn_mask),
+                **_variants(window, alibi_slopes, softcap, sinks))
 
 
 def ring_attention(q, k, v, comm, *, causal=False, scale=None, layout="zigzag", key_padding_mask=None,
-                   key_lengths=None, dropout_p=0.0, dropout_seed=0, kernel=None, sinks=None):
+                   key_lengths=None, dropout_p=0.0, dropout_seed=0, kernel=None, sinks=None, window=None,
+                   alibi_slopes=None, softcap=0.0, attn_mask=None):
     """This rank's rows of softmax(q k^T * scale + masks) v over the whole sequence.
 
     Args:
@@ -126,19 +131,32 @@ def ring_attention(q, k, v, comm, *, causal=False, scale=None, layout="zigzag", 
         kernel: "flash" (default) or "reference", the kernel each block runs.
         sinks: attention sinks [h] (float32 or float64, the same on every rank), as
             mha.scaled_dot_product_attention takes them; each row's sink joins once.
+        window: a sliding window (left, right) over the whole sequence's positions (query i at
+            i + S - L, as in one call; -1 leaves a side unbounded); key chunks outside it are skipped.
+        alibi_slopes: ALiBi, [h] float slopes (the same on every rank): -slope[head] * |i' - j| at the
+            whole sequence's positions.
+        softcap: logit soft-capping (> 0), as mha.scaled_dot_product_attention takes it; 0 or None: none.
+        attn_mask: not taken across ranks (it would need L_r x S memory per rank): anything but None
+            raises mha.Error on every rank.
+
+    Every rank must pass the same options (key_padding_mask excepted: its own keys'); one that differs
+    raises mha.Error on every rank naming the option and the rank.
 
     Returns:
         (out [B, h, L_r, d_v], lse [B, h, L_r]): keep lse for ring_attention_backward.
     """
-    options = _options(causal, scale, layout, key_padding_mask, key_lengths, dropout_p, dropout_seed, kernel, sinks)
+    options = _options(causal, scale, layout, key_padding_mask, key_lengths, dropout_p, dropout_seed, kernel, sinks,
+                       window, alibi_slopes, softcap, attn_mask)
     return _distributed.ring_attention(q, k, v, comm, **options)
 
 
 def ring_attention_backward(dout, q, k, v, out, lse, comm, *, causal=False, scale=None, layout="zigzag",
                             key_padding_mask=None, key_lengths=None, dropout_p=0.0, dropout_seed=0, kernel=None,
-                            sinks=None):
+                            sinks=None, window=None, alibi_slopes=None, softcap=0.0, attn_mask=None):
     """The gradients (dq [B, h, L_r, d_k], dk [B, h, S_r, d_k], dv [B, h, S_r, d_v]) of this rank's
     shards, given dout (dLoss/dout of its rows) and the forward's out and lse, with the forward's
-    options; with sinks also dsinks [h] (the whole sequence's, the same on every rank)."""
-    options = _options(causal, scale, layout, key_padding_mask, key_lengths, dropout_p, dropout_seed, kernel, sinks)
+    options (window, alibi_slopes and softcap too); with sinks also dsinks [h] (the whole sequence's,
+    the same on every rank)."""
+    options = _options(causal, scale, layout, key_padding_mask, key_lengths, dropout_p, dropout_seed, kernel, sinks,
+                       window, alibi_slopes, softcap, attn_mask)
     return _distributed.ring_attention_backward(dout, q, k, v, out, lse, comm, **options)

@@ -30,16 +30,25 @@ MPI_Comm communicator(py::handle comm) {
 
 struct HeldRingOptions {
   distributed::RingOptions options;
-  std::optional<ArrayView> key_padding_mask, sinks;
+  std::optional<ArrayView> key_padding_mask, sinks, alibi_slopes, attn_mask;
 };
 
-// scale (None: the default), dropout_p and dropout_seed converted by name (arguments.hpp).
+// The score's arguments the ring takes besides causal and scale: the window (None or (left, right)),
+// alibi_slopes [h] and sinks [h] (None or arrays), softcap (None or 0: none), and attn_mask (None, or
+// anything else, which the library refuses by name on every rank).
+struct RingVariants {
+  py::handle window, alibi_slopes, softcap, sinks, attn_mask;
+};
+
+// scale (None: the default), dropout_p, dropout_seed, window and softcap converted by name (arguments.hpp).
 HeldRingOptions ring_options(bool causal, py::handle scale, Layout layout, py::handle key_padding_mask,
                              std::vector<std::int64_t> key_lengths, py::handle dropout_p, py::handle dropout_seed,
-                             Kernel kernel, py::handle sinks) {
+                             Kernel kernel, const RingVariants& variants) {
   HeldRingOptions held;
   held.key_padding_mask = optional_view_of(key_padding_mask, "key_padding_mask", Accept::Mask);
-  held.sinks = optional_view_of(sinks, "sinks", Accept::Float);
+  held.sinks = optional_view_of(variants.sinks, "sinks", Accept::Float);
+  held.alibi_slopes = optional_view_of(variants.alibi_slopes, "alibi_slopes", Accept::Float);
+  held.attn_mask = optional_view_of(variants.attn_mask, "attn_mask", Accept::Mask);
   distributed::RingOptions& o = held.options;
   o.scale = optional_float_arg(scale, "scale");
   o.causal = causal;
@@ -50,17 +59,22 @@ HeldRingOptions ring_options(bool causal, py::handle scale, Layout layout, py::h
   o.dropout_seed = uint64_arg(dropout_seed, "dropout_seed");
   o.kernel = kernel;
   if (held.sinks) o.sinks = held.sinks->view;
+  if (held.alibi_slopes) o.alibi_slopes = held.alibi_slopes->view;
+  if (held.attn_mask) o.attn_mask = held.attn_mask->view;
+  if (const auto window = window_arg(variants.window)) o.window_left = window->first, o.window_right = window->second;
+  o.softcap = softcap_arg(variants.softcap);
   return held;
 }
 
 py::tuple ring(py::handle q, py::handle k, py::handle v, py::handle comm, bool causal, py::handle scale, Layout layout,
                py::handle key_padding_mask, std::vector<std::int64_t> key_lengths, py::handle dropout_p,
-               py::handle dropout_seed, Kernel kernel, py::handle sinks) {
+               py::handle dropout_seed, Kernel kernel, py::handle sinks, py::handle window, py::handle alibi_slopes,
+               py::handle softcap, py::handle attn_mask) {
   const MPI_Comm c = communicator(comm);
   const ArrayView qv = view_of(q, "q", Accept::Float), kv = view_of(k, "k", Accept::Float),
                   vv = view_of(v, "v", Accept::Float);
   const HeldRingOptions held = ring_options(causal, scale, layout, key_padding_mask, std::move(key_lengths), dropout_p,
-                                            dropout_seed, kernel, sinks);
+                                            dropout_seed, kernel, {window, alibi_slopes, softcap, sinks, attn_mask});
   distributed::RingResult r;
   {
     py::gil_scoped_release release;
@@ -72,13 +86,14 @@ py::tuple ring(py::handle q, py::handle k, py::handle v, py::handle comm, bool c
 py::tuple ring_backward(py::handle dout, py::handle q, py::handle k, py::handle v, py::handle out, py::handle lse,
                         py::handle comm, bool causal, py::handle scale, Layout layout, py::handle key_padding_mask,
                         std::vector<std::int64_t> key_lengths, py::handle dropout_p, py::handle dropout_seed,
-                        Kernel kernel, py::handle sinks) {
+                        Kernel kernel, py::handle sinks, py::handle window, py::handle alibi_slopes, py::handle softcap,
+                        py::handle attn_mask) {
   const MPI_Comm c = communicator(comm);
   const ArrayView dv = view_of(dout, "dout", Accept::Float), qv = view_of(q, "q", Accept::Float),
                   kv = view_of(k, "k", Accept::Float), vv = view_of(v, "v", Accept::Float),
                   ov = view_of(out, "out", Accept::Float), lv = view_of(lse, "lse", Accept::Float);
   const HeldRingOptions held = ring_options(causal, scale, layout, key_padding_mask, std::move(key_lengths), dropout_p,
-                                            dropout_seed, kernel, sinks);
+                                            dropout_seed, kernel, {window, alibi_slopes, softcap, sinks, attn_mask});
   AttentionGradients g;
   {
     py::gil_scoped_release release;
@@ -110,9 +125,12 @@ PYBIND11_MODULE(_distributed, m) {
   });
   m.def("ring_attention", &ring, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("comm"), py::kw_only(),
         py::arg("causal"), py::arg("scale"), py::arg("layout"), py::arg("key_padding_mask"), py::arg("key_lengths"),
-        py::arg("dropout_p"), py::arg("dropout_seed"), py::arg("kernel"), py::arg("sinks") = py::none());
+        py::arg("dropout_p"), py::arg("dropout_seed"), py::arg("kernel"), py::arg("sinks") = py::none(),
+        py::arg("window") = py::none(), py::arg("alibi_slopes") = py::none(), py::arg("softcap") = py::none(),
+        py::arg("attn_mask") = py::none());
   m.def("ring_attention_backward", &ring_backward, py::arg("dout"), py::arg("q"), py::arg("k"), py::arg("v"),
         py::arg("out"), py::arg("lse"), py::arg("comm"), py::kw_only(), py::arg("causal"), py::arg("scale"),
         py::arg("layout"), py::arg("key_padding_mask"), py::arg("key_lengths"), py::arg("dropout_p"),
-        py::arg("dropout_seed"), py::arg("kernel"), py::arg("sinks") = py::none());
+        py::arg("dropout_seed"), py::arg("kernel"), py::arg("sinks") = py::none(), py::arg("window") = py::none(),
+        py::arg("alibi_slopes") = py::none(), py::arg("softcap") = py::none(), py::arg("attn_mask") = py::none());
 }

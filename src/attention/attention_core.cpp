@@ -152,12 +152,14 @@ Strided4<const U> mask4(const TensorView& m, std::int64_t h) {
   return s;
 }
 
-// The parameters shared by forward and backward: sizes, q, k, v, scale, masks, dropout.
+// The parameters shared by forward and backward: sizes, q, k, v, scale, masks, dropout, and where the
+// queries sit relative to the keys (query_shift: S - L, bottom-right aligned, unless given).
 template <class T>
 void fill_common(AttentionInputs<T>& p, const TensorView& q, const TensorView& k, const TensorView& v,
-                 const AttentionOptions& o) {
+                 const AttentionOptions& o, std::optional<std::int64_t> query_shift) {
   p.B = q.size(0), p.h = q.size(1), p.h_kv = k.size(1), p.L = q.size(2), p.d_k = q.size(3), p.S = k.size(2),
   p.d_v = v.size(3);
+  p.query_shift = query_shift ? *query_shift : p.S - p.L;
   p.q = strided4<T>(q);
   p.k = strided4<T>(k);
   p.v = strided4<T>(v);
@@ -234,29 +236,32 @@ void round_into(const Tensor& src, const StridedOutput& dst) {
 
 template <class T>
 void run_typed(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionOptions& o,
-               const StridedOutput& out, Tensor& weights, Tensor& lse, bool partial_over_keys);
+               const StridedOutput& out, Tensor& weights, Tensor& lse, bool partial_over_keys,
+               std::optional<std::int64_t> query_shift);
 
 // bfloat16 attention computed in float32: the inputs widened (exactly), the float32 kernel run, its
 // results rounded to bfloat16 once. The reference kernel runs so for bfloat16 inputs.
 void forward_in_float32(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionOptions& o,
-                        const StridedOutput& out, Tensor& weights, Tensor& lse, bool partial_over_keys) {
+                        const StridedOutput& out, Tensor& weights, Tensor& lse, bool partial_over_keys,
+                        std::optional<std::int64_t> query_shift) {
   const Tensor q32 = Tensor::copy_of(q, DType::Float32), k32 = Tensor::copy_of(k, DType::Float32);
   const Tensor v32 = Tensor::copy_of(v, DType::Float32);
   Tensor out32(DType::Float32, {q.size(0), q.size(1), q.size(2), v.size(3)}), weights32;
-  run_typed<float>(q32, k32, v32, o, {out32.data(), out32.strides()}, weights32, lse, partial_over_keys);
+  run_typed<float>(q32, k32, v32, o, {out32.data(), out32.strides()}, weights32, lse, partial_over_keys, query_shift);
   round_into(out32, out);
   if (weights32.defined()) weights = Tensor::copy_of(weights32, DType::BFloat16);
 }
 
 template <class T>
 void run_typed(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionOptions& o,
-               const StridedOutput& out, Tensor& weights, Tensor& lse, bool partial_over_keys) {
+               const StridedOutput& out, Tensor& weights, Tensor& lse, bool partial_over_keys,
+               std::optional<std::int64_t> query_shift) {
   const bool flash = o.kernel == Kernel::Flash && v.size(3) > 0;  // d_v = 0: nothing to tile
   if constexpr (std::is_same_v<T, bfloat16>) {
-    if (!flash) return forward_in_float32(q, k, v, o, out, weights, lse, partial_over_keys);
+    if (!flash) return forward_in_float32(q, k, v, o, out, weights, lse, partial_over_keys, query_shift);
   }
   AttentionParams<T> p;
-  fill_common(p, q, k, v, o);
+  fill_common(p, q, k, v, o, query_shift);
   p.partial_over_keys = partial_over_keys;
   if (partial_over_keys) p.sinks = nullptr;  // the caller's merge adds the sink once
   p.out = strided_output<T>(out);
@@ -278,16 +283,17 @@ void run_typed(const TensorView& q, const TensorView& k, const TensorView& v, co
 
 void backward_in_float32(const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
                          const TensorView& out, const TensorView& lse, const AttentionOptions& o,
-                         const StridedOutput& dq, const StridedOutput& dk, const StridedOutput& dv);
+                         const StridedOutput& dq, const StridedOutput& dk, const StridedOutput& dv,
+                         std::optional<std::int64_t> query_shift);
 
 // The backward's parameter object for inputs of type T (the lse in compute_t<T>).
 template <class T>
 AttentionBackwardParams<T> backward_params(const TensorView& dout, const TensorView& q, const TensorView& k,
                                            const TensorView& v, const TensorView& out, const TensorView& lse,
                                            const AttentionOptions& o, const StridedOutput& dq, const StridedOutput& dk,
-                                           const StridedOutput& dv) {
+                                           const StridedOutput& dv, std::optional<std::int64_t> query_shift) {
   AttentionBackwardParams<T> p;
-  fill_common(p, q, k, v, o);
+  fill_common(p, q, k, v, o, query_shift);
   p.dout = strided4<T>(dout);
   p.o = strided4<T>(out);
   p.lse_in.data = lse.data_as<compute_t<T>>();
@@ -301,17 +307,18 @@ AttentionBackwardParams<T> backward_params(const TensorView& dout, const TensorV
 template <class T>
 void run_backward_typed(const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
                         const TensorView& out, const TensorView& lse, const AttentionOptions& o,
-                        const StridedOutput& dq, const StridedOutput& dk, const StridedOutput& dv) {
+                        const StridedOutput& dq, const StridedOutput& dk, const StridedOutput& dv,
+                        std::optional<std::int64_t> shift) {
   // d_v = 0, L = 0 or S = 0: nothing to tile (and the reference zeroes what has no gradient)
   const bool flash = o.kernel == Kernel::Flash && v.size(3) > 0 && q.size(2) > 0 && k.size(2) > 0;
   if constexpr (std::is_same_v<T, double>) {
-    reference_attention_backward(backward_params<T>(dout, q, k, v, out, lse, o, dq, dk, dv));
+    reference_attention_backward(backward_params<T>(dout, q, k, v, out, lse, o, dq, dk, dv, shift));
   } else if (flash) {
-    flash_attention_backward(backward_params<T>(dout, q, k, v, out, lse, o, dq, dk, dv));
+    flash_attention_backward(backward_params<T>(dout, q, k, v, out, lse, o, dq, dk, dv, shift));
   } else if constexpr (std::is_same_v<T, float>) {
-    reference_attention_backward(backward_params<T>(dout, q, k, v, out, lse, o, dq, dk, dv));
+    reference_attention_backward(backward_params<T>(dout, q, k, v, out, lse, o, dq, dk, dv, shift));
   } else {
-    backward_in_float32(dout, q, k, v, out, lse, o, dq, dk, dv);
+    backward_in_float32(dout, q, k, v, out, lse, o, dq, dk, dv, shift);
   }
 }
 
@@ -319,12 +326,13 @@ void run_backward_typed(const TensorView& dout, const TensorView& q, const Tenso
 // rounded to bfloat16 once. The reference kernel runs so for bfloat16 inputs.
 void backward_in_float32(const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
                          const TensorView& out, const TensorView& lse, const AttentionOptions& o,
-                         const StridedOutput& dq, const StridedOutput& dk, const StridedOutput& dv) {
+                         const StridedOutput& dq, const StridedOutput& dk, const StridedOutput& dv,
+                         std::optional<std::int64_t> query_shift) {
   auto widened = [](const TensorView& t) { return Tensor::copy_of(t, DType::Float32); };
   const Tensor dout32 = widened(dout), q32 = widened(q), k32 = widened(k), v32 = widened(v), out32 = widened(out);
   Tensor dq32(DType::Float32, q.shape()), dk32(DType::Float32, k.shape()), dv32(DType::Float32, v.shape());
   run_backward_typed<float>(dout32, q32, k32, v32, out32, lse, o, {dq32.data(), dq32.strides()},
-                            {dk32.data(), dk32.strides()}, {dv32.data(), dv32.strides()});
+                            {dk32.data(), dk32.strides()}, {dv32.data(), dv32.strides()}, query_shift);
   round_into(dq32, dq);
   round_into(dk32, dk);
   round_into(dv32, dv);
@@ -373,7 +381,7 @@ TensorView with_readable_rows(const TensorView& t, Tensor& storage) {
 void run_attention_backward(const TensorView& dout_in, const TensorView& q_in, const TensorView& k_in,
                             const TensorView& v_in, const TensorView& out, const TensorView& lse,
                             const AttentionOptions& o, const StridedOutput& dq, const StridedOutput& dk,
-                            const StridedOutput& dv) {
+                            const StridedOutput& dv, std::optional<std::int64_t> query_shift) {
   Tensor copies[4];
   const TensorView q = with_readable_rows(q_in, copies[0]);
   const TensorView k = with_readable_rows(k_in, copies[1]);
@@ -381,18 +389,21 @@ void run_attention_backward(const TensorView& dout_in, const TensorView& q_in, c
   const TensorView dout = with_readable_rows(dout_in, copies[3]);
   Tensor masks[4];
   const AttentionOptions oc = with_compute_masks(o, compute_dtype(q.dtype()), masks);
-  dispatch_floating(q.dtype(), [&]<class T>(T) { run_backward_typed<T>(dout, q, k, v, out, lse, oc, dq, dk, dv); });
+  dispatch_floating(q.dtype(),
+                    [&]<class T>(T) { run_backward_typed<T>(dout, q, k, v, out, lse, oc, dq, dk, dv, query_shift); });
 }
 
 void run_attention(const TensorView& q_in, const TensorView& k_in, const TensorView& v_in, const AttentionOptions& o,
-                   const StridedOutput& out, Tensor& weights, Tensor& lse, bool partial_over_keys) {
+                   const StridedOutput& out, Tensor& weights, Tensor& lse, bool partial_over_keys,
+                   std::optional<std::int64_t> query_shift) {
   Tensor copies[3];
   const TensorView q = with_readable_rows(q_in, copies[0]);
   const TensorView k = with_readable_rows(k_in, copies[1]);
   const TensorView v = with_readable_rows(v_in, copies[2]);
   Tensor masks[4];
   const AttentionOptions oc = with_compute_masks(o, compute_dtype(q.dtype()), masks);
-  dispatch_floating(q.dtype(), [&]<class T>(T) { run_typed<T>(q, k, v, oc, out, weights, lse, partial_over_keys); });
+  dispatch_floating(q.dtype(),
+                    [&]<class T>(T) { run_typed<T>(q, k, v, oc, out, weights, lse, partial_over_keys, query_shift); });
 }
 
 }  // namespace mha::detail

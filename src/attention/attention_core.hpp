@@ -5,6 +5,9 @@
 // Legend: B batch, h heads, L queries, S keys, d_k query/key width, d_v value width.
 #pragma once
 
+#include <cstdint>
+#include <optional>
+
 #include "mha/attention.hpp"
 
 namespace mha::detail {
@@ -34,13 +37,19 @@ struct StridedOutput {
 // allowed logits are all -inf has no weight in this part, lse -inf, marked by a NaN output row (not
 // 0 / 0 already: the other parts may give it weight), see AttentionParams; the kernel then leaves
 // options.sinks to the caller, whose merge adds each sink once (LseMerge::add_sink).
+// query_shift: the position of query row 0 minus that of key 0 (query i sits at i + query_shift, key j
+// at j), by which causal, the window and ALiBi's distances are taken; nullopt: S - L, the public
+// calls' bottom-right alignment. The ring passes a chunk pair's offset in the whole sequence.
 void run_attention(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionOptions& options,
-                   const StridedOutput& out, Tensor& weights, Tensor& lse, bool partial_over_keys = false);
+                   const StridedOutput& out, Tensor& weights, Tensor& lse, bool partial_over_keys = false,
+                   std::optional<std::int64_t> query_shift = std::nullopt);
 
 // Runs the backward of the kernel chosen by options.kernel on validated arguments, writing
-// dq [B, h, L, d_k], dk [B, h, S, d_k], dv [B, h, S, d_v]; they must be zero on entry.
+// dq [B, h, L, d_k], dk [B, h, S, d_k], dv [B, h, S, d_v]; they must be zero on entry. query_shift as
+// for run_attention (the forward's).
 void run_attention_backward(const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
                             const TensorView& out, const TensorView& lse, const AttentionOptions& options,
-                            const StridedOutput& dq, const StridedOutput& dk, const StridedOutput& dv);
+                            const StridedOutput& dq, const StridedOutput& dk, const StridedOutput& dv,
+                            std::optional<std::int64_t> query_shift = std::nullopt);
 
 }  // namespace mha::detail

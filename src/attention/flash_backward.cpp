@@ -214,14 +214,15 @@ void KeyBlockGradients(const BackwardContext<T>& ctx, BackwardTiles<T>& t, std::
   const AttentionBackwardParams<T>& p = ctx.p;
   const std::int64_t key_end = p.key_lengths ? std::min(p.S, p.key_lengths[b]) : p.S;
   const std::int64_t cols = std::clamp<std::int64_t>(key_end - j0, 0, kBlockK);
-  // Causal (or a window's right bound): query i sees key j only when i >= j - right - (S - L); earlier
-  // query blocks see nothing here. A window's left bound: only when i <= j + left - (S - L).
+  // Causal (or a window's right bound): query i sees key j only when i >= j - right - query_shift;
+  // earlier query blocks see nothing here. A window's left bound: only when i <= j + left - query_shift.
   const std::int64_t right = right_extent(p), left = p.window_left;
-  const std::int64_t first_query = right >= 0 ? std::max<std::int64_t>(0, j0 - right - (p.S - p.L)) : 0;
+  const std::int64_t first_query = right >= 0 ? std::max<std::int64_t>(0, j0 - right - p.query_shift) : 0;
   const std::int64_t first_block = first_query / kBlockQ * kBlockQ;
-  const std::int64_t query_end = left >= 0 ? std::clamp<std::int64_t>(j0 + cols + left - (p.S - p.L), 0, p.L) : p.L;
-  // Keys past key_end (padding) and keys no query sees get exactly 0.
-  if (cols == 0 || first_block >= query_end) {
+  const std::int64_t query_end = left >= 0 ? std::clamp<std::int64_t>(j0 + cols + left - p.query_shift, 0, p.L) : p.L;
+  // Keys past key_end (padding) and keys no query sees get exactly 0 (first_query >= L: the block lies
+  // right of every query's reach, as a key chunk after the query chunk does with causal).
+  if (cols == 0 || first_block >= query_end || first_query >= p.L) {
     const std::int64_t end = std::min(p.S, j0 + kBlockK);
     ZeroRows(p.dk, b, kv, j0, end, p.d_k), ZeroRows(p.dv, b, kv, j0, end, p.d_v);
     return;

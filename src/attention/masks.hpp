@@ -12,7 +12,7 @@
 
 namespace mha::detail {
 
-// How far right of its position i' = i + S - L a query may see: 0 under causal, window_right with a
+// How far right of its position i' = i + query_shift a query may see: 0 under causal, window_right with a
 // window (the smaller of the two with both), -1 for no bound.
 template <class T>
 std::int64_t right_extent(const AttentionInputs<T>& p) {
@@ -25,17 +25,17 @@ template <class T>
 std::int64_t key_range_end(const AttentionInputs<T>& p, std::int64_t b, std::int64_t i0, std::int64_t rows) {
   std::int64_t end = p.S;
   if (p.key_lengths) end = std::min(end, p.key_lengths[b]);
-  if (right_extent(p) >= 0)  // the last row sees j <= i + S - L + right
-    end = std::min(end, std::max<std::int64_t>(0, i0 + rows + p.S - p.L + right_extent(p)));
+  if (right_extent(p) >= 0)  // the last row sees j <= i' + right
+    end = std::min(end, std::max<std::int64_t>(0, p.query_position(i0 + rows - 1) + right_extent(p) + 1));
   return end;
 }
 
 // The first key block (a multiple of block) that query rows from i0 on may see: a sliding window's
-// left bound hides the keys before i0 + S - L - window_left from all of them.
+// left bound hides the keys before i0' - window_left from all of them.
 template <class T>
 std::int64_t key_block_begin(const AttentionInputs<T>& p, std::int64_t i0, std::int64_t block) {
   if (p.window_left < 0) return 0;
-  return std::max<std::int64_t>(0, i0 + p.S - p.L - p.window_left) / block * block;
+  return std::max<std::int64_t>(0, p.query_position(i0) - p.window_left) / block * block;
 }
 
 // Whether logits tiles need per-element masking by the masks given as data (key padding, boolean and
@@ -52,7 +52,7 @@ bool needs_data_masks(const AttentionInputs<T>& p) {
 template <class T>
 std::int64_t causal_visible(const AttentionInputs<T>& p, std::int64_t i, std::int64_t j0, std::int64_t cols) {
   if (right_extent(p) < 0) return cols;
-  return std::clamp<std::int64_t>(i + p.S - p.L + right_extent(p) - j0 + 1, 0, cols);
+  return std::clamp<std::int64_t>(p.query_position(i) + right_extent(p) - j0 + 1, 0, cols);
 }
 
 // Applies the masks to a logits tile s [rows, cols] (row stride ld): forbidden -> -inf, additive added.

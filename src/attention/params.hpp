@@ -43,10 +43,16 @@ struct AttentionInputs {
   std::int64_t group() const { return h_kv > 0 ? h / h_kv : 1; }
   std::int64_t kv_head(std::int64_t head) const { return head / group(); }
 
+  // Positions: key j sits at j, query i at i' = i + query_shift. The public calls align the queries
+  // bottom-right, query_shift = S - L (fill_common); the ring passes a chunk pair's offset in the whole
+  // sequence (its query chunk's first position minus its key chunk's), which may be negative or exceed S.
+  std::int64_t query_shift = 0;
+  std::int64_t query_position(std::int64_t i) const { return i + query_shift; }
+
   Acc scale = 1;
-  bool causal = false;  // key j allowed for query i iff j <= i + S - L
-  // A sliding window (FlashAttention-2's window_size; -1: unbounded on that side): query i, at position
-  // i' = i + S - L, sees key j only when i' - window_left <= j <= i' + window_right.
+  bool causal = false;  // key j allowed for query i iff j <= i'
+  // A sliding window (FlashAttention-2's window_size; -1: unbounded on that side): query i sees key j
+  // only when i' - window_left <= j <= i' + window_right.
   std::int64_t window_left = -1, window_right = -1;
   const Acc* alibi_slopes = nullptr;  // [h] or null: ALiBi adds -slope[head] * |i' - j| to logit (i, j)
   Acc softcap = 0;                    // > 0: the scaled logit x becomes softcap * tanh(x / softcap), first
@@ -68,9 +74,10 @@ struct AttentionInputs {
 
   // Whether query i may attend to key j by the boolean masks (the additive mask is applied apart).
   bool allowed(std::int64_t b, std::int64_t head, std::int64_t i, std::int64_t j) const {
-    if (causal && j > i + S - L) return false;
-    if (window_left >= 0 && j < i + S - L - window_left) return false;
-    if (window_right >= 0 && j > i + S - L + window_right) return false;
+    const std::int64_t position = query_position(i);
+    if (causal && j > position) return false;
+    if (window_left >= 0 && j < position - window_left) return false;
+    if (window_right >= 0 && j > position + window_right) return false;
     if (key_lengths && j >= key_lengths[b]) return false;
     if (key_padding && key_padding(b, head, i, j)) return false;
     if (bool_mask && bool_mask(b, head, i, j)) return false;
@@ -85,7 +92,7 @@ struct AttentionInputs {
     return sum;
   }
   Acc alibi_bias(std::int64_t head, std::int64_t i, std::int64_t j) const {
-    const std::int64_t distance = i + S - L - j;
+    const std::int64_t distance = query_position(i) - j;
     return -alibi_slopes[head] * static_cast<Acc>(distance < 0 ? -distance : distance);
   }
 

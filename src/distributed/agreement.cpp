@@ -61,6 +61,11 @@ std::string difference(const RankCall& a, const RankCall& b) {
       differs("key_lengths (a digest)", a.key_lengths_digest, b.key_lengths_digest),
       named("sinks", given_text(a.has_sinks), given_text(b.has_sinks)),
       differs("sinks (a digest)", a.sinks_digest, b.sinks_digest),
+      differs("window_left", a.window_left, b.window_left),
+      differs("window_right", a.window_right, b.window_right),
+      named("alibi_slopes", given_text(a.has_alibi), given_text(b.has_alibi)),
+      differs("alibi_slopes (a digest)", a.alibi_digest, b.alibi_digest),
+      differs("softcap", a.softcap, b.softcap),
   };
   for (const std::string& c : checks)
     if (!c.empty()) return c;
@@ -162,16 +167,24 @@ void fill_call(RankCall& c, const TensorView& q, const TensorView& k, const Tens
   c.key_lengths_count = static_cast<std::int64_t>(o.key_lengths.size());
   c.key_lengths_digest = key_lengths_digest(o.key_lengths);
   c.has_sinks = o.sinks.has_value();
-  if (o.sinks && o.sinks->rank() == 1 && (o.sinks->dtype() == DType::Float32 || o.sinks->dtype() == DType::Float64)) {
-    std::uint64_t digest = mha::detail::mix64(static_cast<std::uint64_t>(o.sinks->size(0)));
-    for (std::int64_t head = 0; head < o.sinks->size(0); ++head) {
-      const std::int64_t at = head * o.sinks->stride(0);
-      const double sink =
-          o.sinks->dtype() == DType::Float32 ? o.sinks->data_as<float>()[at] : o.sinks->data_as<double>()[at];
-      digest = mha::detail::mix64(digest ^ std::bit_cast<std::uint64_t>(sink));
-    }
-    c.sinks_digest = digest;
+  c.sinks_digest = values_digest(o.sinks);
+  c.has_alibi = o.alibi_slopes.has_value();
+  c.alibi_digest = values_digest(o.alibi_slopes);
+  c.window_left = o.window_left, c.window_right = o.window_right;
+  c.softcap = o.softcap;
+}
+
+std::uint64_t values_digest(const std::optional<TensorView>& values) {
+  if (!values || values->rank() != 1 || (values->dtype() != DType::Float32 && values->dtype() != DType::Float64))
+    return 0;
+  const TensorView& x = *values;
+  std::uint64_t digest = mha::detail::mix64(static_cast<std::uint64_t>(x.size(0)));
+  for (std::int64_t i = 0; i < x.size(0); ++i) {
+    const std::int64_t at = i * x.stride(0);
+    const double value = x.dtype() == DType::Float32 ? x.data_as<float>()[at] : x.data_as<double>()[at];
+    digest = mha::detail::mix64(digest ^ std::bit_cast<std::uint64_t>(value));
   }
+  return digest;
 }
 
 std::uint64_t key_lengths_digest(const std::vector<std::int64_t>& lengths) {

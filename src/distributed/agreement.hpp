@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <exception>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,8 +25,10 @@ struct RankCall {
   std::int64_t B = 0, h = 0, L_r = 0, S_r = 0, d_k = 0, d_v = 0;
   double scale = 0, dropout_p = 0;  // scale: NaN when the default
   std::uint64_t dropout_seed = 0, key_lengths_digest = 0;
-  std::int32_t has_sinks = 0;
-  std::uint64_t sinks_digest = 0;  // of the sinks' values, as float64 bits
+  std::int32_t has_sinks = 0, has_alibi = 0;
+  std::uint64_t sinks_digest = 0, alibi_digest = 0;  // of the sinks' and the ALiBi slopes' values (values_digest)
+  std::int64_t window_left = -1, window_right = -1;
+  double softcap = 0;
   std::int64_t key_lengths_count = 0;
   char error[256] = {};  // this rank's own argument error, or empty
 };
@@ -47,6 +50,10 @@ struct AgreedCall {
 
 // A 64-bit digest of the key lengths, by which the ranks compare them.
 std::uint64_t key_lengths_digest(const std::vector<std::int64_t>& lengths);
+
+// A 64-bit digest of a float32 or float64 vector's values as float64 bits (the sinks, the ALiBi slopes),
+// by which the ranks compare them; 0 for none or another shape or dtype (which the local checks refuse).
+std::uint64_t values_digest(const std::optional<TensorView>& values);
 
 // The whole length that shards of rows[r] rows (rank r's) most likely came from, by which a wrong
 // shard is told from the right ones (the sum of the rows, which a wrong shard is part of, blames

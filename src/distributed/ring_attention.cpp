@@ -54,16 +54,17 @@ struct Ring {
   int block_owner(int step) const { return (rank - step % size + size) % size; }
 };
 
-// The single-process options this rank's arguments are checked with (key lengths are checked against
-// the whole sequence by the agreement instead).
+// The single-process options this rank's arguments are checked with: the score as given (scale,
+// window, ALiBi slopes, softcap, sinks, this rank's key padding), checked as one call checks it; key
+// lengths are checked against the whole sequence by the agreement instead.
 AttentionOptions local_options(const RingOptions& o) {
   AttentionOptions a;
-  a.scale = o.scale;
-  a.key_padding_mask = o.key_padding_mask;
+  static_cast<ScoreSpec&>(a) = o;
+  a.key_lengths.clear();
+  a.attn_mask.reset();  // refused by check_local first
   a.dropout_p = o.dropout_p;
   a.dropout_seed = o.dropout_seed;
   a.kernel = o.kernel;
-  a.sinks = o.sinks;
   return a;
 }
 
@@ -83,6 +84,9 @@ std::vector<T> sinks_of(const RingOptions& o) {
 bool ring_dtype(DType dtype) { return dtype == DType::Float32 || dtype == DType::Float64; }
 
 void check_local(const TensorView& q, const TensorView& k, const TensorView& v, const RingOptions& o) {
+  if (o.attn_mask)
+    throw Error("attn_mask: not taken across ranks (a per-position mask would need L_r x S memory per rank); "
+                "use causal, a window, key_padding_mask or key_lengths");
   mha::detail::validate_attention(q, k, v, local_options(o));
   if (!ring_dtype(q.dtype()))
     throw Error(std::string("q: ring attention takes float32 or float64, got ") + dtype_name(q.dtype()) +
@@ -99,13 +103,34 @@ void check_local(const TensorView& q, const TensorView& k, const TensorView& v, 
                 std::to_string(INT_MAX) + "); use more ranks");
 }
 
-// The options of the kernel call for query chunk qc and key chunk kc of the block of rank src.
+// Where query chunk qc sits relative to key chunk kc (the kernels' query_shift): its first query's
+// position in the whole sequence, qc.start + S - L (bottom-right aligned, as one call places it), minus
+// kc's first key's.
+std::int64_t query_shift(const AgreedCall& call, SequenceChunk qc, SequenceChunk kc) {
+  return qc.start + (call.S - call.L) - kc.start;
+}
+
+// Whether some query of qc may see some key of kc by causal and the window (positions as query_shift):
+// the pairs with none are skipped.
+bool pair_has_work(const RingOptions& o, std::int64_t shift, SequenceChunk qc, SequenceChunk kc) {
+  const std::int64_t first = shift, last = shift + qc.length - 1;  // the queries' positions, from kc's first key
+  std::int64_t right = o.window_right;                             // how far right of its position a query sees
+  if (o.causal) right = right >= 0 ? std::min<std::int64_t>(right, 0) : 0;
+  if (right >= 0 && last + right < 0) return false;                               // every key after every reach
+  if (o.window_left >= 0 && first - o.window_left > kc.length - 1) return false;  // every key before it
+  return true;
+}
+
+// The options of the kernel call for query chunk qc and key chunk kc of the block of rank src: the score
+// as given (run with query_shift(qc, kc), so causal, the window and ALiBi take whole-sequence positions),
+// the key padding and lengths of kc's keys, dropout at the chunks' offsets; the sinks are left to the
+// merge (finish_merged_rows).
 template <class T>
 AttentionOptions pair_options(const RingOptions& o, SequenceChunk qc, SequenceChunk kc, const BlockLayout<T>& layout,
                               const T* block, std::int64_t S_src, std::int64_t kc_local) {
   AttentionOptions a;
-  a.scale = o.scale;
-  a.causal = o.causal && qc.start == kc.start;  // the diagonal chunk; the others are wholly seen or skipped
+  static_cast<ScoreSpec&>(a) = o;
+  a.key_padding_mask.reset(), a.key_lengths.clear(), a.sinks.reset();
   if (layout.padding) a.key_padding_mask = layout.mask(block, S_src, kc_local, kc.length);
   for (std::int64_t n : o.key_lengths) a.key_lengths.push_back(std::clamp<std::int64_t>(n - kc.start, 0, kc.length));
   a.dropout_p = o.dropout_p;
@@ -117,15 +142,17 @@ AttentionOptions pair_options(const RingOptions& o, SequenceChunk qc, SequenceCh
   return a;
 }
 
-// Calls work(qc, q_local_start, kc, k_local_start) for every pair of this rank's query chunks and the
-// key chunks of rank src that has work: all of them, or with causal those at or before the query chunk.
+// Calls work(qc, q_local_start, kc, k_local_start, shift) for every pair of this rank's query chunks and
+// the key chunks of rank src that has work (pair_has_work: with causal those at or before the query
+// chunk; with a window those within its reach), shift = query_shift(qc, kc).
 template <class Work>
-void for_each_pair(const AgreedCall& call, int rank, int src, bool causal, Work&& work) {
+void for_each_pair(const AgreedCall& call, int rank, int src, const RingOptions& o, Work&& work) {
   std::int64_t q_local = 0;
   for (SequenceChunk qc : call.q_chunks(rank)) {
     std::int64_t k_local = 0;
     for (SequenceChunk kc : call.kv_chunks(src)) {
-      if (qc.length > 0 && kc.length > 0 && !(causal && kc.start > qc.start)) work(qc, q_local, kc, k_local);
+      const std::int64_t shift = query_shift(call, qc, kc);
+      if (qc.length > 0 && kc.length > 0 && pair_has_work(o, shift, qc, kc)) work(qc, q_local, kc, k_local, shift);
       k_local += kc.length;
     }
     q_local += qc.length;
@@ -174,20 +201,22 @@ RingResult forward(const TensorView& q, const TensorView& k, const TensorView& v
   for (int step = 0; step < ring.size; ++step) {
     const int src = ring.block_owner(step);
     Requests transfer = pass_block_on(ring, call, layout, step, current, next);
-    for_each_pair(call, ring.rank, src, o.causal,
-                  [&](SequenceChunk qc, std::int64_t q_local, SequenceChunk kc, std::int64_t k_local) {
-                    const T* block = current.data();
-                    // The kernel behind scaled_dot_product_attention (the arguments were checked once, above),
-                    // told its keys are a part: a row whose allowed logits here are all -inf is no weight yet.
-                    AttentionResult part;
-                    part.out = Tensor::uninitialized(dtype_of<T>(), {B, h, qc.length, mine.d_v});
-                    mha::detail::run_attention(
-                        detail::rows_of(q, q_local, qc.length), layout.k(block, call.S_of(src), k_local, kc.length),
-                        layout.v(block, call.S_of(src), k_local, kc.length),
-                        pair_options(o, qc, kc, layout, block, call.S_of(src), k_local),
-                        {part.out.data(), part.out.strides()}, part.weights, part.lse, /*partial_over_keys=*/true);
-                    detail::merge_partial<T>(result.out, result.lse, q_local, part.out, part.lse, all_minus_inf);
-                  });
+    for_each_pair(
+        call, ring.rank, src, o,
+        [&](SequenceChunk qc, std::int64_t q_local, SequenceChunk kc, std::int64_t k_local, std::int64_t shift) {
+          const T* block = current.data();
+          // The kernel behind scaled_dot_product_attention (the arguments were checked once, above),
+          // told its keys are a part (a row whose allowed logits here are all -inf is no weight yet)
+          // and where its queries sit relative to its keys.
+          AttentionResult part;
+          part.out = Tensor::uninitialized(dtype_of<T>(), {B, h, qc.length, mine.d_v});
+          mha::detail::run_attention(
+              detail::rows_of(q, q_local, qc.length), layout.k(block, call.S_of(src), k_local, kc.length),
+              layout.v(block, call.S_of(src), k_local, kc.length),
+              pair_options(o, qc, kc, layout, block, call.S_of(src), k_local), {part.out.data(), part.out.strides()},
+              part.weights, part.lse, /*partial_over_keys=*/true, shift);
+          detail::merge_partial<T>(result.out, result.lse, q_local, part.out, part.lse, all_minus_inf);
+        });
     transfer.wait();
     std::swap(current, next);
   }
@@ -207,6 +236,19 @@ Tensor sink_gradients_over_ranks(const Ring& ring, const TensorView& dout, const
   for (int r = 0; r < ring.size; ++r)
     for (std::size_t head = 0; head < h; ++head) sum[head] += all[static_cast<std::size_t>(r) * h + head];
   return mha::detail::sink_gradient_tensor(sum, sinks.dtype());
+}
+
+// One chunk pair's gradients: the backward kernel (on arguments the caller checked) with the forward's
+// query shift, into zeroed buffers (it requires them zero). dout, q, out, lse: the query chunk's rows
+// ([B, h, n, *]); k, v: the key chunk's ([B, h, m, *]). Returns dq [B, h, n, d_k], dk [B, h, m, d_k],
+// dv [B, h, m, d_v].
+AttentionGradients pair_gradients(const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
+                                  const TensorView& out, const TensorView& lse, const AttentionOptions& options,
+                                  std::int64_t shift) {
+  AttentionGradients g{Tensor(q.dtype(), q.shape()), Tensor(q.dtype(), k.shape()), Tensor(q.dtype(), v.shape())};
+  mha::detail::run_attention_backward(dout, q, k, v, out, lse, options, {g.dq.data(), g.dq.strides()},
+                                      {g.dk.data(), g.dk.strides()}, {g.dv.data(), g.dv.strides()}, shift);
+  return g;
 }
 
 template <class T>
@@ -245,18 +287,19 @@ AttentionGradients backward(const TensorView& dout, const TensorView& q, const T
                 kGradientTag, ring.comm, &gradient_received.pending[0]);
     }
     gradients.assign(static_cast<std::size_t>(gradient_elements(src)), T(0));
-    for_each_pair(call, ring.rank, src, o.causal,
-                  [&](SequenceChunk qc, std::int64_t q_local, SequenceChunk kc, std::int64_t k_local) {
-                    const T* block = current.data();
-                    const AttentionGradients part = scaled_dot_product_attention_backward(
-                        detail::rows_of(dout, q_local, qc.length), detail::rows_of(q, q_local, qc.length),
-                        layout.k(block, S_src, k_local, kc.length), layout.v(block, S_src, k_local, kc.length),
-                        detail::rows_of(out, q_local, qc.length), detail::rows_of(lse, q_local, qc.length),
-                        pair_options(o, qc, kc, layout, block, S_src, k_local));
-                    detail::add_rows<T>(dq.data_as<T>(), L_r, q_local, part.dq);
-                    detail::add_rows<T>(gradients.data(), S_src, k_local, part.dk);
-                    detail::add_rows<T>(gradients.data() + layout.k_elements(S_src), S_src, k_local, part.dv);
-                  });
+    for_each_pair(
+        call, ring.rank, src, o,
+        [&](SequenceChunk qc, std::int64_t q_local, SequenceChunk kc, std::int64_t k_local, std::int64_t shift) {
+          const T* block = current.data();
+          auto rows = [&](const TensorView& t) { return detail::rows_of(t, q_local, qc.length); };
+          const AttentionGradients part =
+              pair_gradients(rows(dout), rows(q), layout.k(block, S_src, k_local, kc.length),
+                             layout.v(block, S_src, k_local, kc.length), rows(out), rows(lse),
+                             pair_options(o, qc, kc, layout, block, S_src, k_local), shift);
+          detail::add_rows<T>(dq.data_as<T>(), L_r, q_local, part.dq);
+          detail::add_rows<T>(gradients.data(), S_src, k_local, part.dk);
+          detail::add_rows<T>(gradients.data() + layout.k_elements(S_src), S_src, k_local, part.dv);
+        });
     if (step > 0) {  // earlier ranks' sum first, then this rank's part: one order on every run
       gradient_received.wait();
       for (std::size_t i = 0; i < gradients.size(); ++i) gradients[i] = gradients_in[i] + gradients[i];

@@ -24,11 +24,14 @@ struct RingCase {
   std::int64_t B, h, L, S, d_k, d_v;
   bool causal;
   Layout layout;
-  bool padding = false;  // a random bool key_padding_mask (and one batch padded whole)
-  bool lengths = false;  // key_lengths {S, S / 3, 0, ...}
-  double dropout = 0.0;  // dropout_p
-  bool nan_key = false;  // a NaN in key 5 of batch 0, head 0
-  double scale = 0;      // the logit scale; 0: the default 1 / sqrt(d_k)
+  bool padding = false;                              // a random bool key_padding_mask (and one batch padded whole)
+  bool lengths = false;                              // key_lengths {S, S / 3, 0, ...}
+  double dropout = 0.0;                              // dropout_p
+  bool nan_key = false;                              // a NaN in key 5 of batch 0, head 0
+  double scale = 0;                                  // the logit scale; 0: the default 1 / sqrt(d_k)
+  std::int64_t window_left = -1, window_right = -1;  // a sliding window over the whole sequence's positions
+  bool alibi = false;                                // ALiBi slopes {0.5, 0.25, ...}
+  double softcap = 0;                                // logit soft-capping
 };
 
 // Rows for the case whose shards span several kernel blocks (kBlockQ 128, kBlockK 256): 600 is 5 x 3
@@ -50,6 +53,18 @@ const RingCase kCases[] = {
     {"nan_in_a_key", 1, 2, 40, 40, 8, 8, true, Layout::Zigzag, false, false, 0.0, true},
     {"several_kernel_blocks", 1, 2, kSeveralBlocks, kSeveralBlocks, 64, 64, false, Layout::Zigzag},
     {"own_scale", 2, 1, 31, 31, 8, 8, true, Layout::Zigzag, true, false, 0.0, false, 0.7},
+    // The score's variants at whole-sequence positions: windows narrow enough that whole key chunks
+    // fall outside them (chunks of 301 / 8 rows on 4 zigzag ranks), ALiBi's distances across chunks,
+    // soft-capping; cross-attention, where queries sit at i + S - L.
+    {"window_causal", 1, 2, 301, 301, 16, 16, true, Layout::Zigzag, false, false, 0.0, false, 0, 40},
+    {"window_two_sided_contiguous", 2, 2, 150, 150, 16, 8, false, Layout::Contiguous, true, false, 0.0, false, 0, 20,
+     30},
+    {"alibi_softcap_causal", 1, 3, 131, 131, 16, 16, true, Layout::Zigzag, false, true, 0.2, false, 0, -1, -1, true,
+     3.0},
+    {"cross_attention_window_alibi", 2, 2, 29, 53, 16, 8, false, Layout::Zigzag, false, false, 0.0, false, 0, 5, 7,
+     true},
+    {"several_kernel_blocks_window", 1, 2, kSeveralBlocks, kSeveralBlocks, 32, 32, true, Layout::Zigzag, false, false,
+     0.0, false, 0, 200, -1, true},
 };
 
 void PrintTo(const RingCase& c, std::ostream* os) { *os << c.name; }
@@ -58,6 +73,7 @@ void PrintTo(const RingCase& c, std::ostream* os) { *os << c.name; }
 struct Problem {
   Tensor q, k, v, dout, padding;  // padding: bool [B, S] or undefined
   std::vector<std::int64_t> lengths;
+  Tensor slopes;  // ALiBi's, float32 [h], or undefined
 };
 
 Problem make_problem(const RingCase& c, DType dtype, std::uint64_t seed) {
@@ -81,6 +97,10 @@ Problem make_problem(const RingCase& c, DType dtype, std::uint64_t seed) {
   }
   if (c.lengths)
     for (std::int64_t b = 0; b < c.B; ++b) p.lengths.push_back(b == 0 ? c.S : b == 1 ? c.S / 3 : 0);
+  if (c.alibi) {
+    p.slopes = Tensor(DType::Float32, {c.h});
+    for (std::int64_t head = 0; head < c.h; ++head) p.slopes.data_as<float>()[head] = 0.5f / float(1 << head);
+  }
   return p;
 }
 
@@ -92,6 +112,9 @@ mha::AttentionOptions single_options(const RingCase& c, const Problem& p, mha::K
   o.key_lengths = p.lengths;
   o.dropout_p = c.dropout;
   o.dropout_seed = 1234;
+  o.window_left = c.window_left, o.window_right = c.window_right;
+  if (p.slopes.defined()) o.alibi_slopes = p.slopes.view();
+  o.softcap = c.softcap;
   o.need_lse = true;
   o.kernel = kernel;
   return o;
@@ -124,6 +147,9 @@ Results ring(const RingCase& c, const Problem& p) {
   o.key_lengths = p.lengths;
   o.dropout_p = c.dropout;
   o.dropout_seed = 1234;
+  o.window_left = c.window_left, o.window_right = c.window_right;
+  if (p.slopes.defined()) o.alibi_slopes = p.slopes.view();
+  o.softcap = c.softcap;
   mha::distributed::RingResult f = mha::distributed::ring_attention(q, k, v, MPI_COMM_WORLD, o);
   mha::AttentionGradients g = mha::distributed::ring_attention_backward(dout, q, k, v, f.out, f.lse, MPI_COMM_WORLD, o);
   return {std::move(f.out), std::move(f.lse), std::move(g.dq), std::move(g.dk), std::move(g.dv)};
@@ -161,7 +187,8 @@ TEST_P(RingParity, MatchesOneProcess) {
               Tensor::copy_of(p.v, DType::Float64),
               Tensor::copy_of(p.dout, DType::Float64),
               p.padding.defined() ? p.padding.clone() : Tensor(),
-              p.lengths};
+              p.lengths,
+              p.slopes.defined() ? p.slopes.clone() : Tensor()};
   const Results ref64 = single_process(c, p64, mha::Kernel::Reference);
   const Results one = single_process(c, p, mha::Kernel::Flash);
   auto mine = [&](const Tensor& t, std::int64_t dim) {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ring_support.hpp"
@@ -183,6 +184,54 @@ TEST(RingErrors, KeyLengthsBeyondTheWholeSequence) {
   o.key_lengths = {21};
   const std::string e = error_of([&] { mha::distributed::ring_attention(s.q, s.k, s.v, MPI_COMM_WORLD, o); });
   EXPECT_NE(e.find("key_lengths: expected lengths in [0, S = 20], got 21"), std::string::npos) << e;
+  expect_a_correct_call_still_works();
+}
+
+TEST(RingErrors, AnAttnMaskIsRefusedByName) {
+  const Shards s = shards(20, 8);
+  const Tensor mask(DType::Bool, {s.q.size(2), 20});
+  RingOptions o;
+  o.attn_mask = mask.view();
+  const std::string e = error_of([&] { mha::distributed::ring_attention(s.q, s.k, s.v, MPI_COMM_WORLD, o); });
+  EXPECT_EQ(e.find("ring_attention: rank 0: attn_mask: not taken across ranks"), 0u) << e;
+  expect_a_correct_call_still_works();
+}
+
+TEST(RingErrors, BadScoreValuesAreRefusedByName) {
+  // The single-process checks of the score, on each rank's arguments: the same message everywhere.
+  const Shards s = shards(20, 8);
+  const Tensor one_slope(DType::Float32, {1});  // [1] for q's two heads
+  std::vector<std::pair<std::function<void(RingOptions&)>, std::string>> cases = {
+      {[](RingOptions& o) { o.softcap = 1e39; }, "softcap: expected 0 (none) or a finite number in "},
+      {[](RingOptions& o) { o.window_left = -2; }, "window: expected extents >= 0, or -1 for unbounded"},
+      {[&](RingOptions& o) { o.alibi_slopes = one_slope.view(); }, "alibi_slopes: expected one slope per query head"},
+  };
+  for (const auto& [set, message] : cases) {
+    RingOptions o;
+    set(o);
+    const std::string e = error_of([&] { mha::distributed::ring_attention(s.q, s.k, s.v, MPI_COMM_WORLD, o); });
+    EXPECT_EQ(e.find("ring_attention: rank 0: " + message), 0u) << e;
+  }
+  expect_a_correct_call_still_works();
+}
+
+TEST(RingErrors, RanksThatDisagreeOnTheScoresVariants) {
+  if (world_size() < 2) GTEST_SKIP() << "needs two ranks";
+  const Shards s = shards(20, 8);
+  const bool one = world_rank() == 1;
+  const Tensor slopes = normal(DType::Float32, {2}, one ? 8 : 9);  // other values on rank 1
+  std::vector<std::pair<std::function<void(RingOptions&)>, std::string>> cases = {
+      {[&](RingOptions& o) { o.window_left = one ? 3 : -1; }, "window_left 3, rank 0 -1"},
+      {[&](RingOptions& o) { o.window_right = one ? 5 : 4; }, "window_right 5, rank 0 4"},
+      {[&](RingOptions& o) { o.softcap = one ? 2.5 : 0.0; }, "softcap 2.5, rank 0 0"},
+      {[&](RingOptions& o) { o.alibi_slopes = slopes.view(); }, "alibi_slopes (a digest)"},
+  };
+  for (const auto& [set, message] : cases) {
+    RingOptions o;
+    set(o);
+    const std::string e = error_of([&] { mha::distributed::ring_attention(s.q, s.k, s.v, MPI_COMM_WORLD, o); });
+    EXPECT_EQ(e.find("ring_attention: rank 1: differs from rank 0 in " + message), 0u) << e;
+  }
   expect_a_correct_call_still_works();
 }
 

@@ -1,7 +1,8 @@
 """Run under mpirun by test_distributed.py: ring attention (mha.distributed) on this run's ranks against
 the single-process call, on random configurations every rank draws alike (awkward sizes, both layouts,
-causal or not, padding, key lengths, dropout, float32 and float64, non-contiguous and negative-stride
-shards), plus the error paths. Prints "ring worker ok" on success; any failure raises (exit status 1)."""
+causal or not, padding, key lengths, dropout, sinks, sliding windows, ALiBi, soft-capping, float32 and
+float64, non-contiguous and negative-stride shards), plus the error paths. Prints "ring worker ok" on
+success; any failure raises (exit status 1)."""
 import sys
 
 import numpy as np
@@ -47,7 +48,14 @@ def one_case(seed):
     lengths = [int(n) for n in rng.integers(0, S + 1, B)] if rng.integers(3) == 0 else None
     dropout = 0.25 if rng.integers(4) == 0 else 0.0
     sinks = (rng.standard_normal(h) * 2).astype(dtype) if rng.integers(3) == 0 else None
-    options = dict(key_padding_mask=padding, key_lengths=lengths, dropout_p=dropout, dropout_seed=seed, sinks=sinks)
+    # The score's variants at whole-sequence positions: a window (either side -1, unbounded, or narrow
+    # enough to hide whole chunks), ALiBi slopes, a soft cap; each in about half the cases.
+    reach = max(L, S) // 2 + 2
+    window = (int(rng.integers(-1, reach)), int(rng.integers(-1, reach))) if rng.integers(2) else None
+    slopes = (rng.random(h) * 0.5).astype([np.float32, np.float64][rng.integers(2)]) if rng.integers(2) else None
+    softcap = float(rng.uniform(0.5, 5.0)) if rng.integers(3) == 0 else 0.0
+    options = dict(key_padding_mask=padding, key_lengths=lengths, dropout_p=dropout, dropout_seed=seed, sinks=sinks,
+                   window=window, alibi_slopes=slopes, softcap=softcap)
 
     def single(x, kernel):
         out, lse = mha.scaled_dot_product_attention(*x[:3], is_causal=causal, need_lse=True, kernel=kernel, **options)
@@ -80,7 +88,8 @@ def one_case(seed):
             allowed = 4 * max_error(single_r, want_r)[0] + 1e-5 * magnitude
         assert error <= allowed, (f"seed {seed} rank {rank}/{P}: {name} error {error} > {allowed} "
                                   f"(B {B} h {h} L {L} S {S} d {d_k},{d_v} causal {causal} {layout} {dtype.__name__} "
-                                  f"padding {padding is not None} lengths {lengths} dropout {dropout} sinks {sinks})")
+                                  f"padding {padding is not None} lengths {lengths} dropout {dropout} sinks {sinks} "
+                                  f"window {window} slopes {slopes} softcap {softcap})")
 
 
 def minus_inf_keys_case(seed):
@@ -111,7 +120,12 @@ def errors():
     messages = []
     for call in (lambda: dist.ring_attention(x, bad, x, comm),
                  lambda: dist.ring_attention(x, x, x, comm, layout="diagonal"),
-                 lambda: dist.ring_attention(x, x, x, comm, key_lengths=[21])):
+                 lambda: dist.ring_attention(x, x, x, comm, key_lengths=[21]),
+                 lambda: dist.ring_attention(x, x, x, comm, attn_mask=np.zeros((20, 20), np.bool_)),
+                 lambda: dist.ring_attention(x, x, x, comm, softcap=1e39),
+                 lambda: dist.ring_attention(x, x, x, comm, window=(-2, 3)),
+                 lambda: dist.ring_attention(x, x, x, comm, alibi_slopes=np.ones(3, np.float32)),
+                 lambda: dist.ring_attention_backward(x, x, x, x, x, x[..., 0], comm, attn_mask=np.zeros((20, 20)))):
         try:
             call()
             messages.append(None)
@@ -120,6 +134,16 @@ def errors():
     assert messages[0] is not None and f"rank {P - 1}: " in messages[0], messages[0]
     assert messages[1] is not None and "layout" in messages[1], messages[1]
     assert messages[2] is not None and "key_lengths: expected lengths in [0, S = 20], got 21" in messages[2], messages[2]
+    assert messages[3] == "ring_attention: rank 0: attn_mask: not taken across ranks (a per-position mask would " \
+        "need L_r x S memory per rank); use causal, a window, key_padding_mask or key_lengths", messages[3]
+    assert messages[4] is not None and messages[4].startswith(
+        "ring_attention: rank 0: softcap: expected 0 (none) or a finite number in "), messages[4]
+    assert messages[5] is not None and messages[5].startswith(
+        "ring_attention: rank 0: window: expected extents >= 0, or -1 for unbounded"), messages[5]
+    assert messages[6] is not None and messages[6].startswith(
+        "ring_attention: rank 0: alibi_slopes: expected one slope per query head"), messages[6]
+    assert messages[7] is not None and messages[7].startswith(
+        "ring_attention_backward: rank 0: attn_mask: not taken across ranks"), messages[7]
     assert comm.allgather(messages) == [messages] * P, "ranks raised different errors"
     try:
         dist.ring_attention(x, x, x, "not a communicator")
@@ -148,14 +172,25 @@ def mismatch_messages():
                 error_of(lambda: dist.ring_attention(x, x, x, comm, kernel="reference" if rank == 1 else "flash")),
                 error_of(lambda: dist.ring_attention(short, x, x, comm)),  # the queries short
                 error_of(lambda: dist.ring_attention(short, short, short, comm)),  # as if cut from 17 rows
-                error_of(lambda: dist.ring_attention(x, x, x, comm, sinks=np.array([0.5, float(rank == 1)])))]
+                error_of(lambda: dist.ring_attention(x, x, x, comm, sinks=np.array([0.5, float(rank == 1)]))),
+                error_of(lambda: dist.ring_attention(x, x, x, comm, window=(3, -1) if rank == 1 else None)),
+                error_of(lambda: dist.ring_attention(x, x, x, comm, window=(4, 2 + (rank == 1)))),
+                error_of(lambda: dist.ring_attention(x, x, x, comm, softcap=2.0 if rank == 1 else 0.0)),
+                error_of(lambda: dist.ring_attention(x, x, x, comm,
+                                                     alibi_slopes=np.array([0.5, 0.25]) if rank == 1 else None)),
+                error_of(lambda: dist.ring_attention(x, x, x, comm, alibi_slopes=np.array([0.5, 0.25 + (rank == 1)])))]
     assert comm.allgather(messages) == [messages] * P, "ranks raised different errors"
     expected = ["ring_attention: rank 1: differs from rank 0 in dtype float64, rank 0 float32",
                 "ring_attention: rank 1: differs from rank 0 in layout contiguous, rank 0 zigzag",
                 "ring_attention: rank 1: differs from rank 0 in kernel reference, rank 0 flash",
                 "ring_attention: rank 1: holds 7 query and 10 key rows" if P == 2 else "ring_attention: rank 1: holds",
                 "ring_attention: rank 1: holds",
-                "ring_attention: rank 1: differs from rank 0 in sinks (a digest)"]
+                "ring_attention: rank 1: differs from rank 0 in sinks (a digest)",
+                "ring_attention: rank 1: differs from rank 0 in window_left 3, rank 0 -1",
+                "ring_attention: rank 1: differs from rank 0 in window_right 3, rank 0 2",
+                "ring_attention: rank 1: differs from rank 0 in softcap 2, rank 0 0",
+                "ring_attention: rank 1: differs from rank 0 in alibi_slopes given, rank 0 not given",
+                "ring_attention: rank 1: differs from rank 0 in alibi_slopes (a digest)"]
     for message, start in zip(messages, expected):
         assert message is not None and message.startswith(start), (start, message)
     full = np.arange(40.0).reshape(2, 20)

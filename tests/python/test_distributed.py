@@ -2,8 +2,9 @@
 DistributedDataParallel: each runs in several processes, started here.
 
   - distributed_ring_worker.py under `mpirun -np P` (P = 1, 2, 3, 4; more ranks than cores:
-    --oversubscribe; as root: --allow-run-as-root): random configurations against one process, and
-    the error paths (every rank raises the same mha.Error).
+    --oversubscribe; as root: --allow-run-as-root): random configurations against one process (masks,
+    dropout, sinks, sliding windows, ALiBi, soft-capping), and the error paths (every rank raises the
+    same mha.Error).
   - distributed_ddp_worker.py as 2 gloo processes on localhost against 1 process on the whole batch.
 """
 import importlib.util

@@ -289,7 +289,8 @@ TEST(QuantizedKVCache, PageLayoutPayloadsThenScalesAlignedAsDocumented) {
   const std::int32_t page = cache.page_table(s)[static_cast<std::size_t>(t / P)];
   const auto* payload =
       static_cast<const std::uint8_t*>(values ? cache.value_page(page) : cache.key_page(page)) + (j * P + t % P) * d;
-  const float scale = (values ? cache.value_scales(page) : cache.key_scales(page))[j * P + t % P];
+  const float* scales = values ? cache.value_scales(page) : cache.key_scales(page);  // [h_kv, P]
+  const float scale = scales[j * P + t % P];
   std::vector<std::uint8_t> expected(static_cast<std::size_t>(d));
   const float expected_scale = c.storage == KVStorage::Int8
                                    ? detail::quantize_int8_row(row, d, reinterpret_cast<std::int8_t*>(expected.data()))

@@ -149,6 +149,7 @@ void add_translate_command(CLI::App& app, mha_cli::TranslateOptions& o) {
                                    "Beams of the beam search (1: greedy decoding; the best-scoring answer is printed)"),
              1, kMaxBeams)
       ->capture_default_str();
+  mha_cli::add_kv_cache_option(*translate, o);
   threads_option(translate->add_option("--threads", o.threads, "Threads (0: OpenMP's default)"), 0);
 }
 

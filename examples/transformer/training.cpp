@@ -156,9 +156,10 @@ std::vector<Translation> translate_with_confidence(Transformer<float>& model, co
 
 std::vector<Translation> beam_translate(Transformer<float>& model, const Vocabulary& vocab,
                                         const std::vector<std::string>& sources, std::int64_t beams,
-                                        std::int64_t batch_size) {
+                                        std::int64_t batch_size, mha::KVStorage kv_storage) {
   BeamOptions options;
   options.beams = beams;
+  options.kv_storage = kv_storage;
   options.steps = static_cast<std::int64_t>(kIsoLength) + 1;  // 10 characters and <eos>
   options.bos = Vocabulary::kBos;
   options.eos = Vocabulary::kEos;

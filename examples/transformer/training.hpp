@@ -81,10 +81,13 @@ std::vector<Translation> translate_with_confidence(Transformer<float>& model, co
 
 // Beam search with `beams` beams (Transformer::beam_decode): each source's best-scoring answer, with
 // the same confidence (the lowest probability among its tokens, <eos> included). beams = 1 gives
-// translate_with_confidence's answers. Throws std::invalid_argument for beams < 1.
+// translate_with_confidence's answers (with kv_storage Native). kv_storage: how the decoder's
+// self-attention caches store keys and values (BeamOptions::kv_storage); a quantized one needs a model
+// computing in float32. Throws std::invalid_argument for beams < 1 or a quantized cache in a bf16 model.
 std::vector<Translation> beam_translate(Transformer<float>& model, const Vocabulary& vocab,
                                         const std::vector<std::string>& sources, std::int64_t beams,
-                                        std::int64_t batch_size = 250);
+                                        std::int64_t batch_size = 250,
+                                        mha::KVStorage kv_storage = mha::KVStorage::Native);
 
 // The confidence below which an answer is to be called unsure: the 1st percentile of the confidences of
 // the correct translations of `examples` (held-out data), so that 1% of correct answers on data like

@@ -9,8 +9,10 @@
 
 #include <memory>
 #include <optional>
+#include <span>
 #include <vector>
 
+#include "mha/paged_kv_cache.hpp"
 #include "transformer/attention_kind.hpp"
 #include "transformer/beam_search.hpp"
 #include "transformer/decoder_layer.hpp"
@@ -38,6 +40,10 @@ struct BeamOptions {
   // Positions per page of the self-attention caches. Small, because the date task's answers have 11
   // positions: beams then share the full pages of their common prefix, and a fork copies at most 3 rows.
   std::int64_t page_size = 4;
+  // How the self-attention caches store their keys and values (mha::KVStorage): Native (the model's
+  // dtype), or Int8 / Float8E4M3, each (position, head) row with a float32 scale of its own (needs a
+  // float32 model computing in float32). The encoder-decoder attention's memory stays in the model's dtype.
+  mha::KVStorage kv_storage = mha::KVStorage::Native;
 };
 
 template <class T>
@@ -74,10 +80,17 @@ class Transformer {
   // released. The encoder-decoder attention reads each source's memory, projected once, from a
   // KeyValueCache of batch B, the source's K beams being K queries. Beams = 1 writes greedy_decode's
   // tokens up to its first <eos>. Runs in evaluation mode (restores the mode afterwards). Throws
-  // std::invalid_argument for beams, steps or page_size < 1 (beam_decode.cpp). finished, when given,
-  // receives every hypothesis that finished, per source [B][...], in the order they finished.
+  // std::invalid_argument for beams, steps or page_size < 1, or a quantized kv_storage in a model that
+  // is not float32 throughout (beam_decode.cpp). finished, when given, receives every hypothesis that
+  // finished, per source [B][...], in the order they finished.
   std::vector<BeamHypothesis> beam_decode(const TokenBatch& source, const BeamOptions& options,
                                           std::vector<std::vector<BeamHypothesis>>* finished = nullptr);
+  // beam_decode's decoder and caches with the next tokens forced instead of searched (teacher forcing):
+  // forced [B, n] holds y_1 .. y_n of each source, n = options.steps; the decoder reads <bos> y_1 ..
+  // y_{n-1}. Returns log p(. | y_<t, x) for t = 1 .. n, [B, n, V], log_softmax_rows of the logits.
+  // Uses options' steps, bos, page_size and kv_storage (beams and eos are not used); refuses what
+  // beam_decode refuses, and a `forced` not of B*n tokens.
+  std::vector<double> forced_decode(const TokenBatch& source, std::span<const int> forced, const BeamOptions& options);
 
   // Head gates (AttentionBlock::set_head_gate): gate [h] multiplies each head's output before W^O in
   // the attention block `kind` of layer `layer` (0 removes the head); an empty gate removes the gate.
@@ -104,6 +117,12 @@ class Transformer {
   Matrix<T> encode(const TokenBatch& batch);
 
  private:
+  // beam_decode's and forced_decode's decoder over the paged self-attention caches (beam_decode.cpp).
+  mha::PagedKVCacheConfig self_cache_config(std::size_t layer, const BeamOptions& options, std::int64_t sequences);
+  Matrix<T> paged_step(const std::vector<int>& tokens, std::int64_t t, std::vector<mha::PagedKVCache>& self,
+                       std::span<const mha::PagedKVCache::SequenceId> sequences,
+                       const std::vector<mha::KeyValueCache>& cross, std::int64_t B,
+                       const std::vector<std::int64_t>& source_lengths);
   AttentionBlock<T>& attention_block(AttentionKind kind, std::int64_t layer);
   Matrix<T> embed(const std::vector<int>& ids, std::int64_t positions, Dropout<T>& dropout);
 

@@ -236,3 +236,18 @@ def test_the_supported_range_and_what_happens_outside_it(report, browser):
         assert result.stdout.strip() == row["line"] and result.returncode == (3 if row["marked"] else 0), result
         if re.search(r"1949|2050|1492", row["input"]):
             assert row["marked"] and row["line"].startswith("? "), row
+
+
+def test_the_cache_dtype_table_shows_each_caches_accuracy_and_divergence(report, browser):
+    open_page(browser, report)
+    table = browser.find_element("css selector", "table#kv-cache")
+    assert table.is_displayed()
+    rows = [[c.text for c in r.find_elements("css selector", "th, td")]
+            for r in table.find_elements("css selector", "tr")]
+    assert rows[0] == ["cache", "greedy", "2 beams", "4 beams", "mean KL from float32", "decode time"]
+    summary = json.loads((report / "summary.json").read_text())
+    assert [r[0] for r in rows[1:]] == [c["kv_cache"] for c in summary["kv_caches"]] == ["float32", "int8", "fp8"]
+    for row, c in zip(rows[1:], summary["kv_caches"]):
+        assert row[1:4] == [f"{100 * a:.1f}%" for a in c["held_out_exact_match"]]
+    assert rows[1][4] == "0"  # float32 against itself
+    assert "--kv-cache" in table.find_element("xpath", "preceding-sibling::p[1]").text

@@ -267,6 +267,41 @@ Evaluation evaluate(tf::Transformer<float>& model, const tf::Vocabulary& vocab,
   return ev;
 }
 
+// The self-attention cache in float32, int8 and fp8 on the model `mha translate` runs (ev.caches), printed.
+// When that is the model evaluate() decoded (a float32 run), the float32 row is evaluate()'s greedy and
+// beam results (the same decoding: beam search with one beam is greedy's), not decoded again.
+void evaluate_caches(tf::Transformer<float>& translator, bool evaluated, const tf::Vocabulary& vocab,
+                     const std::vector<tf::DateExample>& examples, const DemoOptions& o, Evaluation& ev) {
+  ev.cache_widths = {1};
+  for (const std::int64_t k : o.beams)
+    if (std::find(ev.cache_widths.begin(), ev.cache_widths.end(), k) == ev.cache_widths.end())
+      ev.cache_widths.push_back(k);
+  std::vector<mha::KVStorage> storages{mha::KVStorage::Int8, mha::KVStorage::Float8E4M3};
+  if (!evaluated) storages.insert(storages.begin(), mha::KVStorage::Native);
+  ev.caches = tf::evaluate_kv_caches(translator, vocab, examples, ev.cache_widths, storages);
+  if (evaluated) {
+    tf::KVCacheEvaluation float32;  // storage Native, mean KL 0
+    for (const std::int64_t k : ev.cache_widths) {
+      const auto b =
+          std::find_if(ev.beams.begin(), ev.beams.end(), [k](const BeamEvaluation& e) { return e.beams == k; });
+      float32.exact_match.push_back(k == 1 ? ev.accuracy : b->accuracy);
+      float32.seconds += k == 1 ? ev.cached_seconds : b->seconds;
+    }
+    ev.caches.insert(ev.caches.begin(), float32);
+  }
+  fmt::print("  self-attention KV cache in each dtype (exact match; mean KL of the next-character distributions "
+             "from float32's):\n");
+  for (const tf::KVCacheEvaluation& c : ev.caches) {
+    std::string accuracies;
+    for (std::size_t i = 0; i < c.exact_match.size(); ++i)
+      accuracies += fmt::format("{}{} {:.1f}%", i ? ", " : "",
+                                ev.cache_widths[i] == 1 ? "greedy" : fmt::format("{} beams", ev.cache_widths[i]),
+                                100 * c.exact_match[i]);
+    fmt::print("    {:<8} {}; KL {} ({:.2f} s)\n", kv_cache_label(c.storage), accuracies, kl_text(c.mean_kl),
+               c.seconds);
+  }
+}
+
 void check_options(const DemoOptions& o) {
   if (o.d_model % o.heads != 0)
     throw std::runtime_error(fmt::format("--d-model {} is not a multiple of --heads {}", o.d_model, o.heads));
@@ -339,7 +374,7 @@ int run_demo(const DemoOptions& o) {
              mixed ? " in bfloat16 mixed precision" : "");
   const tf::TrainingResult training = train(model, vocab, o);
 
-  const Evaluation ev = evaluate(model, vocab, held_out, o.beams);
+  Evaluation ev = evaluate(model, vocab, held_out, o.beams);
   fmt::print("  trained in {} ({:.0f} target tokens/s{})\n", minutes(training.seconds),
              static_cast<double>(training.target_tokens) / training.seconds,
              float32 ? fmt::format("; float32: {}", minutes(float32->seconds)) : "");
@@ -363,6 +398,7 @@ int run_demo(const DemoOptions& o) {
     fmt::print("  the float32 master weights decoded in float32, as `mha translate` reads the checkpoint: {:.1f}%\n",
                100 * float32->checkpoint_accuracy);
   }
+  evaluate_caches(translator, !mixed, vocab, held_out, o, ev);
   // `mha translate` marks answers the decoder is less sure of than of 99% of its correct held-out ones.
   const double unsure_below = tf::unsure_threshold(translator, vocab, held_out);
   fmt::print("  confidence (lowest token probability) below which `mha translate` marks an answer unsure: {:.4f}\n",

@@ -14,7 +14,9 @@
 
 #include "commands/date_variations.hpp"
 #include "commands/demo.hpp"
+#include "mha/paged_kv_cache.hpp"
 #include "transformer/dates.hpp"
+#include "transformer/next_char_distributions.hpp"
 #include "transformer/training.hpp"
 
 namespace mha_cli {
@@ -36,7 +38,16 @@ struct Evaluation {
   std::map<transformer::DateFormat, std::pair<int, int>> by_format;     // (correct, total)
   std::vector<std::pair<transformer::DateExample, std::string>> wrong;  // (example, what the model wrote)
   std::vector<BeamEvaluation> beams;                                    // one per --beams width
+  // The decoder's self-attention cache as float32, int8 and fp8, on the model `mha translate` runs: each
+  // one's exact match with each of cache_widths (1: greedy, then the --beams widths) and mean KL.
+  std::vector<std::int64_t> cache_widths;
+  std::vector<transformer::KVCacheEvaluation> caches;
 };
+
+// What the demo and `mha translate --kv-cache` call each cache dtype: "float32", "int8", "fp8".
+const char* kv_cache_label(mha::KVStorage storage);
+// A mean KL divergence as the demo prints it: "0" when it is 0, else 3 significant digits ("1.23e-05").
+std::string kl_text(double kl);
 
 struct MapFigure {
   std::string file, caption;

@@ -6,9 +6,11 @@
 #include <stdexcept>
 
 #include <fmt/core.h>
+#include <CLI/CLI.hpp>
 
 #include "commands/translate_checks.hpp"
 #include "mha/attention.hpp"
+#include "mha/paged_kv_cache.hpp"
 #include "render/terminal_text.hpp"
 #include "transformer/checkpoint.hpp"
 #include "transformer/dates.hpp"
@@ -47,7 +49,25 @@ std::string input_problem(const std::string& text, std::size_t index, bool from_
   return "";
 }
 
+// --kv-cache's values, and the storage each names.
+mha::KVStorage kv_storage(const std::string& kv_cache) {
+  if (kv_cache == "int8") return mha::KVStorage::Int8;
+  if (kv_cache == "fp8") return mha::KVStorage::Float8E4M3;
+  if (kv_cache == "float32") return mha::KVStorage::Native;
+  throw std::invalid_argument("--kv-cache: expected float32, int8 or fp8, got " + quoted_printable(kv_cache));
+}
+
 }  // namespace
+
+void add_kv_cache_option(CLI::App& translate, TranslateOptions& o) {
+  translate
+      .add_option("--kv-cache", o.kv_cache,
+                  "The decoder's self-attention cache: float32 (the model's own), or int8 / fp8 (e4m3), each "
+                  "(position, head) row of keys and values stored in one byte per element with a float32 scale; "
+                  "int8 and fp8 decode through beam search with --beam beams (1: greedy)")
+      ->check(CLI::IsMember({"float32", "int8", "fp8"}))
+      ->capture_default_str();
+}
 
 int run_translate(const TranslateOptions& options) {
   if (options.threads > 0) mha::set_num_threads(options.threads);
@@ -74,8 +94,10 @@ int run_translate(const TranslateOptions& options) {
     transformer::Checkpoint checkpoint = transformer::load_checkpoint(options.checkpoint);
     if (const auto it = checkpoint.metadata.find("unsure_below"); it != checkpoint.metadata.end())
       unsure_below = confidence_threshold(it->second, options.checkpoint);
-    answers = options.beams == 1 ? transformer::translate_with_confidence(*checkpoint.model, vocab, readable)
-                                 : transformer::beam_translate(*checkpoint.model, vocab, readable, options.beams);
+    const mha::KVStorage storage = kv_storage(options.kv_cache);
+    answers = options.beams == 1 && storage == mha::KVStorage::Native
+                  ? transformer::translate_with_confidence(*checkpoint.model, vocab, readable)
+                  : transformer::beam_translate(*checkpoint.model, vocab, readable, options.beams, 250, storage);
   }
   bool failed = false, unsure = false;
   for (std::size_t i = 0, next = 0; i < texts.size(); ++i) {

@@ -5,14 +5,25 @@
 #include <string>
 #include <vector>
 
+namespace CLI {
+class App;
+}
+
 namespace mha_cli {
 
 struct TranslateOptions {
   std::vector<std::string> texts;  // empty: read lines from standard input
   std::string checkpoint = "mha-demo/checkpoint.safetensors";
   std::int64_t beams = 1;  // 1: greedy decoding; K > 1: beam search with K beams (transformer::beam_translate)
+  // The decoder's self-attention cache: "float32" (the model's own), or "int8" / "fp8" (mha::KVStorage
+  // Int8 / Float8E4M3), which decode through beam search with `beams` beams (1: greedy).
+  std::string kv_cache = "float32";
   int threads = 0;
 };
+
+// Adds --kv-cache (TranslateOptions::kv_cache) to the `mha translate` subcommand: its help, and the
+// refusal of any other value (CLI11's message, which names the option), exit status 2.
+void add_kv_cache_option(CLI::App& translate, TranslateOptions& options);
 
 // Exit statuses of run_translate besides 0 (every answer confident).
 inline constexpr int kTranslateFailed = 1;  // some inputs could not be translated (errors on standard error)

@@ -20,7 +20,7 @@ int main(int argc, char** argv) {
   const mha::TensorView whole(x, {B, h, N, d});  // q = k = v, [B, h, N, d]
   const mha::Tensor mine = mha::distributed::shard_sequence(whole, 2, ranks, rank, mha::distributed::Layout::Zigzag);
   const mha::distributed::RingResult ring =
-      mha::distributed::ring_attention(mine, mine, mine, MPI_COMM_WORLD, {.causal = true});
+      mha::distributed::ring_attention(mine, mine, mine, MPI_COMM_WORLD, {{.causal = true}});
   const mha::Tensor want =
       mha::distributed::shard_sequence(mha::scaled_dot_product_attention(whole, whole, whole, {{.causal = true}}).out,
                                        2, ranks, rank, mha::distributed::Layout::Zigzag);

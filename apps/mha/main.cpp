@@ -27,6 +27,7 @@
 #include "bench/bench_decode.hpp"
 #include "bench/bench_grid.hpp"
 #include "bench/bench_one.hpp"
+#include "bench/bench_variants.hpp"
 #include "commands/demo.hpp"
 #include "commands/heads.hpp"
 #ifdef MHA_HAVE_DISTRIBUTED
@@ -260,6 +261,22 @@ void add_bench_command(CLI::App& app, mha_cli::BenchOptions& options) {
                                "(0: this machine's, from sysfs)"),
              0, 1 << 20)
       ->capture_default_str();
+  CLI::Option* variants = bench->add_flag(
+      "--variants", options.variants,
+      "Issue 31's variants benchmark instead: packed (varlen) against padded attention, 16 sequences of skewed "
+      "lengths; attention sinks on and off; the layer with rotary_dim 64 against 0; each ratio against its target");
+  variants->excludes(bench->get_option("--decode"));
+  integer_in(bench->add_option("--variants-n", options.variants_n,
+                               "--variants: N of the sinks and rotary rows, and the packed lengths' upper end"),
+             16, kMaxBenchN)
+      ->capture_default_str();
+  integer_in(bench->add_option("--sequences", options.variants_sequences, "--variants: sequences in the packed batch"),
+             1, 4096)
+      ->capture_default_str();
+  integer_in(bench->add_option("--repeats", options.variants_repeats,
+                               "--variants: timed calls per figure after a warm-up (0: 7, or 3 for calls over 1 s)"),
+             0, 1000)
+      ->capture_default_str();
   bench->add_option("--python", options.python, "The Python with torch")->capture_default_str();
   bench->add_option("--torch-script", options.torch_script, "PyTorch's side (default: apps/mha/bench/torch_mha.py)");
   number_in(bench->add_option("--torch-memory-limit", options.torch_memory_limit_gib,
@@ -462,6 +479,7 @@ int command_line(int argc, char** argv) {
       std::string command;
       for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
       if (bench_options.decode) return mha_cli::bench::run_bench_decode(bench_options, command);
+      if (bench_options.variants) return mha_cli::bench::run_bench_variants(bench_options, command);
       if (bench_options.dtype == "bf16") {
         if (app.get_subcommand("bench")->count("--sizes") == 0) bench_options.sizes = {4096};
         return mha_cli::bench::run_bench_bf16(bench_options, command);

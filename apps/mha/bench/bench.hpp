@@ -39,6 +39,12 @@ struct BenchOptions {
   // targets' rows, the * flag, the default bandwidth buffer); 0: read from sysfs. Tests set it so that
   // their verdicts do not depend on the machine's cache (32 MiB on some machines drawn, 480 on others).
   std::int64_t llc_mib = 0;
+  // --variants: issue 31's variants benchmark instead (bench_variants.hpp): packed against padded, sinks,
+  // the layer's rotary embedding, each beside the call without it.
+  bool variants = false;
+  std::int64_t variants_n = 4096;        // N of the sinks and rotary rows; the packed lengths' upper end
+  std::int64_t variants_sequences = 16;  // n, the sequences of the packed batch
+  int variants_repeats = 0;              // timed calls per figure after a warm-up; 0: 7 (3 for calls over 1 s)
 };
 
 // Runs the benchmark, printing tables to stdout as it goes; writes out_dir/bench.json and

@@ -108,7 +108,7 @@ py::tuple varlen(py::handle q, py::handle k, py::handle v, py::handle cu_seqlens
 }
 
 // dout, out [total_q, h, d_v], lse [h, total_q] from the forward with the same inputs and options.
-// Returns (dq [total_q, h, d_k], dk [total_k, h_kv, d_k], dv [total_k, h_kv, d_v]).
+// Returns (dq [total_q, h, d_k], dk [total_k, h_kv, d_k], dv [total_k, h_kv, d_v]), and dsinks [h] last with sinks.
 py::tuple varlen_backward(py::handle dout, py::handle q, py::handle k, py::handle v, py::handle out, py::handle lse,
                           py::handle cu_seqlens_q, py::handle cu_seqlens_k, bool is_causal, py::handle scale,
                           py::handle window, py::handle alibi_slopes, py::handle softcap, py::handle sinks,

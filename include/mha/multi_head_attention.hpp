@@ -29,6 +29,7 @@
 
 #include "mha/attention.hpp"
 #include "mha/paged_kv_cache.hpp"
+#include "mha/rotary.hpp"
 #include "mha/score.hpp"
 #include "mha/tensor.hpp"
 
@@ -116,6 +117,17 @@ struct MultiHeadAttentionInputs : ScoreSpec {
   /// packed batch's weights have no [L, S] layout).
   std::vector<std::int64_t> cu_seqlens{};
   std::vector<std::int64_t> cu_seqlens_k{};  ///< see cu_seqlens
+  /// Explicit rotary positions (a layer with rotary_dim > 0), for left-padded batches: query row i of
+  /// batch b is rotated at positions[b, i] ([B, L]) or positions[i] ([L], every batch row alike; unbatched
+  /// inputs take [L] or [1, L]); integers >= 0, int64 or int32. nullopt, the default: query i at
+  /// i + S - L. A view read during the call (the layer keeps its own copy for backward()).
+  std::optional<PositionsView> positions{};
+  /// The keys' rotary positions, [B, S] or [S] as positions. nullopt: key j at j without positions; with
+  /// them, positions again when S = L (self-attention), refused when S != L (give both); key_positions
+  /// without positions are refused too. forward() only: forward_cached and forward_paged place each
+  /// position at its index in its sequence, and packed sequences (cu_seqlens) count from 0 in each; there
+  /// both are refused, as they are without rotary_dim.
+  std::optional<PositionsView> key_positions{};
 };
 
 struct MultiHeadAttentionOutput {

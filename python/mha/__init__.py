@@ -616,7 +616,8 @@ class MultiheadAttention:
     # ---- forward -------------------------------------------------------------------------------
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True, is_causal=False, *, key_lengths=None, head_gate=None, window=None,
-                alibi_slopes=None, softcap=0.0, cu_seqlens=None, cu_seqlens_k=None):
+                alibi_slopes=None, softcap=0.0, cu_seqlens=None, cu_seqlens_k=None, positions=None,
+                key_positions=None):
         """Multi-head attention of query over key/value; returns (out, weights or None).
 
         Args:
@@ -651,6 +652,12 @@ class MultiheadAttention:
                 self-attention). Each sequence attends only to its own keys (causal and window within
                 it; rotary positions count from 0 in each); nothing is padded. No masks, no weights
                 (None is returned for them), not with add_bias_kv / add_zero_attn.
+            positions, key_positions: explicit rotary positions (a layer with rotary_dim), for
+                left-padded batches: int64 or int32 arrays, positions [B, L] or [L] (query row i of
+                batch b rotated at positions[b, i]), key_positions [B, S] or [S]; integers >= 0.
+                None: query i at i + S - L and key j at j. key_positions None reuses positions when
+                S = L (self-attention) and is required when S != L. Not with cu_seqlens (packed
+                sequences count from 0 in each), nor without rotary_dim.
 
         Returns:
             (out like query, weights or None); unbatched input gives weights [L, S'] or [h, L, S'].
@@ -670,6 +677,7 @@ class MultiheadAttention:
             need_weights=bool(need_weights), average_attn_weights=bool(average_attn_weights),
             cu_seqlens=None if cu_seqlens is None else _offsets(cu_seqlens),
             cu_seqlens_k=None if cu_seqlens_k is None else _offsets(cu_seqlens_k),
+            positions=positions, key_positions=key_positions,
             **_variants(window, alibi_slopes, softcap))
 
     # ---- incremental decoding --------------------------------------------------------------------

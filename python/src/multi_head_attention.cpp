@@ -88,7 +88,8 @@ QueryKeyValue layer_inputs(py::handle query, py::handle key, py::handle value, D
 py::tuple forward(LockedModule& self, py::handle query, py::handle key, py::handle value, py::handle key_padding_mask,
                   py::handle attn_mask, py::handle head_gate, std::vector<std::int64_t> key_lengths, bool is_causal,
                   bool need_weights, bool average_attn_weights, py::handle window, py::handle alibi_slopes,
-                  py::handle softcap, py::handle cu_seqlens, py::handle cu_seqlens_k) {
+                  py::handle softcap, py::handle cu_seqlens, py::handle cu_seqlens_k, py::handle positions,
+                  py::handle key_positions) {
   const auto [query_view, key_view, value_view] = layer_inputs(query, key, value, self.module.config().dtype);
   HeldInputs held =
       inputs_of({attn_mask, is_causal, {}, key_padding_mask, std::move(key_lengths), window, alibi_slopes, softcap},
@@ -96,6 +97,11 @@ py::tuple forward(LockedModule& self, py::handle query, py::handle key, py::hand
   // Packed sequences (MultiHeadAttentionInputs::cu_seqlens): integer offsets, by name.
   if (!cu_seqlens.is_none()) held.inputs.cu_seqlens = int64_sequence_arg(cu_seqlens, "cu_seqlens");
   if (!cu_seqlens_k.is_none()) held.inputs.cu_seqlens_k = int64_sequence_arg(cu_seqlens_k, "cu_seqlens_k");
+  // Explicit rotary positions (MultiHeadAttentionInputs::positions): views on int64 / int32 arrays held here.
+  const HeldPositions query_positions = positions_arg(positions, "positions");
+  const HeldPositions key_positions_held = positions_arg(key_positions, "key_positions");
+  held.inputs.positions = query_positions.view;
+  held.inputs.key_positions = key_positions_held.view;
   held.inputs.borrow_inputs = true;  // backward() reads the arrays themselves, kept alive by self.lent
   // References taken here, with the GIL; after the call `lent` holds what the module no longer needs
   // (the previous forward's arrays, or these after an eval-mode forward), released with the GIL.
@@ -300,8 +306,8 @@ void register_multi_head_attention(py::module_& m) {
            py::arg("head_gate") = py::none(), py::arg("key_lengths") = std::vector<std::int64_t>{},
            py::arg("is_causal") = false, py::arg("need_weights") = true, py::arg("average_attn_weights") = true,
            py::arg("window") = py::none(), py::arg("alibi_slopes") = py::none(), py::arg("softcap") = 0.0,
-           py::arg("cu_seqlens") = py::none(), py::arg("cu_seqlens_k") = py::none(),
-           "Returns (out like query, weights or None)")
+           py::arg("cu_seqlens") = py::none(), py::arg("cu_seqlens_k") = py::none(), py::arg("positions") = py::none(),
+           py::arg("key_positions") = py::none(), "Returns (out like query, weights or None)")
       .def(
           "save_safetensors",
           [](LockedModule& self, py::handle path_obj) {

@@ -18,37 +18,6 @@ namespace mha::python {
 
 namespace {
 
-// positions [L] or [B, L] from Python, with the array its view points into (keep it alive while the view
-// is in use): a C-order int64 or int32 array in native byte order, the caller's own when it is one.
-struct HeldPositions {
-  py::array array;
-  std::optional<PositionsView> view;
-};
-
-template <class I>
-HeldPositions held_positions(const py::array& array) {
-  using Contiguous = py::array_t<I, py::array::c_style | py::array::forcecast>;
-  Contiguous held = Contiguous::ensure(array);  // same values: the dtype is already an integer of I's width
-  Shape shape(held.shape(), held.shape() + held.ndim());
-  PositionsView view(held.data(), shape, contiguous_strides(shape));
-  return HeldPositions{std::move(held), std::move(view)};
-}
-
-// None (0..L-1 in every batch row), or an int64 or int32 array-like: a list of ints is int64.
-HeldPositions positions_arg(py::handle obj) {
-  if (obj.is_none()) return {};
-  const char* expected = "None or an int64 or int32 array [L] or [B, L]";
-  if (py::isinstance<BFloat16Bits>(obj)) refuse_type(obj, "positions", expected);
-  const py::array array = py::array::ensure(obj);
-  if (!array) refuse_type(obj, "positions", expected);
-  const py::dtype dtype = array.dtype();
-  if (dtype.kind() != 'i' || (dtype.itemsize() != 8 && dtype.itemsize() != 4))
-    throw Error("positions: expected an int64 or int32 array [L] or [B, L], got " +
-                py::str(py::handle(dtype)).cast<std::string>() + " " +
-                py::str(array.attr("shape")).cast<std::string>());
-  return dtype.itemsize() == 8 ? held_positions<std::int64_t>(array) : held_positions<std::int32_t>(array);
-}
-
 // base, rotary_dim and interleaved as RotaryOptions: rotary_dim None is the whole head (0 in C++); an
 // explicit 0 is refused rather than read as "the whole head".
 RotaryOptions rotary_options(py::handle base, py::handle rotary_dim, py::handle interleaved) {
@@ -68,7 +37,7 @@ RotaryOptions rotary_options(py::handle base, py::handle rotary_dim, py::handle 
 py::object rotary(py::handle x, const char* name, py::handle positions, py::handle base, py::handle rotary_dim,
                   py::handle interleaved, bool inverse) {
   const ArrayView x_view = view_of(x, name, Accept::Float);
-  const HeldPositions held = positions_arg(positions);
+  const HeldPositions held = positions_arg(positions, "positions");
   const RotaryOptions options = rotary_options(base, rotary_dim, interleaved);
   Tensor y;
   {

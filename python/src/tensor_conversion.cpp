@@ -8,6 +8,7 @@
 
 #include <pybind11/stl.h>
 
+#include "arguments.hpp"
 #include "bindings.hpp"
 #include "mha/error.hpp"
 
@@ -230,6 +231,33 @@ void register_tensor(py::module_& m) {
       },
       py::arg("obj"), py::arg("name") = "array", py::arg("mask") = false,
       "The data pointer, dtype, shape and element strides the library would see for `obj`.");
+}
+
+namespace {
+
+template <class I>
+HeldPositions held_positions(const py::array& array) {
+  using Contiguous = py::array_t<I, py::array::c_style | py::array::forcecast>;
+  Contiguous held = Contiguous::ensure(array);  // same values: the dtype is already an integer of I's width
+  Shape shape(held.shape(), held.shape() + held.ndim());
+  PositionsView view(held.data(), shape, contiguous_strides(shape));
+  return HeldPositions{std::move(held), std::move(view)};
+}
+
+}  // namespace
+
+HeldPositions positions_arg(py::handle obj, const std::string& name) {
+  if (obj.is_none()) return {};
+  const char* expected = "None or an int64 or int32 array [L] or [B, L]";
+  if (py::isinstance<BFloat16Bits>(obj)) refuse_type(obj, name, expected);
+  const py::array array = py::array::ensure(obj);
+  if (!array) refuse_type(obj, name, expected);
+  const py::dtype dtype = array.dtype();
+  if (dtype.kind() != 'i' || (dtype.itemsize() != 8 && dtype.itemsize() != 4))
+    throw Error(name + ": expected an int64 or int32 array [L] or [B, L], got " +
+                py::str(py::handle(dtype)).cast<std::string>() + " " +
+                py::str(array.attr("shape")).cast<std::string>());
+  return dtype.itemsize() == 8 ? held_positions<std::int64_t>(array) : held_positions<std::int32_t>(array);
 }
 
 }  // namespace mha::python

@@ -19,6 +19,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include "mha/rotary.hpp"
 #include "mha/tensor.hpp"
 
 namespace mha::python {
@@ -77,5 +78,16 @@ py::object to_numpy_or_none(Tensor&& tensor);
 py::object to_python(Tensor&& tensor, BFloat16Out bfloat16_out);
 // to_python, or None when `tensor` is undefined.
 py::object to_python_or_none(Tensor&& tensor, BFloat16Out bfloat16_out);
+
+// Rotary positions [L] or [B, L] from Python (mha/rotary.hpp), with the array their view points into
+// (keep it alive while the view is in use): a C-order int64 or int32 array in native byte order, the
+// caller's own when it is one.
+struct HeldPositions {
+  py::array array;
+  std::optional<PositionsView> view;
+};
+// None (no view: the default positions), or an int64 or int32 array-like (a list of ints is int64);
+// anything else is refused naming `name`.
+HeldPositions positions_arg(py::handle obj, const std::string& name);
 
 }  // namespace mha::python

@@ -44,7 +44,8 @@ struct SavedForward {
   // keeps the heads as the kernel wrote them, for the kernel's backward).
   HeadGate gate;
   Tensor gated_context;
-  KernelMasks masks;  // in kernel terms, owning their storage
+  KernelMasks masks;       // in kernel terms, owning their storage
+  RotaryPositions rotary;  // explicit rotary positions (inputs.positions), or not given
   Shape out_shape;
   std::uint64_t parameters_version = 0;  // the layer's parameters_version_ at the forward
 };
@@ -133,7 +134,7 @@ HeadViews head_views(const SavedForward& f, const MultiHeadAttentionConfig& c) {
 
 // The rotary embedding of the projected queries [rows of query, h*d_k] and keys [rows of key, h_kv*d_k]
 // (or, inverse, of their gradients): query i at position i + S - L, key j at j.
-// Packed sequences: each row at its sequence's own position (packed.hpp).
+// Packed sequences: each row at its sequence's own position (packed.hpp); explicit positions where given.
 void rotate_projections(const SavedForward& f, const PackedRows& packed, const MultiHeadAttentionConfig& c,
                         bool inverse, Tensor& q, Tensor& k) {
   const TensorView q_heads = heads_view(q, f.B, c.num_heads, f.L, c.d_k, f.q_rows);
@@ -141,6 +142,11 @@ void rotate_projections(const SavedForward& f, const PackedRows& packed, const M
   if (packed.packed()) {
     rotate_heads_at(q_heads, c, packed_query_positions(packed), inverse);
     rotate_heads_at(k_heads, c, packed_key_positions(packed), inverse);
+    return;
+  }
+  if (f.rotary.given) {
+    rotate_heads_at(q_heads, c, f.rotary.query, inverse);
+    rotate_heads_at(k_heads, c, f.rotary.key, inverse);
     return;
   }
   const std::int64_t query_first[1] = {f.S - f.L}, key_first[1] = {0};
@@ -193,6 +199,7 @@ MultiHeadAttentionOutput MultiHeadAttention::forward(const TensorView& query, co
   o.need_lse = training_;
   o.kernel = kernel_;
   HeadGate gate = head_gate_of(in.head_gate, c, dims.batched, B);  // validated before any state changes
+  RotaryPositions rotary = rotary_positions(in, c, B, L, S);
   if (training_ && c.dropout > 0) {
     o.dropout_p = c.dropout;
     o.dropout_seed = mix64(dropout_seed_ + dropout_calls_++);
@@ -207,6 +214,7 @@ MultiHeadAttentionOutput MultiHeadAttention::forward(const TensorView& query, co
   SavedForward& f = *saved;
   f.B = B, f.L = L, f.S = S, f.extra = extra;
   f.gate = std::move(gate);
+  f.rotary = std::move(rotary);
   f.q_rows = dims.rows(B, L);
   f.kv_input_rows = dims.rows(B, S);
   f.kv_rows = extra ? RowLayout{S2, 1} : f.kv_input_rows;
@@ -352,11 +360,11 @@ MultiHeadAttentionGradients MultiHeadAttention::backward(const TensorView& dout)
     T* db = c.bias ? grad("in_proj_bias") : nullptr;
     Tensor zeroed[2];
     const TensorView xk = without_unseen_nonfinite_rows(f.x_view[1], f.kv_input_rows, B, S, f.masks.options,
-                                                        c.num_heads, L, S2, zeroed[0]);
+                                                        c.num_heads, L, S2, f.masks.packed, zeroed[0]);
     const TensorView xv = f.source[2] == f.source[1]
                               ? xk  // value is key's array: scanned once
                               : without_unseen_nonfinite_rows(f.x_view[2], f.kv_input_rows, B, S, f.masks.options,
-                                                              c.num_heads, L, S2, zeroed[1]);
+                                                              c.num_heads, L, S2, f.masks.packed, zeroed[1]);
     project_backward<T>(dq_proj, f.x_view[0], f.q_rows, B, L, 0, w.q, qk, dw ? dw : grad("q_proj_weight"), db, g.query);
     project_backward<T>(dk_proj, xk, f.kv_input_rows, B, S, f.extra, w.k, kk, dw ? dw + qk * E : grad("k_proj_weight"),
                         db ? db + qk : nullptr, g.key);

@@ -210,6 +210,7 @@ MultiHeadAttentionOutput MultiHeadAttention::forward_cached(const TensorView& qu
     fail("query: expected batch size " + str(cache.batch_) + " like the cache's (cache.batch()), got shape " +
          shape_str(query.shape()));
 
+  refuse_rotary_positions(in, "forward_cached");
   if (!in.cu_seqlens.empty() || !in.cu_seqlens_k.empty())
     fail("cu_seqlens: forward_cached takes no packed sequences (a cache holds [B, length] positions); give each "
          "sequence its own batch row");

@@ -45,6 +45,7 @@ std::int64_t pages_needed(const PagedKVCache& cache, std::span<const PagedKVCach
 // (each sequence's queries attend causally to its own positions).
 DecodeOptions decode_score(const MultiHeadAttentionInputs& in, DType dtype, std::int64_t n, std::int64_t h,
                            std::int64_t q_len, const Tensor* sinks) {
+  detail::refuse_rotary_positions(in, "forward_paged");
   if (!in.cu_seqlens.empty() || !in.cu_seqlens_k.empty())
     fail("cu_seqlens: forward_paged takes no packed sequences (query holds [n, q_len] rows, one sequence each)");
   if (in.key_padding_mask || in.attn_mask || !in.key_lengths.empty() || in.causal || in.head_gate)

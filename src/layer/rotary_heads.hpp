@@ -23,9 +23,26 @@ inline bool has_rotary(const MultiHeadAttentionConfig& c) { return c.rotary_dim 
 void rotate_heads(const TensorView& heads, const MultiHeadAttentionConfig& c, std::span<const std::int64_t> first,
                   bool inverse);
 
-// The same for one batch row (heads [1, heads, T, d_k]) whose row t sits at positions[t] (packed
-// sequences, each counting from 0).
+// The same with every row's own position: row t of batch b at positions[t] ([T], shared by the batch
+// rows: packed sequences, each counting from 0) or positions[b T + t] ([B, T]: explicit positions).
 void rotate_heads_at(const TensorView& heads, const MultiHeadAttentionConfig& c,
                      const std::vector<std::int64_t>& positions, bool inverse);
+
+// A forward's explicit positions (MultiHeadAttentionInputs::positions / key_positions), copied: query
+// [1 or B, L] and key [1 or B, S], flattened. Not given: the default places (query i at i + S - L, key j at j).
+struct RotaryPositions {
+  bool given = false;
+  std::vector<std::int64_t> query, key;
+};
+
+// The explicit positions of a forward over B batch rows of L queries and S keys, checked against the
+// layer (rotary_dim > 0, no packed sequences) and those sizes: mha::Error naming positions or
+// key_positions otherwise.
+RotaryPositions rotary_positions(const MultiHeadAttentionInputs& in, const MultiHeadAttentionConfig& c, std::int64_t B,
+                                 std::int64_t L, std::int64_t S);
+
+// For the calls that place each position themselves (`call`: forward_cached, forward_paged): mha::Error
+// naming positions when the inputs give any.
+void refuse_rotary_positions(const MultiHeadAttentionInputs& in, const char* call);
 
 }  // namespace mha::detail

@@ -73,14 +73,24 @@ bool unseen_key(const AttentionOptions& o, std::int64_t b, std::int64_t j, std::
 
 TensorView without_unseen_nonfinite_rows(const TensorView& x, RowLayout rows, std::int64_t B, std::int64_t S,
                                          const AttentionOptions& masks, std::int64_t h, std::int64_t L,
-                                         std::int64_t S_kernel, Tensor& storage) {
+                                         std::int64_t S_kernel, const PackedRows& packed, Tensor& storage) {
   const std::int64_t width = x.shape().back();
+  // Whether key t of batch b is seen by no query; packed: by no query of its own sequence i, at its place
+  // t - cu_k[i] among that sequence's S_i keys (packed calls take no masks over a batch, only causal and
+  // the window). The rows are visited in order, so the sequence advances with t.
+  std::size_t i = 0;
+  auto unseen = [&](std::int64_t b, std::int64_t t) {
+    if (!packed.packed()) return unseen_key(masks, b, t, h, L, S_kernel);
+    while (packed.cu_k[i + 1] <= t) ++i;
+    const std::int64_t L_i = packed.cu_q[i + 1] - packed.cu_q[i], S_i = packed.cu_k[i + 1] - packed.cu_k[i];
+    return L_i == 0 || unseen_key(masks, 0, t - packed.cu_k[i], h, L_i, S_i);
+  };
   return dispatch_floating(x.dtype(), [&]<class T>(T) -> TensorView {
     T* copy = nullptr;  // made at the first row to zero
     for (std::int64_t b = 0; b < B; ++b)
       for (std::int64_t t = 0; t < S; ++t) {
         const std::int64_t row = b * rows.batch + t * rows.position;
-        if (row_is_finite(x.data_as<T>() + row * width, width) || !unseen_key(masks, b, t, h, L, S_kernel)) continue;
+        if (row_is_finite(x.data_as<T>() + row * width, width) || !unseen(b, t)) continue;
         if (!copy) {
           storage = Tensor::copy_of(x);
           copy = storage.data_as<T>();

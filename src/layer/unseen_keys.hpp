@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "layer/inputs.hpp"
+#include "layer/packed.hpp"
 #include "mha/attention.hpp"
 
 namespace mha::detail {
@@ -26,9 +27,11 @@ bool unseen_key(const AttentionOptions& masks, std::int64_t b, std::int64_t j, s
 
 // x: a key or value input of the layer, contiguous rows, row (b, t) at b * rows.batch + t * rows.position
 // for t < S. Returns x when no row that no query sees holds a NaN or Inf; else a view of `storage`, a
-// copy of x with those rows zeroed.
+// copy of x with those rows zeroed. Packed sequences (packed.packed(), B = 1): key row t of sequence i is
+// seen only by sequence i's queries, as causal and the window place them within it (a sequence without
+// queries sees none of its keys).
 TensorView without_unseen_nonfinite_rows(const TensorView& x, RowLayout rows, std::int64_t B, std::int64_t S,
                                          const AttentionOptions& masks, std::int64_t h, std::int64_t L,
-                                         std::int64_t S_kernel, Tensor& storage);
+                                         std::int64_t S_kernel, const PackedRows& packed, Tensor& storage);
 
 }  // namespace mha::detail

@@ -119,3 +119,38 @@ def test_packed_input_is_refused_by_the_caches_and_with_appended_keys():
     flat = np.ones((3, 16), np.float32)
     with pytest.raises(mha.Error, match=r"cu_seqlens: not available with add_bias_kv"):
         biased(flat, flat, flat, cu_seqlens=[0, 3])
+
+
+@pytest.mark.parametrize("window", [None, (1, 0)])
+def test_a_nan_in_a_key_its_sequence_never_sees_reaches_no_gradient(window):
+    """Packed cross-attention: sequence 0 has no queries (all three of its keys unseen); sequence 1 has one
+    query at the bottom-right of its five keys, whose window (1, 0) lets it see only keys 3 and 4 of them.
+    A NaN in an unseen key row changes nothing, parameter gradients included; the same NaN in a key the
+    query sees reaches them (the rule works both ways)."""
+    layer = make_layer(np.float64, kdim=12, vdim=12)
+    rng = np.random.default_rng(12)
+    query, key = rng.standard_normal((1, 16)), rng.standard_normal((8, 12))
+    dout = rng.standard_normal((1, 16))
+    options = dict(cu_seqlens=[0, 0, 1], cu_seqlens_k=[0, 3, 8], window=window, need_weights=False)
+
+    def run(k):
+        out, _ = layer(query, k, k, **options)
+        return out, layer.backward(dout)
+
+    clean_out, clean = run(key)
+    unseen_rows = [0, 1, 2] + ([3, 4, 5] if window else [])  # sequence 0's keys; sequence 1's keys 0-2
+    for row in unseen_rows:
+        poisoned = key.copy()
+        poisoned[row, 5] = np.nan
+        out, grads = run(poisoned)
+        np.testing.assert_array_equal(out, clean_out)
+        for name, g in grads.items():
+            if name in ("key", "value"):
+                others = np.delete(np.arange(8), row)
+                np.testing.assert_array_equal(g[others], clean[name][others], err_msg=f"{name}, row {row}")
+            else:
+                np.testing.assert_array_equal(g, clean[name], err_msg=f"{name}, row {row}")
+    seen = key.copy()
+    seen[7, 5] = np.nan  # the query's own key
+    _, grads = run(seen)
+    assert np.isnan(grads["k_proj_weight"]).any() and np.isnan(grads["v_proj_weight"]).any()

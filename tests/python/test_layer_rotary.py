@@ -15,10 +15,13 @@ import mha
 
 
 def rotate(x, positions, r, base, interleaved):
-    """x [B, heads, T, d] (torch) rotated at positions [T] (float64 angles)."""
+    """x [B, heads, T, d] (torch) rotated at positions [T] or [B, T] (float64 angles)."""
     half = r // 2
     inv_freq = base ** (-2.0 * np.arange(half) / r)
-    angle = np.asarray(positions, np.float64)[:, None] * inv_freq[None, :]  # [T, r/2]
+    positions = np.asarray(positions, np.float64)
+    angle = positions[..., None] * inv_freq  # [T, r/2] or [B, T, r/2]
+    if angle.ndim == 3:
+        angle = angle[:, None]  # [B, 1, T, r/2]: every head of batch row b at its row's positions
     cos, sin = (torch.tensor(f(angle), dtype=x.dtype) for f in (np.cos, np.sin))
     if interleaved:
         a, b = x[..., 0:r:2], x[..., 1:r:2]
@@ -29,7 +32,10 @@ def rotate(x, positions, r, base, interleaved):
     return torch.cat([rotated, x[..., r:]], dim=-1)
 
 
-def layer_reference(state, query, key, h, h_kv, r, base, interleaved, causal, dtype, dout=None):
+def layer_reference(state, query, key, h, h_kv, r, base, interleaved, causal, dtype, dout=None, positions=None,
+                    key_positions=None, key_padding=None):
+    """The layer in torch `dtype`; positions [L] / [B, L] and key_positions [S] / [B, S] (None: i + S - L
+    and j); key_padding [B, S] True where a key is padding. Returns out, or (out, grads) given dout."""
     t = {name: torch.tensor(np.asarray(v, np.float64), dtype=dtype, requires_grad=True) for name, v in state.items()}
     xq = torch.tensor(np.asarray(query, np.float64), dtype=dtype, requires_grad=True)
     xk = torch.tensor(np.asarray(key, np.float64), dtype=dtype, requires_grad=True)
@@ -44,12 +50,14 @@ def layer_reference(state, query, key, h, h_kv, r, base, interleaved, causal, dt
     q = (xq @ w_q.T + b_q).view(B, L, h, d).transpose(1, 2)
     k = (xk @ w_k.T + b_k).view(B, S, h_kv, d).transpose(1, 2)
     v = (xk @ w_v.T + b_v).view(B, S, h_kv, d).transpose(1, 2)
-    q = rotate(q, np.arange(L) + S - L, r, base, interleaved)  # query i at i + S - L
-    k = rotate(k, np.arange(S), r, base, interleaved)
+    q = rotate(q, np.arange(L) + S - L if positions is None else positions, r, base, interleaved)  # i + S - L
+    k = rotate(k, np.arange(S) if key_positions is None else key_positions, r, base, interleaved)
     k, v = (x.repeat_interleave(h // h_kv, dim=1) for x in (k, v))
     logits = q @ k.transpose(-1, -2) / np.sqrt(d)
     if causal:
         logits = logits.masked_fill(torch.ones(L, S, dtype=torch.bool).triu(S - L + 1), -np.inf)
+    if key_padding is not None:
+        logits = logits.masked_fill(torch.tensor(np.asarray(key_padding))[:, None, None, :], -np.inf)
     context = (torch.softmax(logits, -1) @ v).transpose(1, 2).reshape(B, L, h * d)
     out = context @ t["out_proj.weight"].T + t["out_proj.bias"]
     if dout is None:
@@ -152,3 +160,103 @@ def test_rotary_settings_survive_save_load_and_pickle(tmp_path):
         assert (other.rotary_dim, other.rotary_base, other.rotary_interleaved) == (6, 500000.0, True)
         np.testing.assert_array_equal(other(x, x, x)[0], layer(x, x, x)[0])
     assert "rotary_dim=6" in repr(layer) and mha.MultiheadAttention(16, 2).rotary_dim is None
+
+
+def check_within_the_rule(got, ref64, ref32, dtype):
+    """Each named result within 3x the float32 reference's own error (float64 layers: 1e-10 relative)."""
+    for name in ref64:
+        g, r64, r32 = (np.asarray(x[name], np.float64) for x in (got, ref64, ref32))
+        err = np.abs(g - r64).max()
+        bound = (1e-10 * max(1.0, np.abs(r64).max()) if dtype == np.float64
+                 else 3 * np.abs(r32 - r64).max() + 1e-5 * max(1.0, np.abs(r64).max()))
+        assert err <= bound, f"{name}: {err:.3g} > {bound:.3g}"
+
+
+POSITION_CASES = [  # (h_kv, r, interleaved, causal, L, S, shared, int32)
+    (4, 6, False, True, 7, 7, False, False),  # self-attention: the keys reuse positions
+    (2, 4, True, False, 5, 9, False, True),   # cross-attention: key_positions of their own
+    (1, 6, False, False, 6, 6, True, False),  # [L] positions shared by the batch rows
+    (4, 2, True, True, 1, 4, True, True),
+]
+
+
+@pytest.mark.parametrize("h_kv,r,interleaved,causal,L,S,shared,int32", POSITION_CASES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_explicit_positions_match_the_reference(h_kv, r, interleaved, causal, L, S, shared, int32, dtype):
+    layer = mha.MultiheadAttention(24, 4, num_kv_heads=h_kv, batch_first=True, dtype=dtype, seed=9, rotary_dim=r,
+                                   rotary_interleaved=interleaved)
+    rng = np.random.default_rng(L * 10 + S)
+    B = 3
+    query = rng.standard_normal((B, L, 24)).astype(dtype)
+    key = query if L == S else rng.standard_normal((B, S, 24)).astype(dtype)
+    dout = rng.standard_normal((B, L, 24)).astype(dtype)
+    int_dtype = np.int32 if int32 else np.int64
+    positions = rng.integers(0, 100000, (L,) if shared else (B, L)).astype(int_dtype)  # far positions, any order
+    key_positions = None if L == S else rng.integers(0, 100000, (S,) if shared else (B, S)).astype(int_dtype)
+    out, _ = layer(query, key, key, is_causal=causal, need_weights=False, positions=positions,
+                   key_positions=key_positions)
+    got = layer.backward(dout)
+    got["key"] = got["key"] + got["value"]  # the reference's key input plays both roles
+    got["out"] = out
+    args = (layer.state_dict(), query, key, 4, h_kv, r, 10000.0, interleaved, causal)
+    places = dict(positions=positions, key_positions=positions if key_positions is None else key_positions)
+    (out64, ref64), (out32, ref32) = (layer_reference(*args, t, dout, **places) for t in (torch.float64, torch.float32))
+    ref64["out"], ref32["out"] = out64, out32
+    check_within_the_rule(got, ref64, ref32, dtype)
+    default, _ = layer(query, key, key, is_causal=causal, need_weights=False)
+    assert np.abs(default - out).max() > 1e-4  # the positions act
+
+
+def test_a_left_padded_batch_equals_each_sequence_alone():
+    """Left padding (a serving batch): sequence b's n_b tokens at the right end of its row, pads masked by
+    key_padding_mask, positions counting from 0 at its first token. Its rows (and the parameter gradients of
+    a loss on them) equal the layer's on the sequence alone, unpadded, where positions are the default."""
+    layer = mha.MultiheadAttention(16, 4, num_kv_heads=2, batch_first=True, dtype=np.float64, seed=3, rotary_dim=4)
+    rng = np.random.default_rng(4)
+    lengths, L = [5, 2, 8], 8
+    x = rng.standard_normal((3, L, 16))
+    dout = rng.standard_normal((3, L, 16))
+    pad = np.arange(L)[None, :] < (L - np.array(lengths))[:, None]  # [B, L] True at the pads
+    dout[pad] = 0  # the loss reads real rows only
+    positions = np.maximum(np.arange(L)[None, :] - (L - np.array(lengths))[:, None], 0)  # [B, L]
+    out, _ = layer(x, x, x, key_padding_mask=pad, is_causal=True, need_weights=False, positions=positions)
+    grads = layer.backward(dout)
+    summed = {}
+    for b, n in enumerate(lengths):
+        alone, _ = layer(x[b:b + 1, L - n:], x[b:b + 1, L - n:], x[b:b + 1, L - n:], is_causal=True,
+                         need_weights=False)
+        np.testing.assert_allclose(out[b, L - n:], alone[0], rtol=0, atol=1e-12)
+        one = layer.backward(dout[b:b + 1, L - n:])
+        for name, g in one.items():
+            if name in ("query", "key", "value"):
+                np.testing.assert_allclose(grads[name][b, L - n:], g[0], rtol=0, atol=1e-12)
+            else:
+                summed[name] = summed.get(name, 0) + g
+    for name, g in summed.items():
+        np.testing.assert_allclose(grads[name], g, rtol=0, atol=1e-11, err_msg=name)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(positions=np.zeros((2, 5), np.int64)), r"positions: expected \[L\] = \[4\] or \[B, L\] = \[2, 4\]"),
+    (dict(positions=np.array([0, 1, -1, 2])), r"positions: expected positions >= 0, got -1 at \[2\]"),
+    (dict(positions=np.zeros(4, np.float32)), r"positions: expected an int64 or int32 array"),
+    (dict(key_positions=np.zeros(4, np.int64)), r"key_positions: given without positions"),
+    (dict(positions=np.arange(4), key_positions=np.zeros((3, 4), np.int64)), r"key_positions: expected \[S\]"),
+    (dict(positions=np.arange(4), cu_seqlens=[0, 4]), r"positions: not with cu_seqlens"),
+])
+def test_bad_positions_are_refused_naming_them(kwargs, match):
+    layer = mha.MultiheadAttention(16, 4, batch_first=True, seed=1, rotary_dim=4)
+    x = np.ones((2, 4, 16), np.float32)
+    if "cu_seqlens" in kwargs:
+        x = x[0]
+    with pytest.raises(mha.Error, match=match):
+        layer(x, x, x, **kwargs)
+
+
+def test_positions_are_refused_where_the_layer_places_them():
+    x = np.ones((1, 4, 16), np.float32)
+    with pytest.raises(mha.Error, match=r"positions: the layer has no rotary embedding"):
+        mha.MultiheadAttention(16, 4, batch_first=True)(x, x, x, positions=np.arange(4))
+    layer = mha.MultiheadAttention(16, 4, batch_first=True, seed=1, rotary_dim=4)
+    with pytest.raises(mha.Error, match=r"key_positions: required with positions when key has S = 3"):
+        layer(x, x[:, :3], x[:, :3], positions=np.arange(4))

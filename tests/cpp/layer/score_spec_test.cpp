@@ -118,4 +118,32 @@ TEST(ScoreSpec, ScoresOutsideTheLogitDtypeAndMasksAreRefusedBeforeForwardPagedAp
   EXPECT_EQ(layer.forward_paged(step, cache, ids).out.shape(), (mha::Shape{1, 1, 4}));
 }
 
+TEST(ScoreSpec, ExplicitRotaryPositionsAreRefusedWhereTheLayerPlacesEachPositionItself) {
+  // forward_cached and forward_paged rotate each new position at its index in its sequence: explicit
+  // positions there would contradict the cache, so they are refused by name, before anything is appended.
+  MultiHeadAttention layer({.d_model = 4, .num_heads = 1, .rotary_dim = 4}, /*seed=*/1);
+  std::vector<float> x(4, 0.5f);
+  const std::vector<std::int64_t> zero = {0};
+  mha::MultiHeadAttentionInputs in;
+  in.positions = mha::PositionsView(zero, {1});
+  const mha::TensorView step(x, {1, 1, 4});
+  mha::KeyValueCache kv;
+  layer.append_to_cache(kv, step, step);
+  auto message = [](auto&& call) {
+    try {
+      call();
+    } catch (const mha::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message([&] { layer.forward_cached(step, kv, in); }).find("positions: forward_cached takes no explicit"),
+            std::string::npos);
+  mha::PagedKVCache cache(layer.paged_cache_config(4, 8));
+  const std::vector<mha::PagedKVCache::SequenceId> ids = {cache.add_sequence()};
+  EXPECT_NE(message([&] { layer.forward_paged(step, cache, ids, in); }).find("positions: forward_paged takes no"),
+            std::string::npos);
+  EXPECT_EQ(cache.length(ids[0]), 0);  // refused before anything was appended
+}
+
 }  // namespace

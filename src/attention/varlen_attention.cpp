@@ -5,8 +5,9 @@
 //           strides (0, q.stride(1), q.stride(0), q.stride(2))      (k_i, v_i, dout_i, out_i likewise)
 //
 // and run through the kernel the options choose (attention_core.hpp), which writes its results straight
-// into the packed outputs through their strides. Nothing is padded: the work is sum_i L_i S_i. The
-// parallelism is each call's own (heads and query blocks); sequences run one after another.
+// into the packed outputs through their strides. Nothing is padded: the work is sum_i L_i S_i. Long
+// sequences run one after another, each parallel inside its call (heads and query blocks); the short ones
+// run many at a time, one thread each (varlen_schedule.hpp).
 //
 // Legend: n sequences, h query heads, h_kv key/value heads, total_q / total_k packed query / key rows,
 // L_i = cu_q[i+1] - cu_q[i] and S_i = cu_k[i+1] - cu_k[i] the queries and keys of sequence i, d_k
@@ -22,6 +23,7 @@
 #include "attention/attention_core.hpp"
 #include "attention/sinks.hpp"
 #include "attention/varlen_checks.hpp"
+#include "attention/varlen_schedule.hpp"
 #include "dtype_dispatch.hpp"
 #include "mha/error.hpp"
 
@@ -195,15 +197,14 @@ VarlenResult varlen_attention(const TensorView& q, const TensorView& k, const Te
   // out: [total_q, h, d_v], written whole: every row belongs to one sequence, whose call writes it
   result.out = Tensor::uninitialized(q.dtype(), {total_q, h, d_v});
   if (options.need_lse) result.lse = Tensor::uninitialized(lse_dtype(q.dtype()), {h, total_q});  // likewise
-  for (std::int64_t i = 0; i + 1 < cu_q.size(); ++i) {
+  detail::for_each_sequence(cu_q, cu_k, [&](std::int64_t i) {
     const std::int64_t q_begin = cu_q[i], q_end = cu_q[i + 1], k_begin = cu_k[i], k_end = cu_k[i + 1];
-    if (q_end == q_begin) continue;  // L_i = 0: no rows to compute
-    Tensor weights, lse;             // lse: [1, h, L_i] when need_lse
+    Tensor weights, lse;  // lse: [1, h, L_i] when need_lse
     detail::run_attention(sequence_rows(q, q_begin, q_end), sequence_rows(k, k_begin, k_end),
                           sequence_rows(v, k_begin, k_end), sequence_options(options, q_begin, k_begin),
                           sequence_output(result.out, q_begin), weights, lse);
     if (options.need_lse) copy_sequence_lse(lse, result.lse, q_begin);
-  }
+  });
   return result;
 }
 
@@ -215,23 +216,30 @@ AttentionGradients varlen_attention_backward(const TensorView& dout, const Tenso
   // Zeroed, as the kernels want them; each sequence writes its own rows (disjoint), and the keys of a
   // sequence without queries keep their zeros.
   AttentionGradients grads;
-  grads.dq = Tensor(q.dtype(), q.shape());                               // [total_q, h, d_k]
-  grads.dk = Tensor(q.dtype(), k.shape());                               // [total_k, h_kv, d_k]
-  grads.dv = Tensor(q.dtype(), v.shape());                               // [total_k, h_kv, d_v]
-  std::vector<double> dsinks(static_cast<std::size_t>(q.size(1)), 0.0);  // summed in sequence order
-  for (std::int64_t i = 0; i + 1 < cu_q.size(); ++i) {
+  grads.dq = Tensor(q.dtype(), q.shape());  // [total_q, h, d_k]
+  grads.dk = Tensor(q.dtype(), k.shape());  // [total_k, h_kv, d_k]
+  grads.dv = Tensor(q.dtype(), v.shape());  // [total_k, h_kv, d_v]
+  // d sinks per sequence [n][h], each a float64 sum over its rows, then added in sequence order.
+  const auto h = static_cast<std::size_t>(q.size(1));
+  std::vector<std::vector<double>> sequence_dsinks(options.sinks ? static_cast<std::size_t>(cu_q.size() - 1) : 0);
+  detail::for_each_sequence(cu_q, cu_k, [&](std::int64_t i) {  // L_i = 0 is skipped: its keys' gradients are 0
     const std::int64_t q_begin = cu_q[i], q_end = cu_q[i + 1], k_begin = cu_k[i], k_end = cu_k[i + 1];
-    if (q_end == q_begin) continue;  // L_i = 0: its keys' gradients are 0
     detail::run_attention_backward(sequence_rows(dout, q_begin, q_end), sequence_rows(q, q_begin, q_end),
                                    sequence_rows(k, k_begin, k_end), sequence_rows(v, k_begin, k_end),
                                    sequence_rows(out, q_begin, q_end), sequence_lse(lse, q_begin, q_end),
                                    sequence_options(options, q_begin, k_begin), sequence_output(grads.dq, q_begin),
                                    sequence_output(grads.dk, k_begin), sequence_output(grads.dv, k_begin));
-    if (options.sinks)
-      detail::accumulate_sink_gradient(sequence_rows(dout, q_begin, q_end), sequence_rows(out, q_begin, q_end),
-                                       sequence_lse(lse, q_begin, q_end), *options.sinks, dsinks);
-  }
-  if (options.sinks) grads.dsinks = detail::sink_gradient_tensor(dsinks, options.sinks->dtype());
+    if (!options.sinks) return;
+    std::vector<double>& dsinks = sequence_dsinks[static_cast<std::size_t>(i)];
+    dsinks.assign(h, 0.0);
+    detail::accumulate_sink_gradient(sequence_rows(dout, q_begin, q_end), sequence_rows(out, q_begin, q_end),
+                                     sequence_lse(lse, q_begin, q_end), *options.sinks, dsinks);
+  });
+  if (!options.sinks) return grads;
+  std::vector<double> dsinks(h, 0.0);
+  for (const std::vector<double>& one : sequence_dsinks)  // empty for a sequence without queries
+    for (std::size_t head = 0; head < one.size(); ++head) dsinks[head] += one[head];
+  grads.dsinks = detail::sink_gradient_tensor(dsinks, options.sinks->dtype());
   return grads;
 }
 

@@ -78,15 +78,22 @@ def test_packed_rows_and_ratios(variants_run):
     rows = table_rows(stdout, "== Packed against padded")
     assert [(int(r[0][0]), r[0][1]) for r in rows] == [(t, p) for t in (1, 2) for p in ("fwd", "fwd+bwd")]
     for row in rows:
-        assert len(row[1]) == 3 and len(row[2]) == 2 and all(x.endswith("x") for x in row[2])
+        assert len(row[1]) == 4 and len(row[2]) == 3 and all(x.endswith("x") for x in row[2])
         for figure in row[1] + row[2]:
             positive(figure)
     assert [(r["threads"], r["pass"]) for r in packed["rows"]] == [(t, p) for t in (1, 2) for p in ("fwd", "fwdbwd")]
+    rows_by_key = {(int(r[0][0]), r[0][1].replace("fwd+bwd", "fwdbwd")): r for r in rows}
     for r in packed["rows"]:
         for key in ("padded_median_s", "padded_min_s", "packed_median_s", "packed_min_s", "packed_gflops"):
             assert math.isfinite(r[key]) and r[key] > 0, key
         assert r["packed_over_padded_times_r"] == pytest.approx(
             r["packed_median_s"] / (r["padded_median_s"] * packed["flop_ratio"]))
+        dense = r["dense"]  # every padded logit, timed against packed in a pair of its own
+        assert dense["dense_median_s"] > 0 and dense["packed_median_s"] > 0 and dense["reps"] == 1
+        assert r["packed_over_dense_times_r"] == pytest.approx(
+            dense["packed_median_s"] / (dense["dense_median_s"] * packed["flop_ratio"]))
+        assert float(rows_by_key[(r["threads"], r["pass"])][2][0].rstrip("x")) == pytest.approx(
+            r["packed_over_dense_times_r"], abs=5e-4)
         assert r["reps"] == 1
     assert len(re.findall(r"^  2 threads over 1, fwd(\+bwd)?: packed \d+\.\d\dx, padded \d+\.\d\dx$", stdout,
                           re.M)) == 2
@@ -129,12 +136,15 @@ def test_targets(variants_run):
     lines = re.findall(r"^  (.+): (\d+) rows, worst " + NUMBER + r"x \(target <= ([\d.]+)x\): (met|NOT met)$",
                        stdout, re.M)
     assert [(int(n), float(goal)) for _, n, _, goal, _ in lines] == [(4, 1.15), (8, 1.03), (4, 1.05)]
-    assert re.search(r"over padded x r_tiles, the logits each forward computes: worst \d+\.\d+x", stdout)
+    assert re.search(r"over padded with key_lengths x r: worst \d+\.\d+x; x r_tiles, the logits each forward "
+                     r"computes: worst \d+\.\d+x", stdout)
     targets = report["targets"]
     assert [(t["rows"], t["goal"]) for t in targets] == [(4, 1.15), (8, 1.03), (4, 1.05)]
     for t, (_, _, worst, _, verdict) in zip(targets, lines):
         assert t["worst"] > 0 and f"{t['worst']:.3f}" == worst and t["met"] == (verdict == "met")
-    assert targets[0]["worst"] == pytest.approx(max(r["packed_over_padded_times_r"] for r in report["packed"]["rows"]))
+    assert targets[0]["worst"] == pytest.approx(max(r["packed_over_dense_times_r"] for r in report["packed"]["rows"]))
+    assert targets[0]["worst_over_padded_with_lengths_r"] == pytest.approx(
+        max(r["packed_over_padded_times_r"] for r in report["packed"]["rows"]))
     assert targets[1]["worst"] == pytest.approx(max(r["ratio"] for r in report["sinks"]["rows"]))
 
 

@@ -452,3 +452,48 @@ def test_refusals_name_the_argument(name):
     call, message = REFUSALS[name]
     with pytest.raises(mha.Error, match=message):
         call()
+
+
+def test_a_pack_of_many_short_sequences_gives_each_its_own_bits_whatever_the_threads():
+    """varlen runs the short sequences of a pack many at a time, one thread each, and a long one alone with
+    every thread (varlen_schedule.hpp): the split changes no bit. One thread and three give the same results,
+    each sequence's rows are those of scaled_dot_product_attention on it alone, and the thread count set
+    before the call is the one after it."""
+    r = np.random.default_rng(21)
+    lengths = [200] + [int(x) for x in r.integers(1, 13, 30)] + [0, 5]
+    cu = cumulative(lengths)
+    h, h_kv, d = 4, 2, 8
+    q, dout = (r.normal(size=(cu[-1], h, d)).astype(np.float32) for _ in range(2))
+    k, v = (r.normal(size=(cu[-1], h_kv, d)).astype(np.float32) for _ in range(2))
+    sinks = np.array([0.5, -1.0, 0.0, 2.0], np.float32)
+    options = dict(is_causal=True, sinks=sinks, window=(7, 0))
+
+    def run():
+        out, lse = mha.varlen_attention(q, k, v, cu, cu, need_lse=True, **options)
+        return [out, lse] + list(mha.varlen_attention_backward(dout, q, k, v, out, lse, cu, cu, **options))
+    saved_threads = mha.num_threads()
+    try:
+        mha.set_num_threads(1)
+        one = run()
+        mha.set_num_threads(3)
+        three = run()
+        assert mha.num_threads() == 3
+        alone = []
+        for i in range(len(lengths)):
+            rows = slice(cu[i], cu[i + 1])
+            x = [a[rows].transpose(1, 0, 2)[None] for a in (q, k, v, dout)]
+            out, lse = mha.scaled_dot_product_attention(*x[:3], need_lse=True, **options)
+            alone.append((out, lse, mha.scaled_dot_product_attention_backward(x[3], *x[:3], out, lse, **options)))
+    finally:
+        mha.set_num_threads(saved_threads)
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv", "dsinks"), one, three):
+        assert np.array_equal(a, b), name
+    out, lse, dq, dk, dv, dsinks = three
+    for i, (out_i, lse_i, grads_i) in enumerate(alone):
+        rows = slice(cu[i], cu[i + 1])
+        assert np.array_equal(out[rows], out_i[0].transpose(1, 0, 2)), i
+        assert np.array_equal(lse[:, rows], lse_i[0]), i
+        for name, packed, g in (("dq", dq, grads_i[0]), ("dk", dk, grads_i[1]), ("dv", dv, grads_i[2])):
+            assert np.array_equal(packed[rows], g[0].transpose(1, 0, 2)), (name, i)
+    summed = np.sum([np.asarray(g[3], np.float64) for _, _, g in alone], axis=0)  # d sinks: one sum per sequence
+    np.testing.assert_allclose(dsinks, summed, rtol=1e-5, atol=1e-6)

@@ -4,10 +4,11 @@
 //   packed   n = 16 sequences, lengths L_i log-uniform over [64, N] (fixed seed, printed), h 8, d 64, float32,
 //            causal: mha::varlen_attention on the packed q, k, v [total, h, d] against
 //            scaled_dot_product_attention on them padded, [n, max_L, h, d] (the same layout) viewed as
-//            [n, h, max_L, d], with key_lengths; forward and forward+backward; r = sum L_i^2 / (n max_L^2), the
-//            FLOP ratio, and packed / (padded r) against the target 1.15; beside it r_tiles, the ratio of the
-//            logits the two forwards actually compute (the padded kernel skips the keys past each length, so it
-//            does far less than n max_L^2 / 2)
+//            [n, h, max_L, d], with key_lengths and without ("dense": every padded logit); forward and
+//            forward+backward; r = sum L_i^2 / (n max_L^2), the FLOP ratio, and packed / (dense r) against the
+//            target 1.15 (r counts the dense call's work); beside it packed / (padded r) and r_tiles, the ratio of
+//            the logits packed and padded-with-key_lengths compute (that kernel skips the keys past each length,
+//            so it does far less than n max_L^2 / 2)
 //   sinks    scaled_dot_product_attention [1, h, N, d], causal and not, forward and forward+backward, with
 //            options.sinks [h] over without (target 1.03)
 //   rotary   MultiHeadAttention E 512, h 8, B 1, L = N, batch_first, float32, causal: forward (eval) and
@@ -191,8 +192,9 @@ nlohmann::json judge(const std::string& what, const std::vector<double>& ratios,
 
 nlohmann::json judge_targets(const std::vector<PackedRow>& packed, double r, double r_tiles,
                              const std::vector<VariantRow>& sinks, const std::vector<VariantRow>& rotary) {
-  std::vector<double> scaled, tile_scaled, sink_ratios, rotary_ratios;
+  std::vector<double> dense_scaled, scaled, tile_scaled, sink_ratios, rotary_ratios;
   for (const PackedRow& row : packed) {
+    dense_scaled.push_back(row.dense_scaled(r));
     scaled.push_back(row.scaled(r));
     tile_scaled.push_back(row.scaled(r_tiles));
   }
@@ -200,9 +202,16 @@ nlohmann::json judge_targets(const std::vector<PackedRow>& packed, double r, dou
   for (const VariantRow& row : rotary) rotary_ratios.push_back(row.times.ratio());
   fmt::print("\nTargets (issue 31), from the medians:\n");
   nlohmann::json t = nlohmann::json::array();
-  t.push_back(judge("packed over padded x r (r = sum L_i^2 / (n max_L^2))", scaled, kPackedTarget));
+  // The issue's measure: r counts a padded batch's work as n max_L^2, the dense padded call's; the padded call
+  // with key_lengths computes less than that (r_tiles says how much), so scaling it by r asks packed to beat
+  // the padded kernel per logit by 1 / (r_tiles / r); printed beside it, not judged.
+  t.push_back(judge("packed over dense padded x r (r = sum L_i^2 / (n max_L^2))", dense_scaled, kPackedTarget));
+  const double worst_lengths = *std::max_element(scaled.begin(), scaled.end());
   const double worst_tiles = *std::max_element(tile_scaled.begin(), tile_scaled.end());
-  fmt::print("    (over padded x r_tiles, the logits each forward computes: worst {:.3f}x)\n", worst_tiles);
+  fmt::print("    (over padded with key_lengths x r: worst {:.3f}x; x r_tiles, the logits each forward computes: "
+             "worst {:.3f}x)\n",
+             worst_lengths, worst_tiles);
+  t.back()["worst_over_padded_with_lengths_r"] = worst_lengths;
   t.back()["worst_over_r_tiles"] = worst_tiles;
   t.push_back(judge("sinks over none", sink_ratios, kSinksTarget));
   t.push_back(judge("layer with rotary over without", rotary_ratios, kRotaryTarget));

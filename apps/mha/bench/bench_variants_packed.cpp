@@ -98,10 +98,12 @@ struct PackedBatch {
     if (pass == Pass::ForwardBackward) (void)mha::varlen_attention_backward(dout, q, k, v, r.out, r.lse, cu, cu, o);
   }
 
-  void padded(Pass pass) const {
+  // with_lengths: key_lengths mask the padding (the kernel then skips the keys past each length); without, every
+  // logit of the padded causal squares is computed, the work the FLOP ratio r counts for a padded batch.
+  void padded(Pass pass, bool with_lengths) const {
     mha::AttentionOptions o;
     o.causal = true;
-    o.key_lengths = lengths;
+    if (with_lengths) o.key_lengths = lengths;
     o.need_lse = pass == Pass::ForwardBackward;
     const mha::AttentionResult r = mha::scaled_dot_product_attention(pq_view, pk_view, pv_view, o);
     if (pass == Pass::ForwardBackward)
@@ -119,9 +121,11 @@ void print_packed_header(const BenchOptions& o, const PackedBatch& batch) {
              kTileRows);
   fmt::print("packed: mha::varlen_attention(_backward) on [total, h, d], one sequence after another; padded: "
              "scaled_dot_product_attention(_backward) on [n, max_L, h, d] viewed as [n, h, max_L, d], key_lengths; "
-             "GFLOP/s: the packed batch's own FLOPs (sum 2 h d L_i^2 forward, 3.5x that for fwd+bwd); medians, ms\n");
-  fmt::print("{:>4} {:>8} | {:>10} {:>10} {:>8} | {:>17} {:>17}\n", "thr", "pass", "padded ms", "packed ms", "GFLOP/s",
-             "packed/(padded r)", "packed/(padded rt)");
+             "dense: the same without key_lengths (every padded logit, the work r counts); GFLOP/s: the packed "
+             "batch's own FLOPs (sum 2 h d L_i^2 forward, 3.5x that for fwd+bwd); medians, ms (each of padded and "
+             "dense timed alternately with packed)\n");
+  fmt::print("{:>4} {:>8} | {:>10} {:>10} {:>10} {:>8} | {:>16} {:>17} {:>18}\n", "thr", "pass", "dense ms",
+             "padded ms", "packed ms", "GFLOP/s", "packed/(dense r)", "packed/(padded r)", "packed/(padded rt)");
 }
 
 }  // namespace
@@ -135,18 +139,22 @@ std::vector<PackedRow> run_packed(const BenchOptions& o, nlohmann::json& report)
   for (const int threads : o.threads) {
     mha::set_num_threads(threads);
     for (const Pass pass : {Pass::Forward, Pass::ForwardBackward}) {
-      const PackedRow r{threads, pass,
-                        time_pair([&] { batch.padded(pass); }, [&] { batch.packed(pass); }, o.variants_repeats)};
+      auto packed = [&] { batch.packed(pass); };
+      const PackedRow r{threads, pass, time_pair([&] { batch.padded(pass, true); }, packed, o.variants_repeats),
+                        time_pair([&] { batch.padded(pass, false); }, packed, o.variants_repeats)};
       const double flops = pass == Pass::Forward ? forward_flops : (1 + kBackwardFlopsRatio) * forward_flops;
       const double gflops = flops / r.times.variant.median_s * 1e-9;
-      fmt::print("{:>4} {:>8} | {:>10.2f} {:>10.2f} {:>8.0f} | {:>16.3f}x {:>17.3f}x\n", threads, pass_label(pass),
-                 1e3 * r.times.base.median_s, 1e3 * r.times.variant.median_s, gflops, r.scaled(batch.flop_ratio),
+      fmt::print("{:>4} {:>8} | {:>10.2f} {:>10.2f} {:>10.2f} {:>8.0f} | {:>15.3f}x {:>16.3f}x {:>17.3f}x\n", threads,
+                 pass_label(pass), 1e3 * r.dense.base.median_s, 1e3 * r.times.base.median_s,
+                 1e3 * r.times.variant.median_s, gflops, r.dense_scaled(batch.flop_ratio), r.scaled(batch.flop_ratio),
                  r.scaled(batch.tile_ratio));
       flush_rows();
       nlohmann::json row = pair_json(r.times, "padded", "packed");
+      row["dense"] = pair_json(r.dense, "dense", "packed");
       row.update({{"threads", threads},
                   {"pass", pass_name(pass)},
                   {"packed_gflops", gflops},
+                  {"packed_over_dense_times_r", r.dense_scaled(batch.flop_ratio)},
                   {"packed_over_padded_times_r", r.scaled(batch.flop_ratio)},
                   {"packed_over_padded_times_r_of_mins", r.times.min_ratio() / batch.flop_ratio},
                   {"packed_over_padded_times_r_tiles", r.scaled(batch.tile_ratio)}});

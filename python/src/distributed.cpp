@@ -99,10 +99,7 @@ py::tuple ring_backward(py::handle dout, py::handle q, py::handle k, py::handle 
     py::gil_scoped_release release;
     g = distributed::ring_attention_backward(dv.view, qv.view, kv.view, vv.view, ov.view, lv.view, c, held.options);
   }
-  if (!held.options.sinks)
-    return py::make_tuple(to_numpy(std::move(g.dq)), to_numpy(std::move(g.dk)), to_numpy(std::move(g.dv)));
-  return py::make_tuple(to_numpy(std::move(g.dq)), to_numpy(std::move(g.dk)), to_numpy(std::move(g.dv)),
-                        to_numpy(std::move(g.dsinks)));
+  return gradients_to_python(std::move(g), BFloat16Out::Float32, held.options.sinks.has_value());
 }
 
 }  // namespace

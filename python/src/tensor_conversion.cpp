@@ -246,6 +246,13 @@ HeldPositions held_positions(const py::array& array) {
 
 }  // namespace
 
+py::tuple gradients_to_python(AttentionGradients&& grads, BFloat16Out bfloat16_out, bool with_sinks) {
+  py::object dq = to_python(std::move(grads.dq), bfloat16_out), dk = to_python(std::move(grads.dk), bfloat16_out);
+  py::object dv = to_python(std::move(grads.dv), bfloat16_out);
+  if (!with_sinks) return py::make_tuple(dq, dk, dv);
+  return py::make_tuple(dq, dk, dv, to_numpy(std::move(grads.dsinks)));
+}
+
 HeldPositions positions_arg(py::handle obj, const std::string& name) {
   if (obj.is_none()) return {};
   const char* expected = "None or an int64 or int32 array [L] or [B, L]";

@@ -19,6 +19,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include "mha/attention.hpp"
 #include "mha/rotary.hpp"
 #include "mha/tensor.hpp"
 
@@ -78,6 +79,10 @@ py::object to_numpy_or_none(Tensor&& tensor);
 py::object to_python(Tensor&& tensor, BFloat16Out bfloat16_out);
 // to_python, or None when `tensor` is undefined.
 py::object to_python_or_none(Tensor&& tensor, BFloat16Out bfloat16_out);
+
+// The gradients of an attention backward as Python returns them: (dq, dk, dv), and dsinks last (in the
+// sinks' dtype) when the call had sinks; bfloat16 gradients as to_python says.
+py::tuple gradients_to_python(AttentionGradients&& grads, BFloat16Out bfloat16_out, bool with_sinks);
 
 // Rotary positions [L] or [B, L] from Python (mha/rotary.hpp), with the array their view points into
 // (keep it alive while the view is in use): a C-order int64 or int32 array in native byte order, the

@@ -132,12 +132,8 @@ py::tuple varlen_backward(py::handle dout, py::handle q, py::handle k, py::handl
     grads = varlen_attention_backward(dout_view.view, q_view.view, k_view.view, v_view.view, out_view.view,
                                       lse_view.view, cu_q.offsets, cu_k.offsets, held.options);
   }
-  const BFloat16Out bfloat16_out = bfloat16_out_like(dout);  // bfloat16 gradients as dout came in
-  py::tuple dq_dk_dv =
-      py::make_tuple(to_python(std::move(grads.dq), bfloat16_out), to_python(std::move(grads.dk), bfloat16_out),
-                     to_python(std::move(grads.dv), bfloat16_out));
-  if (!held.options.sinks) return dq_dk_dv;
-  return py::make_tuple(dq_dk_dv[0], dq_dk_dv[1], dq_dk_dv[2], to_numpy(std::move(grads.dsinks)));
+  // bfloat16 gradients as dout came in
+  return gradients_to_python(std::move(grads), bfloat16_out_like(dout), held.options.sinks.has_value());
 }
 
 constexpr const char* kVarlenDoc = R"(Attention over a packed batch of variable-length sequences (FlashAttention's

@@ -58,8 +58,7 @@ void validate_score(const ScoreSpec& o, DType dtype, std::int64_t B, std::int64_
       fail("alibi_slopes: expected one slope per query head, [h] = " + shape_str({h}) + ", got " +
            shape_str(a.shape()));
     for (std::int64_t head = 0; head < h; ++head) {
-      const double slope = a.dtype() == DType::Float32 ? a.data_as<float>()[head * a.stride(0)]
-                                                       : a.data_as<double>()[head * a.stride(0)];
+      const double slope = per_head_value(a, head);
       if (!zero_or_normal(slope, dtype))
         fail("alibi_slopes: expected each slope 0 or a finite number of magnitude in " + normal_range(dtype) +
              ", got " + number_str(slope) + " for head " + std::to_string(head));

@@ -59,19 +59,6 @@ void check_arguments(const TensorView& q, const PagedKVCache& cache,
   }
 }
 
-// Per-head numbers [h] (ALiBi slopes, sinks; float32 or float64, any stride) in the compute type.
-template <class A>
-std::vector<A> per_head(const std::optional<TensorView>& slopes) {
-  std::vector<A> out;
-  if (!slopes) return out;
-  for (std::int64_t head = 0; head < slopes->size(0); ++head) {
-    const std::int64_t at = head * slopes->stride(0);
-    out.push_back(static_cast<A>(slopes->dtype() == DType::Float32 ? slopes->data_as<float>()[at]
-                                                                   : slopes->data_as<double>()[at]));
-  }
-  return out;
-}
-
 template <class T>
 DecodeResult run(const TensorView& q, const PagedKVCache& cache, std::span<const PagedKVCache::SequenceId> sequences,
                  const DecodeOptions& options, DecodeMode mode) {
@@ -84,8 +71,8 @@ DecodeResult run(const TensorView& q, const PagedKVCache& cache, std::span<const
   for (int d = 0; d < 4; ++d) p.q_stride[d] = q.stride(d);
   p.scale = static_cast<A>(options.scale.value_or(1.0 / std::sqrt(static_cast<double>(p.d_k))));
   p.causal = options.causal, p.window_left = options.window_left, p.window_right = options.window_right;
-  p.alibi_slopes = per_head<A>(options.alibi_slopes);
-  p.sinks = per_head<A>(options.sinks);
+  p.alibi_slopes = per_head_values<A>(options.alibi_slopes);
+  p.sinks = per_head_values<A>(options.sinks);
   p.softcap = static_cast<A>(options.softcap);
   for (PagedKVCache::SequenceId id : sequences) {
     p.lengths.push_back(cache.length(id));

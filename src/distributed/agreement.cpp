@@ -10,6 +10,7 @@
 #include <set>
 #include <tuple>
 
+#include "logit_scalars.hpp"
 #include "mha/error.hpp"
 #include "splitmix64.hpp"
 
@@ -179,11 +180,8 @@ std::uint64_t values_digest(const std::optional<TensorView>& values) {
     return 0;
   const TensorView& x = *values;
   std::uint64_t digest = mha::detail::mix64(static_cast<std::uint64_t>(x.size(0)));
-  for (std::int64_t i = 0; i < x.size(0); ++i) {
-    const std::int64_t at = i * x.stride(0);
-    const double value = x.dtype() == DType::Float32 ? x.data_as<float>()[at] : x.data_as<double>()[at];
+  for (const double value : mha::detail::per_head_values<double>(values))
     digest = mha::detail::mix64(digest ^ std::bit_cast<std::uint64_t>(value));
-  }
   return digest;
 }
 

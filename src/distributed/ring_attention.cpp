@@ -22,6 +22,7 @@
 #include "distributed/agreement.hpp"
 #include "distributed/blocks.hpp"
 #include "dtype_dispatch.hpp"
+#include "logit_scalars.hpp"
 #include "mha/error.hpp"
 
 namespace mha::distributed {
@@ -66,18 +67,6 @@ AttentionOptions local_options(const RingOptions& o) {
   a.dropout_seed = o.dropout_seed;
   a.kernel = o.kernel;
   return a;
-}
-
-// The sinks [h] in T, or empty.
-template <class T>
-std::vector<T> sinks_of(const RingOptions& o) {
-  std::vector<T> sinks;
-  for (std::int64_t head = 0; o.sinks && head < o.sinks->size(0); ++head) {
-    const std::int64_t at = head * o.sinks->stride(0);
-    sinks.push_back(static_cast<T>(o.sinks->dtype() == DType::Float32 ? o.sinks->data_as<float>()[at]
-                                                                      : o.sinks->data_as<double>()[at]));
-  }
-  return sinks;
 }
 
 // The dtypes the ring runs in (bfloat16 across ranks is not built yet).
@@ -220,7 +209,7 @@ RingResult forward(const TensorView& q, const TensorView& k, const TensorView& v
     transfer.wait();
     std::swap(current, next);
   }
-  detail::finish_merged_rows<T>(result.out, result.lse, all_minus_inf, sinks_of<T>(o));
+  detail::finish_merged_rows<T>(result.out, result.lse, all_minus_inf, mha::detail::per_head_values<T>(o.sinks));
   return result;
 }
 

@@ -12,60 +12,7 @@ import pytest
 import torch
 
 import mha
-
-
-def rotate(x, positions, r, base, interleaved):
-    """x [B, heads, T, d] (torch) rotated at positions [T] or [B, T] (float64 angles)."""
-    half = r // 2
-    inv_freq = base ** (-2.0 * np.arange(half) / r)
-    positions = np.asarray(positions, np.float64)
-    angle = positions[..., None] * inv_freq  # [T, r/2] or [B, T, r/2]
-    if angle.ndim == 3:
-        angle = angle[:, None]  # [B, 1, T, r/2]: every head of batch row b at its row's positions
-    cos, sin = (torch.tensor(f(angle), dtype=x.dtype) for f in (np.cos, np.sin))
-    if interleaved:
-        a, b = x[..., 0:r:2], x[..., 1:r:2]
-    else:
-        a, b = x[..., :half], x[..., half:r]
-    ya, yb = a * cos - b * sin, b * cos + a * sin
-    rotated = torch.stack([ya, yb], dim=-1).flatten(-2) if interleaved else torch.cat([ya, yb], dim=-1)
-    return torch.cat([rotated, x[..., r:]], dim=-1)
-
-
-def layer_reference(state, query, key, h, h_kv, r, base, interleaved, causal, dtype, dout=None, positions=None,
-                    key_positions=None, key_padding=None):
-    """The layer in torch `dtype`; positions [L] / [B, L] and key_positions [S] / [B, S] (None: i + S - L
-    and j); key_padding [B, S] True where a key is padding. Returns out, or (out, grads) given dout."""
-    t = {name: torch.tensor(np.asarray(v, np.float64), dtype=dtype, requires_grad=True) for name, v in state.items()}
-    xq = torch.tensor(np.asarray(query, np.float64), dtype=dtype, requires_grad=True)
-    xk = torch.tensor(np.asarray(key, np.float64), dtype=dtype, requires_grad=True)
-    B, L, E = xq.shape
-    S = xk.shape[1]
-    if "in_proj_weight" in t:
-        w_q, w_k, w_v = t["in_proj_weight"].split([E, E, E])
-    else:
-        w_q, w_k, w_v = t["q_proj_weight"], t["k_proj_weight"], t["v_proj_weight"]
-    d = w_q.shape[0] // h
-    b_q, b_k, b_v = t["in_proj_bias"].split([w_q.shape[0], w_k.shape[0], w_v.shape[0]])
-    q = (xq @ w_q.T + b_q).view(B, L, h, d).transpose(1, 2)
-    k = (xk @ w_k.T + b_k).view(B, S, h_kv, d).transpose(1, 2)
-    v = (xk @ w_v.T + b_v).view(B, S, h_kv, d).transpose(1, 2)
-    q = rotate(q, np.arange(L) + S - L if positions is None else positions, r, base, interleaved)  # i + S - L
-    k = rotate(k, np.arange(S) if key_positions is None else key_positions, r, base, interleaved)
-    k, v = (x.repeat_interleave(h // h_kv, dim=1) for x in (k, v))
-    logits = q @ k.transpose(-1, -2) / np.sqrt(d)
-    if causal:
-        logits = logits.masked_fill(torch.ones(L, S, dtype=torch.bool).triu(S - L + 1), -np.inf)
-    if key_padding is not None:
-        logits = logits.masked_fill(torch.tensor(np.asarray(key_padding))[:, None, None, :], -np.inf)
-    context = (torch.softmax(logits, -1) @ v).transpose(1, 2).reshape(B, L, h * d)
-    out = context @ t["out_proj.weight"].T + t["out_proj.bias"]
-    if dout is None:
-        return out.detach().numpy()
-    out.backward(torch.tensor(np.asarray(dout, np.float64), dtype=dtype))
-    grads = {name: p.grad.numpy() for name, p in t.items()}
-    grads["query"], grads["key"] = xq.grad.numpy(), xk.grad.numpy()
-    return out.detach().numpy(), grads
+from layer_reference import layer_reference
 
 
 CASES = [  # (h_kv, r, base, interleaved, causal, L, S)

@@ -1,7 +1,7 @@
 """mha.MultiheadAttention(..., sinks=True): a learned logit per head in every row's softmax, with no value.
 
-The truth is written here: the layer's math in torch float64 (projections, the sink as one more logit
-column dropped after the softmax, the output projection) and torch's autograd for every gradient,
+The truth is layer_reference.py's: the layer's math in torch float64 (projections, the sink as one more
+logit column dropped after the softmax, the output projection) and torch's autograd for every gradient,
 "sinks" included; torch float32 measures what plain float32 arithmetic loses (the suite's rule).
 
 Legend: B batch, L queries, S keys, E embed_dim, h heads, h_kv key/value heads, d per-head width.
@@ -11,35 +11,7 @@ import pytest
 import torch
 
 import mha
-
-
-def layer_reference(state, x, h, h_kv, causal, dtype, dout=None):
-    """(out, gradients by name) of self-attention over x [B, L, E] with the layer's parameters `state`."""
-    t = {name: torch.tensor(np.asarray(v, np.float64), dtype=dtype, requires_grad=True) for name, v in state.items()}
-    xs = torch.tensor(np.asarray(x, np.float64), dtype=dtype, requires_grad=True)
-    B, L, E = xs.shape
-    if "in_proj_weight" in t:
-        w_q, w_k, w_v = t["in_proj_weight"].split([E, E, E])
-    else:
-        w_q, w_k, w_v = t["q_proj_weight"], t["k_proj_weight"], t["v_proj_weight"]
-    d = w_q.shape[0] // h
-    b_q, b_k, b_v = t["in_proj_bias"].split([w_q.shape[0], w_k.shape[0], w_v.shape[0]])
-    q = (xs @ w_q.T + b_q).view(B, L, h, d).transpose(1, 2)
-    k = (xs @ w_k.T + b_k).view(B, L, h_kv, d).transpose(1, 2).repeat_interleave(h // h_kv, dim=1)
-    v = (xs @ w_v.T + b_v).view(B, L, h_kv, d).transpose(1, 2).repeat_interleave(h // h_kv, dim=1)
-    logits = q @ k.transpose(-1, -2) / np.sqrt(d)
-    if causal:
-        logits = logits.masked_fill(torch.ones(L, L, dtype=torch.bool).triu(1), -np.inf)
-    logits = torch.cat([logits, t["sinks"][None, :, None, None].expand(B, h, L, 1)], dim=-1)
-    p = torch.softmax(logits, dim=-1)[..., :L]
-    context = (p @ v).transpose(1, 2).reshape(B, L, h * d)
-    out = context @ t["out_proj.weight"].T + t["out_proj.bias"]
-    if dout is None:
-        return out.detach().numpy()
-    out.backward(torch.tensor(np.asarray(dout, np.float64), dtype=dtype))
-    grads = {name: p.grad.numpy() for name, p in t.items()}
-    grads["query"] = xs.grad.numpy()
-    return out.detach().numpy(), grads
+from layer_reference import layer_reference
 
 
 def sink_layer(dtype, h=4, h_kv=4, seed=3):
@@ -59,9 +31,9 @@ def test_forward_and_every_gradient_match_the_reference(h_kv, causal, dtype):
     out, _ = layer(x, x, x, is_causal=causal, need_weights=False)
     grads = layer.backward(dout)
     state = layer.state_dict()
-    ref64_out, ref64 = layer_reference(state, x, 4, h_kv, causal, torch.float64, dout)
-    ref32_out, ref32 = layer_reference(state, x, 4, h_kv, causal, torch.float32, dout)
-    grads["query"] = grads["query"] + grads["key"] + grads["value"]  # self-attention: one input
+    ref64_out, ref64 = layer_reference(state, x, x, 4, h_kv, 0, None, False, causal, torch.float64, dout)
+    ref32_out, ref32 = layer_reference(state, x, x, 4, h_kv, 0, None, False, causal, torch.float32, dout)
+    grads["key"] = grads["key"] + grads["value"]  # the reference's key input plays both roles
     pairs = [("out", out, ref64_out, ref32_out)] + [(n, grads[n], ref64[n], ref32[n]) for n in ref64]
     for name, got, r64, r32 in pairs:
         err = np.abs(np.asarray(got, np.float64) - r64).max()

@@ -11,6 +11,7 @@ packages=(
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   nlohmann-json3-dev libcli11-dev libfmt-dev libstb-dev
   python3-dev pybind11-dev python3-numpy python3-torch python3-pytest python3-hypothesis
+  libtorch-dev         # mha_torch_ops: the registered PyTorch operators (python/torch_ops, examples/libtorch)
   python3-venv python3-pip python3-setuptools python3-wheel   # pip install of the package (test-pip)
   libclang-rt-14-dev   # sanitizer runtimes for the ASan + UBSan build
   clang-14             # libFuzzer targets of the file readers (make test-fuzz)

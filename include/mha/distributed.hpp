@@ -129,7 +129,11 @@ struct RingLayerInputs {
 /// [B, S_r, vdim] likewise, of the layer's dtype, L_r and S_r as the layout cuts L and S. Not offered
 /// across shards: add_bias_kv and add_zero_attn (one extra key for the whole sequence), attn_mask
 /// (O(L_r S) memory per rank) and the attention weights (O(L_r S)). The layer's dropout applies in
-/// training mode, drawn at global positions from RingLayerInputs::dropout_seed.
+/// training mode, drawn at global positions from RingLayerInputs::dropout_seed. A rotary layer
+/// (rotary_dim > 0) rotates each rank's query and key rows at their positions in the whole sequence
+/// (query i at i + S - L, key j at j, the rows of both zigzag chunks each at its own), as the
+/// single-process layer does; explicit rotary positions are not taken. The layer's configuration,
+/// like its parameters, must be the same on every rank.
 class RingMultiHeadAttention {
  public:
   RingMultiHeadAttention(MultiHeadAttention& layer, MPI_Comm comm, Layout layout = Layout::Zigzag);

@@ -67,6 +67,9 @@ std::string difference(const RankCall& a, const RankCall& b) {
       named("alibi_slopes", given_text(a.has_alibi), given_text(b.has_alibi)),
       differs("alibi_slopes (a digest)", a.alibi_digest, b.alibi_digest),
       differs("softcap", a.softcap, b.softcap),
+      differs("rotary_dim", a.rotary_dim, b.rotary_dim),
+      differs("rotary_base", a.rotary_base, b.rotary_base),
+      named("rotary_interleaved", flag_text(a.rotary_interleaved), flag_text(b.rotary_interleaved)),
   };
   for (const std::string& c : checks)
     if (!c.empty()) return c;

@@ -30,6 +30,9 @@ struct RankCall {
   std::int64_t window_left = -1, window_right = -1;
   double softcap = 0;
   std::int64_t key_lengths_count = 0;
+  std::int64_t rotary_dim = 0;  // the ring layer's rotary embedding (0: none; ring_attention's calls leave it so)
+  double rotary_base = 0;
+  std::int32_t rotary_interleaved = 0;
   char error[256] = {};  // this rank's own argument error, or empty
 };
 

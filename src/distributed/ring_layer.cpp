@@ -1,6 +1,8 @@
 // RingMultiHeadAttention (mha/distributed.hpp): the layer over sequence-sharded inputs. Forward and
 // backward side by side; the products and the per-head views are the single-process layer's own
-// (layer/projections.hpp), the attention core is ring_attention.
+// (layer/projections.hpp), the attention core is ring_attention. With rotary_dim > 0 each rank rotates
+// its own rows of q and k at their positions in the whole sequence (query i at i + S - L, key j at j,
+// as the single-process layer places them), and rotates dq and dk back (R^T) in the backward.
 //
 // Legend: B batch, L_r / S_r this rank's query / key rows, E = d_model, h heads, qk = h*d_k,
 // vw = h*d_v. Rows of an input are in its own layout (RowLayout: batch-first or sequence-first).
@@ -9,10 +11,12 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "distributed/agreement.hpp"
 #include "dtype_dispatch.hpp"
 #include "layer/projections.hpp"
+#include "layer/rotary_heads.hpp"
 #include "mha/distributed.hpp"
 
 namespace mha::distributed {
@@ -23,8 +27,9 @@ struct RingMultiHeadAttention::Saved {
   Tensor out, lse;           // the ring's [B, h, L_r, d_v] and [B, h, L_r]
   Tensor concat;             // the heads side by side [rows of query, vw]
   RingOptions options;
-  Tensor padding;  // the key padding mask, copied (options point into it)
-  Tensor sinks;    // the layer's sinks parameter, copied (likewise)
+  Tensor padding;                                      // the key padding mask, copied (options point into it)
+  Tensor sinks;                                        // the layer's sinks parameter, copied (likewise)
+  std::vector<std::int64_t> q_positions, k_positions;  // [L_r], [S_r]: rotary positions of this rank's rows
   std::int64_t B = 0, L_r = 0, S_r = 0;
 };
 
@@ -80,7 +85,18 @@ detail::RankCall describe_layer_call(const MultiHeadAttentionConfig& c, const Te
   call.dropout_seed = o.dropout_seed;
   call.key_lengths_count = static_cast<std::int64_t>(o.key_lengths.size());
   call.key_lengths_digest = detail::key_lengths_digest(o.key_lengths);
+  call.rotary_dim = c.rotary_dim, call.rotary_base = c.rotary_dim > 0 ? c.rotary_base : 0.0;
+  call.rotary_interleaved = c.rotary_dim > 0 && c.rotary_interleaved;
   return call;
+}
+
+// The positions in the whole sequence of the rows a rank holds, in the order its shard stores them:
+// [rows of the chunks], each chunk's row t at chunk.start + t + offset.
+std::vector<std::int64_t> positions_of(const std::vector<SequenceChunk>& chunks, std::int64_t offset) {
+  std::vector<std::int64_t> positions;
+  for (const SequenceChunk& chunk : chunks)
+    for (std::int64_t t = 0; t < chunk.length; ++t) positions.push_back(chunk.start + t + offset);
+  return positions;
 }
 
 // per_head [B, h, T, d] (contiguous) into y [rows, h*d] in the layout `rows`: the heads side by side.
@@ -110,6 +126,10 @@ Tensor forward_typed(MultiHeadAttention& layer, MPI_Comm comm, RingMultiHeadAtte
   mha::detail::project<T>(s.query, q_rows, B, s.L_r, 0, w.q, qk, w.q_bias, s.q);
   mha::detail::project<T>(s.key, kv_rows, B, s.S_r, 0, w.k, qk, w.k_bias, s.k);
   mha::detail::project<T>(s.value, kv_rows, B, s.S_r, 0, w.v, vw, w.v_bias, s.v);
+  if (mha::detail::has_rotary(c)) {  // q = R q_lin, k = R k_lin at the rows' global positions
+    mha::detail::rotate_heads_at(mha::detail::heads_view(s.q, B, h, s.L_r, c.d_k, q_rows), c, s.q_positions, false);
+    mha::detail::rotate_heads_at(mha::detail::heads_view(s.k, B, h, s.S_r, c.d_k, kv_rows), c, s.k_positions, false);
+  }
   RingResult r = ring_attention(mha::detail::heads_view(s.q, B, h, s.L_r, c.d_k, q_rows),
                                 mha::detail::heads_view(s.k, B, h, s.S_r, c.d_k, kv_rows),
                                 mha::detail::heads_view(s.v, B, h, s.S_r, c.d_v, kv_rows), comm, s.options);
@@ -172,6 +192,10 @@ MultiHeadAttentionGradients backward_typed(MultiHeadAttention& layer, MPI_Comm c
                               mha::detail::heads_view(s.q, B, h, s.L_r, c.d_k, q_rows),
                               mha::detail::heads_view(s.k, B, h, s.S_r, c.d_k, kv_rows),
                               mha::detail::heads_view(s.v, B, h, s.S_r, c.d_v, kv_rows), s.out, s.lse, comm, s.options);
+  if (mha::detail::has_rotary(c)) {  // forward: q = R q_lin, so dq_lin = R^T dq (likewise k)
+    mha::detail::rotate_heads_at(core.dq.view(), c, s.q_positions, /*inverse=*/true);
+    mha::detail::rotate_heads_at(core.dk.view(), c, s.k_positions, /*inverse=*/true);
+  }
   // the input projections
   g.query = Tensor::uninitialized(c.dtype, s.query.shape());
   g.key = Tensor::uninitialized(c.dtype, s.key.shape());
@@ -194,9 +218,6 @@ RingMultiHeadAttention::RingMultiHeadAttention(MultiHeadAttention& layer, MPI_Co
   if (layer.config().dtype == DType::BFloat16)
     throw Error("RingMultiHeadAttention: the layer is bfloat16; the ring takes float32 or float64 layers (bfloat16 "
                 "across ranks is not built yet)");
-  if (layer.config().rotary_dim > 0)
-    throw Error("RingMultiHeadAttention: the layer has rotary_dim = " + std::to_string(layer.config().rotary_dim) +
-                "; rotary embeddings across ranks (at each shard's positions in the whole sequence) are not built yet");
   if (layer.config().num_kv_heads != layer.config().num_heads)
     throw Error("RingMultiHeadAttention: the layer has num_kv_heads = " + std::to_string(layer.config().num_kv_heads) +
                 " < num_heads = " + std::to_string(layer.config().num_heads) +
@@ -228,8 +249,14 @@ Tensor RingMultiHeadAttention::forward(const TensorView& query, const TensorView
   }
   if (inputs.key_padding_mask && !s->options.key_padding_mask) s->options.key_padding_mask = *inputs.key_padding_mask;
   // Every rank learns of any rank's bad input here, before the projections and the ring.
-  detail::agree(comm_, describe_layer_call(c, query, key, s->options, error), s->options,
-                "RingMultiHeadAttention::forward");
+  const detail::AgreedCall agreed = detail::agree(comm_, describe_layer_call(c, query, key, s->options, error),
+                                                  s->options, "RingMultiHeadAttention::forward");
+  if (mha::detail::has_rotary(c)) {
+    int rank = 0;
+    MPI_Comm_rank(comm_, &rank);
+    s->q_positions = positions_of(agreed.q_chunks(rank), agreed.S - agreed.L);
+    s->k_positions = positions_of(agreed.kv_chunks(rank), 0);
+  }
   const int batch = c.batch_first ? 0 : 1;
   s->B = query.size(batch), s->L_r = query.size(1 - batch), s->S_r = key.size(1 - batch);
   s->query = Tensor::copy_of(query), s->key = Tensor::copy_of(key), s->value = Tensor::copy_of(value);

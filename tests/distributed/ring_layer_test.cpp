@@ -2,7 +2,8 @@
 // seeded problem and the same layer, runs its shard of the inputs, and checks its rows of the output and
 // of the input gradients, and the parameter gradients (summed over the ranks), against the single
 // process: float64 within 1e-12 x the magnitude, float32 within 4 x the single-process float32 error
-// against float64 plus 1e-5 x the magnitude.
+// against float64 plus 1e-5 x the magnitude. Rotary layers (both pairings, partial and full rotary_dim,
+// self and cross attention) check that each rank rotates its rows at their positions in the whole sequence.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -26,6 +27,9 @@ struct LayerCase {
   bool batch_first, bias, causal;
   Layout layout;
   bool padding = false, lengths = false;
+  std::int64_t rotary_dim = 0;  // rotary embeddings of q and k heads (0: none), at base rotary_base
+  bool rotary_interleaved = false;
+  double rotary_base = 10000.0;
 };
 void PrintTo(const LayerCase& c, std::ostream* os) { *os << c.name; }
 
@@ -33,6 +37,14 @@ const LayerCase kLayerCases[] = {
     {"self_causal_zigzag", 2, 37, 37, 16, 2, 0, 0, 0, 0, true, true, true, Layout::Zigzag},
     {"cross_sequence_first_padding", 2, 23, 31, 12, 3, 0, 0, 10, 7, false, true, false, Layout::Contiguous, true},
     {"own_widths_no_bias_lengths", 3, 29, 29, 12, 3, 5, 7, 0, 0, true, false, false, Layout::Zigzag, false, true},
+    // Rotary: each rank's rows at their positions in the whole sequence (zigzag: two chunks each), query i
+    // at i + S - L; a partial rotary_dim leaves the last d_k - rotary_dim features of each head as they are.
+    {"rotary_half_causal_zigzag", 2, 37, 37, 16, 2, 0, 0, 0, 0, true, true, true, Layout::Zigzag, false, false, 4,
+     false, 100.0},
+    {"rotary_interleaved_cross_sequence_first_padding", 2, 23, 31, 12, 3, 6, 5, 10, 7, false, true, false,
+     Layout::Contiguous, true, false, 4, true, 50.0},
+    {"rotary_full_interleaved_cross_zigzag_lengths", 2, 19, 26, 12, 2, 0, 0, 0, 0, true, false, false, Layout::Zigzag,
+     false, true, 6, true},
 };
 
 mha::MultiHeadAttentionConfig config_of(const LayerCase& c, DType dtype) {
@@ -40,6 +52,8 @@ mha::MultiHeadAttentionConfig config_of(const LayerCase& c, DType dtype) {
   config.d_model = c.E, config.num_heads = c.h, config.d_k = c.d_k, config.d_v = c.d_v;
   config.kdim = c.kdim, config.vdim = c.vdim, config.bias = c.bias, config.batch_first = c.batch_first;
   config.dtype = dtype;
+  config.rotary_dim = c.rotary_dim, config.rotary_interleaved = c.rotary_interleaved,
+  config.rotary_base = c.rotary_base;
   return config;
 }
 
@@ -195,6 +209,27 @@ TEST(RingLayerErrors, OneRanksBadInputIsEveryRanksError) {
   }
   EXPECT_NE(backward_message.find("rank 0: no training-mode forward"), std::string::npos) << backward_message;
   EXPECT_EQ(ring_layer.forward(x, x, x).shape(), x.shape());  // and the ring still works
+}
+
+TEST(RingLayerErrors, RanksWhoseLayersRotateDifferentlyAreToldSo) {
+  // The rotary settings are the layer's, not an argument: a rank whose layer rotates otherwise would compute
+  // other logits silently, so the agreement compares them and every rank gets the error.
+  if (world_size() < 2) GTEST_SKIP() << "needs two ranks";
+  LayerCase c = kLayerCases[0];
+  c.rotary_dim = 4;
+  c.rotary_interleaved = world_rank() == 1;
+  mha::MultiHeadAttention layer = make_layer(c, DType::Float32);
+  mha::distributed::RingMultiHeadAttention ring_layer(layer, MPI_COMM_WORLD);
+  const Tensor x = mha::distributed::shard_sequence(normal(DType::Float32, {2, 20, 16}, 1), 1, world_size(),
+                                                    world_rank(), Layout::Zigzag);
+  std::string message;
+  try {
+    ring_layer.forward(x, x, x);
+  } catch (const mha::Error& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("rank 1: differs from rank 0 in rotary_interleaved true, rank 0 false"), std::string::npos)
+      << message;
 }
 
 }  // namespace

@@ -22,9 +22,10 @@ import torch as _torch  # the top-level torch: absolute import, not this module 
 from torch.nn.modules.linear import NonDynamicallyQuantizableLinear as _OutProj
 
 import mha as _mha
+from mha._torch_replace import replace_attention  # swaps torch.nn.MultiheadAttention modules for this one
 from mha._torch_sdpa import scaled_dot_product_attention  # the registered operator's function (torch 2.5's)
 
-__all__ = ["MultiheadAttention", "scaled_dot_product_attention"]
+__all__ = ["MultiheadAttention", "replace_attention", "scaled_dot_product_attention"]
 
 # The internal mha layer's dtype for each torch dtype the module takes.
 _LAYER_DTYPE = {_torch.float32: np.float32, _torch.float64: np.float64, _torch.bfloat16: "bfloat16"}

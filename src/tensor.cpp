@@ -201,6 +201,15 @@ void copy_strided(const TensorView& src, Dst* dst) {
   const Shape& strides = src.strides();
   const auto* base = src.data_as<Src>();
   const std::int64_t n = src.numel();
+  if (src.is_contiguous()) {  // element i at base[i]: one copy, or one loop the compiler vectorises
+    if constexpr (std::is_same_v<Dst, Src>) {
+      std::memcpy(dst, base, static_cast<std::size_t>(n) * sizeof(Src));
+      return;
+    } else if constexpr (!(std::is_same_v<Dst, bfloat16> && std::is_same_v<Src, double>)) {
+      for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<Dst>(base[i]);
+      return;
+    }
+  }
   const std::size_t rank = shape.size();
   std::vector<std::int64_t> index(rank, 0);
   std::int64_t offset = 0;  // element offset of `index` in src
@@ -235,7 +244,7 @@ Tensor Tensor::copy_of(const TensorView& view, DType dtype) {
   if ((dtype == DType::Bool) != (view.dtype() == DType::Bool))
     throw Error(std::string("Tensor::copy_of: cannot convert ") + dtype_name(view.dtype()) + " to " +
                 dtype_name(dtype));
-  Tensor t(dtype, view.shape());
+  Tensor t = uninitialized(dtype, view.shape());  // every element written below
   if (t.numel() == 0) return t;
   switch (dtype) {
     case DType::Float32: copy_from(view, t.data_as<float>()); break;

@@ -1,5 +1,7 @@
 """Builds the extensions mha._core and, where MPI and mpi4py are installed, mha._distributed (ring
-attention over MPI) with the project's CMake (see pyproject.toml for how to install)."""
+attention over MPI) with the project's CMake (see pyproject.toml for how to install); with _core, the
+PyTorch operator library libmha_torch_ops.so (mha.torch's TorchScript path, docs/TORCH.md) where CMake
+found libtorch (Debian's libtorch-dev)."""
 import os
 import pathlib
 import shutil
@@ -44,6 +46,20 @@ class CMakeBuild(build_ext):
         target = pathlib.Path(self.get_ext_fullpath(ext.name))
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(built, target)
+        if name == "_core":
+            self._build_torch_operators(build_dir, target.parent)
+
+    @staticmethod
+    def _build_torch_operators(build_dir, package_dir):
+        """Builds libmha_torch_ops.so and puts it in the package beside _core, where mha.torch loads it,
+        when the CMake configuration has the target (it found libtorch); else mha.torch falls back to its
+        NumPy path (not TorchScript) and says so."""
+        if not (build_dir / "python" / "torch_ops").is_dir():  # CMake's directory for the target
+            print("setup.py: libtorch not found by CMake: libmha_torch_ops.so (mha.torch's operators) not built")
+            return
+        subprocess.check_call(["cmake", "--build", str(build_dir), "--target", "mha_torch_ops",
+                               "-j", str(os.cpu_count() or 2)])
+        shutil.copyfile(build_dir / "python" / "mha" / "libmha_torch_ops.so", package_dir / "libmha_torch_ops.so")
 
 
 def _has_mpi():

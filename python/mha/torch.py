@@ -8,8 +8,11 @@
 :class:`MultiheadAttention` is a ``torch.nn.Module`` with the constructor, parameter names, shapes,
 initialisation and forward of ``torch.nn.MultiheadAttention`` (PyTorch 1.13), so a state_dict
 moves between the two either way and the module can replace ``self_attn`` in an existing model.
-The forward and backward run in mha's C++ kernels through a ``torch.autograd.Function``; torch only
-sees tensors in and tensors out.
+The forward and backward run mha's C++ layer through the registered operator
+``torch.ops.mha.multi_head_attention`` (python/torch_ops, its autograd in C++), so the module can be
+scripted (``torch.jit.script``), traced, saved and run from C++ libtorch (docs/TORCH.md). Where that
+operator library was not built (a build without libtorch-dev) the forward runs the same C++ layer
+through NumPy and a ``torch.autograd.Function`` instead (same results, bit for bit), in eager mode only.
 
 This file imports torch; ``import mha`` alone does not (torch is imported only by ``import mha.torch``).
 
@@ -17,12 +20,16 @@ Legend: B batch, h heads, L queries, S keys, E = embed_dim, d_k / d_v per-head w
 S' = S + add_bias_kv + add_zero_attn (the keys after the appended positions).
 """
 
+from typing import List, Optional, Tuple
+
 import numpy as np
 import torch as _torch  # the top-level torch: absolute import, not this module (mha.torch)
+from torch import Tensor as _Tensor
 from torch.nn.modules.linear import NonDynamicallyQuantizableLinear as _OutProj
 
 import mha as _mha
 from mha._torch_replace import replace_attention  # swaps torch.nn.MultiheadAttention modules for this one
+from mha._torch_sdpa import OPERATORS_LOADED as _OPERATORS_LOADED  # libmha_torch_ops.so was built and loaded
 from mha._torch_sdpa import scaled_dot_product_attention  # the registered operator's function (torch 2.5's)
 
 __all__ = ["MultiheadAttention", "replace_attention", "scaled_dot_product_attention"]
@@ -32,9 +39,11 @@ _LAYER_DTYPE = {_torch.float32: np.float32, _torch.float64: np.float64, _torch.b
 _DTYPE_NAMES = "torch.float32, torch.float64 or torch.bfloat16"
 
 _NOT_SCRIPTABLE = (
-    "mha.torch.MultiheadAttention cannot be compiled by torch.jit.script or recorded by torch.jit.trace: its "
-    "forward and backward run mha's C++ layer through NumPy arrays, outside TorchScript. Use the module in eager "
-    "mode, or torch.nn.MultiheadAttention (same parameters and state_dict) where TorchScript is needed.")
+    "mha.torch.MultiheadAttention cannot be compiled by torch.jit.script or recorded by torch.jit.trace "
+    "without mha's operator library (libmha_torch_ops.so, not built in this install): its forward then runs "
+    "mha's C++ layer through NumPy arrays, outside TorchScript. Build mha with CMake where libtorch-dev is "
+    "installed, or use torch.nn.MultiheadAttention (same parameters and state_dict) where TorchScript is needed.")
+_OPERATOR_ERROR = "mha.multi_head_attention: "  # how the operator's argument errors begin
 _NO_DOUBLE_BACKWARD = (
     "mha.torch.MultiheadAttention does not support double backward (backward with create_graph=True, as "
     "gradient penalties and Hessian-vector products need): its backward is mha's fused kernel, whose own "
@@ -87,7 +96,8 @@ class MultiheadAttention(_torch.nn.Module):
         * Dropout (training mode) draws its masks from mha's generator, not torch's, so the
           dropped positions differ from torch's module (the distribution is the same). The
           generator of each internal mha layer is seeded from torch's default generator when the
-          layer is created, so a program run from the same ``torch.manual_seed`` repeats itself.
+          layer is created (layers are pooled per process and reused), so a program run from the
+          same ``torch.manual_seed`` repeats itself.
         * A query row whose keys are all masked gives output out_proj.bias (attention output 0)
           and weights 0, where torch gives NaN.
         * ``is_causal=True`` applies a causal mask (query i may see key j when j <= i + S - L,
@@ -107,15 +117,21 @@ class MultiheadAttention(_torch.nn.Module):
           reads the parameters of its ``self_attn`` and calls torch's fused kernel without calling
           ``self_attn.forward``; the result is the same (same parameters), but mha does not run.
 
-    How it runs: each forward copies the current parameter values into an internal
-    ``mha.MultiheadAttention`` (so an optimiser's in-place updates are always seen) and hands it the
-    inputs as NumPy views of the tensors' memory (no copy; bfloat16 tensors as BFloat16Bits, their
-    memory viewed as int16, and the bfloat16 results come back the same way). When autograd needs gradients the layer
-    that ran the forward stays with that forward's graph until the graph is freed, so several
-    forwards may precede their backward (and ``retain_graph=True`` backwards may repeat); a layer
-    holds its forward's activations (the projections, and references to the input tensors' memory
-    rather than copies) until it is reused. Modifying an input in place before the backward makes
-    the backward raise mha.Error, as torch raises for a tensor saved for backward.
+    How it runs: each forward copies the current parameter values into an internal mha layer
+    (mha::MultiHeadAttention, taken from a pool of idle layers by configuration; so an optimiser's
+    in-place updates are always seen) and hands it the inputs as views of the tensors' memory (no
+    copy, any strides; the results come back as tensors on mha's memory, again without a copy). When
+    autograd needs gradients the layer that ran the forward stays with that forward's graph until the
+    graph is freed, so several forwards may precede their backward (and ``retain_graph=True``
+    backwards may repeat); a layer holds its forward's activations (the projections, and references
+    to the input tensors' memory rather than copies) until it is reused. Modifying an input in place
+    before the backward makes the backward raise (torch's RuntimeError for a tensor saved for
+    backward; on the NumPy path, mha.Error).
+
+    Errors: in eager mode (and while tracing), bad arguments raise mha.Error (a ValueError) naming the
+    argument; in scripted code and libtorch, the operator's RuntimeError naming it.
+    TorchScript: ``head_gate`` is the forward's last argument (TorchScript compiles no keyword-only
+    arguments); pass it by keyword.
     """
 
     __constants__ = ["batch_first"]
@@ -207,13 +223,16 @@ class MultiheadAttention(_torch.nn.Module):
         super().__setstate__(state)
         self._workers = _WorkerPool()
 
-    # TorchScript compiles a module's Python source, and this one calls into mha's C++ layer through
-    # NumPy, which TorchScript cannot express: say so instead of torch's parse error.
+    # Without the operator library the forward runs mha's C++ layer through NumPy, which TorchScript cannot
+    # express: say so instead of torch's parse error.
     def __prepare_scriptable__(self):
-        raise RuntimeError(_NOT_SCRIPTABLE)
+        if not _OPERATORS_LOADED:
+            raise RuntimeError(_NOT_SCRIPTABLE)
+        return self
 
-    def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
-                average_attn_weights=True, is_causal=False, *, head_gate=None):
+    def forward(self, query: _Tensor, key: _Tensor, value: _Tensor, key_padding_mask: Optional[_Tensor] = None,
+                need_weights: bool = True, attn_mask: Optional[_Tensor] = None, average_attn_weights: bool = True,
+                is_causal: bool = False, head_gate: Optional[_Tensor] = None) -> Tuple[_Tensor, Optional[_Tensor]]:
         """Multi-head attention of query over key/value; returns (attn_output, attn_output_weights or None).
 
         Args:
@@ -229,7 +248,7 @@ class MultiheadAttention(_torch.nn.Module):
             average_attn_weights: average the weights over heads ([B, L, S']) instead of returning
                 them per head ([B, h, L, S']).
             is_causal: also apply a causal mask over the S keys (query i sees key j <= i + S - L).
-            head_gate (extra, keyword only): a float32 / float64 tensor g, [h] or [B, h] ([h]
+            head_gate (extra; pass it by keyword): a float32 / float64 tensor g, [h] or [B, h] ([h]
                 unbatched), multiplying head i's attention output before out_proj:
                 Concat(g_1 head_1, ..., g_h head_h) W^O + b_O (0 switches a head off; the weights
                 returned are not gated). When it requires grad, autograd gives its gradient, the
@@ -239,7 +258,72 @@ class MultiheadAttention(_torch.nn.Module):
             attn_output shaped like query with width E; attn_output_weights [B, L, S'] or
             [B, h, L, S'] ([L, S'] / [h, L, S'] unbatched) when need_weights, else None.
         """
-        if _torch.jit.is_tracing() or _torch.jit.is_scripting():
+        if not _torch.jit.is_scripting():
+            return self._forward_eager(query, key, value, key_padding_mask, need_weights, attn_mask,
+                                       average_attn_weights, is_causal, head_gate)
+        return self._forward_operator(query, key, value, key_padding_mask, need_weights, attn_mask,
+                                      average_attn_weights, is_causal, head_gate)
+
+    def _forward_operator(self, query: _Tensor, key: _Tensor, value: _Tensor, key_padding_mask: Optional[_Tensor],
+                          need_weights: bool, attn_mask: Optional[_Tensor], average_attn_weights: bool,
+                          is_causal: bool, head_gate: Optional[_Tensor]) -> Tuple[_Tensor, Optional[_Tensor]]:
+        """The forward as one call of the registered operator mha::multi_head_attention (python/torch_ops),
+        whose autograd is in C++: what eager mode, torch.jit.script and torch.jit.trace all run."""
+        out, weights = _torch.ops.mha.multi_head_attention(
+            query, key, value, self.in_proj_weight, self.q_proj_weight, self.k_proj_weight, self.v_proj_weight,
+            self.in_proj_bias, self.bias_k, self.bias_v, self.out_proj.weight, self.out_proj.bias, self.num_heads,
+            self.d_k, self.d_v, self.add_zero_attn, self.batch_first, self.dropout if self.training else 0.0,
+            _bool_mask(key_padding_mask), _bool_mask(attn_mask), need_weights, average_attn_weights, is_causal,
+            head_gate)
+        if need_weights:
+            return out, weights
+        return out, None
+
+    @_torch.jit.unused
+    def _forward_eager(self, query, key, value, key_padding_mask, need_weights, attn_mask, average_attn_weights,
+                       is_causal, head_gate):
+        """The forward outside TorchScript (eager mode and torch.jit.trace): the operator after the module's
+        own checks, its argument errors raised as mha.Error (as the NumPy path raises them); without the
+        operator library, the NumPy path."""
+        if not _OPERATORS_LOADED:
+            return self._forward_numpy(query, key, value, key_padding_mask, need_weights, attn_mask,
+                                       average_attn_weights, is_causal, head_gate)
+        key_padding_mask, attn_mask = self._check_eager_arguments(query, key, value, key_padding_mask, attn_mask,
+                                                                  head_gate)
+        try:
+            return self._forward_operator(query, key, value, key_padding_mask, bool(need_weights), attn_mask,
+                                          bool(average_attn_weights), bool(is_causal), head_gate)
+        except RuntimeError as e:
+            message = str(e)
+            if message.startswith(_OPERATOR_ERROR):  # an argument mha's layer refused
+                raise _mha.Error(message[len(_OPERATOR_ERROR):]) from None
+            raise
+
+    @_torch.jit.unused
+    def _check_eager_arguments(self, query, key, value, key_padding_mask, attn_mask, head_gate):
+        """The checks of the eager forward, raising mha.Error naming the argument (TorchScript leaves them to the
+        operator, which raises RuntimeErrors naming it); returns the masks as tensors."""
+        names, params = self._named_tensors()
+        dtype = _check_parameters(names, params)
+        for t, name in ((query, "query"), (key, "key"), (value, "value")):
+            _check_input(t, name, dtype)
+        _check_head_gate(head_gate)
+        masks = []
+        for name, mask in (("key_padding_mask", key_padding_mask), ("attn_mask", attn_mask)):
+            if mask is not None and not isinstance(mask, _torch.Tensor):
+                mask = _torch.as_tensor(np.asarray(mask))
+            if mask is not None:
+                _dense_cpu(mask, name, "a mask on ")
+                if mask.requires_grad and _torch.is_grad_enabled():
+                    raise _mha.Error(f"{name}: no gradient flows into masks; pass {name}.detach()")
+            masks.append(mask)
+        return masks[0], masks[1]
+
+    @_torch.jit.unused
+    def _forward_numpy(self, query, key, value, key_padding_mask, need_weights, attn_mask, average_attn_weights,
+                       is_causal, head_gate):
+        """The forward without the operator library (a pip install): mha's layer through NumPy (not TorchScript)."""
+        if _torch.jit.is_tracing():
             raise RuntimeError(_NOT_SCRIPTABLE)
         names, params = self._named_tensors()
         dtype = _check_parameters(names, params)
@@ -271,6 +355,7 @@ class MultiheadAttention(_torch.nn.Module):
             weights = None if weights is None else _tensor_of(weights)
             del call  # its mha layer goes back to the pool now
         return out, weights
+
 
     def _named_tensors(self):
         """([state_dict name], [tensor]) of the parameters, read through getattr so that a
@@ -468,6 +553,14 @@ def _check_head_gate(gate):
         raise _mha.Error(f"head_gate: expected a torch.Tensor, got {type(gate).__name__}")
     _dense_cpu(gate, "head_gate")
     return gate
+
+
+def _bool_mask(mask: Optional[_Tensor]) -> Optional[_Tensor]:
+    """An integer (byte) mask as the bool mask it means (nonzero = forbidden, as torch's module reads it);
+    bool and float masks as they are."""
+    if mask is None or mask.is_floating_point() or mask.dtype == _torch.bool:
+        return mask
+    return mask != 0
 
 
 def _mask_array(mask, name):

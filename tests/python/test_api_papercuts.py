@@ -167,7 +167,8 @@ def test_constructor_errors_name_embed_dim(embed_dim, num_heads):
 
 # ---- mha.torch: what it cannot do, said plainly ---------------------------------------------------------
 
-def test_torch_module_refuses_torchscript_with_a_reason():
+def test_torch_module_refuses_torchscript_with_a_reason(monkeypatch):
+    monkeypatch.setattr(mha_torch, "_OPERATORS_LOADED", False)  # without the operator library (no libtorch)
     m = mha_torch.MultiheadAttention(16, 4)
     with pytest.raises(RuntimeError, match="cannot be compiled by torch.jit.script"):
         torch.jit.script(m)

@@ -388,6 +388,7 @@ def test_bf16_tensors_cross_without_copies(monkeypatch):
 
     monkeypatch.setattr(mha.MultiheadAttention, "forward", spy_forward)
     monkeypatch.setattr(mha.MultiheadAttention, "backward", spy_backward)
+    monkeypatch.setattr(mha.torch, "_OPERATORS_LOADED", False)  # the NumPy path; the operator reads tensors in place
     m = mha.torch.MultiheadAttention(8, 2, kdim=4).bfloat16()
     q_leaf = torch.randn(2, 3, 8).bfloat16().requires_grad_()
     q = q_leaf.transpose(0, 1)  # [L, B, E], strided: still a view

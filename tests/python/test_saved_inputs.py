@@ -107,7 +107,8 @@ def test_torch_module_refuses_an_input_modified_in_place():
     out, _ = module(x, x, x, need_weights=False)
     with torch.no_grad():
         x.add_(1.0)
-    with pytest.raises(mha.Error, match="changed between forward and backward"):
+    # The NumPy path's layer finds the change; the operator's autograd, torch's version counter, first.
+    with pytest.raises((mha.Error, RuntimeError), match="changed between forward and backward|modified by an inplace"):
         out.sum().backward()
 
 

@@ -547,6 +547,7 @@ def test_inputs_reach_mha_without_copy(monkeypatch):
         return real_forward(self, query, key, value, **kwargs)
 
     monkeypatch.setattr(mha.MultiheadAttention, "forward", spy)
+    monkeypatch.setattr(mha.torch, "_OPERATORS_LOADED", False)  # the NumPy path (test_torch_module_script.py: the op's)
     m = mha.torch.MultiheadAttention(8, 2, kdim=4)
     q, k, v = torch.randn(3, 2, 8), torch.randn(5, 2, 4), torch.randn(5, 2, 8).requires_grad_()
     m(q, k, v)

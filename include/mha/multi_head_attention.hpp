@@ -128,6 +128,12 @@ struct MultiHeadAttentionInputs : ScoreSpec {
   /// position at its index in its sequence, and packed sequences (cu_seqlens) count from 0 in each; there
   /// both are refused, as they are without rotary_dim.
   std::optional<PositionsView> key_positions{};
+  /// The dropout seed of this call (a training-mode forward with config.dropout > 0): the mask is the
+  /// counter-based one of mha/attention.hpp keyed by it, and backward() regenerates it. nullopt, the
+  /// default: the layer's own stream (from its construction seed, a new seed per call). Given, the call
+  /// does not advance that stream: mha.torch draws it from torch's generator, so torch.manual_seed
+  /// repeats a call's mask whichever layer object runs it.
+  std::optional<std::uint64_t> dropout_seed{};
 };
 
 struct MultiHeadAttentionOutput {

@@ -93,11 +93,11 @@ class MultiheadAttention(_torch.nn.Module):
         * Gradients flow to query, key, value and every parameter, not through the returned
           attention weights (they come back with requires_grad=False) nor into masks: a float
           attn_mask or key_padding_mask that requires grad is refused.
-        * Dropout (training mode) draws its masks from mha's generator, not torch's, so the
-          dropped positions differ from torch's module (the distribution is the same). The
-          generator of each internal mha layer is seeded from torch's default generator when the
-          layer is created (layers are pooled per process and reused), so a program run from the
-          same ``torch.manual_seed`` repeats itself.
+        * Dropout (training mode) uses mha's counter-based mask, not torch's, so the dropped
+          positions differ from torch's module (the distribution is the same). Through the operator
+          library each call's mask is keyed by a seed drawn from torch's default generator, so the
+          same ``torch.manual_seed`` repeats it, eager and scripted alike; the NumPy fallback seeds
+          each of its pooled layers once from that generator, so a program still repeats itself.
         * A query row whose keys are all masked gives output out_proj.bias (attention output 0)
           and weights 0, where torch gives NaN.
         * ``is_causal=True`` applies a causal mask (query i may see key j when j <= i + S - L,

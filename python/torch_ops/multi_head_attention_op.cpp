@@ -64,7 +64,7 @@ MultiHeadAttentionConfig config_of(const LayerKey& key) {
   return c;
 }
 
-// A seed from torch's default CPU generator, so that torch.manual_seed governs a new layer's dropout.
+// A seed from torch's default CPU generator, so that torch.manual_seed governs each call's dropout.
 std::uint64_t draw_layer_seed() {
   at::Generator generator = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(generator.mutex());
@@ -88,8 +88,9 @@ class LayerPool {
       }
     }
     const MultiHeadAttentionConfig config = config_of(key);
-    const std::uint64_t seed = config.dropout > 0.0 ? draw_layer_seed() : 0;  // else torch's generator untouched
-    return torch_errors([&] { return std::make_unique<MultiHeadAttention>(config, seed); });
+    // Seed 0: the parameters are loaded at every call, and dropout takes a seed from torch's generator at every
+    // call (run_forward), so a new layer draws nothing: whether the pool had one does not move torch's stream.
+    return torch_errors([&] { return std::make_unique<MultiHeadAttention>(config, 0); });
   }
 
   void give_back(const LayerKey& key, std::unique_ptr<MultiHeadAttention> layer) {
@@ -151,6 +152,9 @@ MultiHeadAttentionOutput run_forward(CheckedOutLayer& checked_out, const LayerCa
   inputs.average_attn_weights = call.average_attn_weights;
   inputs.head_gate = optional_view_of(head_gate, "head_gate");
   inputs.borrow_inputs = borrow_inputs;
+  // Dropout keyed by torch's generator at every call, not by the pooled layer's own stream: torch.manual_seed
+  // then repeats the masks, eager and scripted alike.
+  if (training && checked_out.layer->config().dropout > 0.0) inputs.dropout_seed = draw_layer_seed();
   const TensorView q = view_of(query, "query"), k = view_of(key, "key"), v = view_of(value, "value");
   MultiHeadAttention& layer = *checked_out.layer;
   return torch_errors([&] {

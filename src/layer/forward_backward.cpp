@@ -202,7 +202,7 @@ MultiHeadAttentionOutput MultiHeadAttention::forward(const TensorView& query, co
   RotaryPositions rotary = rotary_positions(in, c, B, L, S);
   if (training_ && c.dropout > 0) {
     o.dropout_p = c.dropout;
-    o.dropout_seed = mix64(dropout_seed_ + dropout_calls_++);
+    o.dropout_seed = in.dropout_seed ? *in.dropout_seed : mix64(dropout_seed_ + dropout_calls_++);
   }
 
   // ---- project, attend, project back --------------------------------------------------------

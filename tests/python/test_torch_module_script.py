@@ -370,3 +370,26 @@ def test_torch_transformer_encoder_with_the_module_scripts_bitwise():
     scripted = output_and_gradients(torch.jit.script(encoder), x)
     for a, b in zip([eager[0], eager[1], *eager[2]], [scripted[0], scripted[1], *scripted[2]]):
         assert_bitwise(a, b)
+
+
+def test_dropout_masks_follow_torch_manual_seed_eager_and_scripted():
+    """Training-mode dropout takes each call's seed from torch's generator (not from the pooled layer's own
+    stream): torch.manual_seed repeats a call's output whichever pooled layer runs it, eager and scripted give
+    the same bits after the same seed, and the next call draws another mask."""
+    torch.manual_seed(0)
+    module = mha_torch.MultiheadAttention(16, 4, dropout=0.5, batch_first=True)
+    module.train()
+    x = torch.randn(2, 5, 16)
+    scripted = torch.jit.script(module)
+
+    def call(m, seed):
+        torch.manual_seed(seed)
+        first = m(x, x, x, need_weights=False)[0]
+        return first, m(x, x, x, need_weights=False)[0]
+
+    a, a_next = call(module, 3)
+    b, b_next = call(module, 3)
+    s, s_next = call(scripted, 3)
+    assert torch.equal(a, b) and torch.equal(a_next, b_next) and torch.equal(a, s) and torch.equal(a_next, s_next)
+    assert not torch.equal(a, a_next)
+    assert not torch.equal(call(module, 4)[0], a)

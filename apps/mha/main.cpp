@@ -27,6 +27,7 @@
 #include "bench/bench_decode.hpp"
 #include "bench/bench_grid.hpp"
 #include "bench/bench_one.hpp"
+#include "bench/bench_torch_sdpa.hpp"
 #include "bench/bench_variants.hpp"
 #include "commands/demo.hpp"
 #include "commands/heads.hpp"
@@ -273,12 +274,22 @@ void add_bench_command(CLI::App& app, mha_cli::BenchOptions& options) {
   integer_in(bench->add_option("--sequences", options.variants_sequences, "--variants: sequences in the packed batch"),
              1, 4096)
       ->capture_default_str();
-  integer_in(bench->add_option("--repeats", options.variants_repeats,
-                               "--variants: timed calls per figure after a warm-up (0: 7, or 3 for calls over 1 s)"),
-             0, 1000)
+  integer_in(
+      bench->add_option("--repeats", options.variants_repeats,
+                        "--variants, --torch-sdpa: timed calls per figure after a warm-up (0: --variants 7, or 3 "
+                        "for calls over 1 s; --torch-sdpa 3)"),
+      0, 1000)
       ->capture_default_str();
+  bench
+      ->add_flag("--torch-sdpa", options.torch_sdpa,
+                 "Issue 34's benchmark instead: mha.torch.scaled_dot_product_attention against torch's softmax(q k^T + "
+                 "mask) v, float32 and bf16, N from --sizes (default 512,1024,2048,4096,8192): speed, peak memory, and "
+                 "the per-call overhead over the C++ kernel at [1, 8, 64, 64]")
+      ->excludes(bench->get_option("--decode"))
+      ->excludes(variants);
   bench->add_option("--python", options.python, "The Python with torch")->capture_default_str();
-  bench->add_option("--torch-script", options.torch_script, "PyTorch's side (default: apps/mha/bench/torch_mha.py)");
+  bench->add_option("--torch-script", options.torch_script,
+                    "PyTorch's side (default: apps/mha/bench/torch_mha.py; --torch-sdpa: torch_sdpa.py)");
   number_in(bench->add_option("--torch-memory-limit", options.torch_memory_limit_gib,
                               "GiB: PyTorch runs estimated to need more are skipped"),
             0.0, 1e6)
@@ -480,6 +491,10 @@ int command_line(int argc, char** argv) {
       for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
       if (bench_options.decode) return mha_cli::bench::run_bench_decode(bench_options, command);
       if (bench_options.variants) return mha_cli::bench::run_bench_variants(bench_options, command);
+      if (bench_options.torch_sdpa) {
+        if (app.get_subcommand("bench")->count("--sizes") == 0) bench_options.sizes = {512, 1024, 2048, 4096, 8192};
+        return mha_cli::bench::run_bench_torch_sdpa(bench_options, command);
+      }
       if (bench_options.dtype == "bf16") {
         if (app.get_subcommand("bench")->count("--sizes") == 0) bench_options.sizes = {4096};
         return mha_cli::bench::run_bench_bf16(bench_options, command);

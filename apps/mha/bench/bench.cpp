@@ -309,18 +309,6 @@ void run_big(BenchResults& results, const Plan& plan) {
   }
 }
 
-// The source tree's commit, "-dirty" when it has uncommitted changes, at the time of the run (the
-// binary was built from the tree as it was at build time).
-std::string source_revision() {
-  try {
-    const ProcessResult git =
-        run_process({"/usr/bin/git", "-C", MHA_SOURCE_DIR, "describe", "--always", "--dirty"}, {}, 10);
-    if (git.exit_code == 0) return git.out.substr(0, git.out.find_last_not_of("\n ") + 1);
-  } catch (const std::runtime_error&) {
-  }
-  return "unknown";
-}
-
 // Fails early, before minutes of measurements, when a PyTorch run could not start.
 void check_torch_setup(const BenchOptions& options) {
   if (!options.torch) return;

@@ -45,6 +45,9 @@ struct BenchOptions {
   std::int64_t variants_n = 4096;        // N of the sinks and rotary rows; the packed lengths' upper end
   std::int64_t variants_sequences = 16;  // n, the sequences of the packed batch
   int variants_repeats = 0;              // timed calls per figure after a warm-up; 0: 7 (3 for calls over 1 s)
+  // --torch-sdpa: issue 34's benchmark instead (bench_torch_sdpa.hpp): mha.torch.scaled_dot_product_attention
+  // against torch's own softmax(q k^T + mask) v; uses threads, sizes, variants_repeats (0: 3) and the torch options.
+  bool torch_sdpa = false;
 };
 
 // Runs the benchmark, printing tables to stdout as it goes; writes out_dir/bench.json and

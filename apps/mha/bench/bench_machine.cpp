@@ -11,6 +11,10 @@
 #include <fmt/core.h>
 #include <oneapi/dnnl/dnnl.h>
 
+#include <stdexcept>
+
+#include "bench/bench_process.hpp"
+
 namespace mha_cli::bench {
 namespace {
 
@@ -111,6 +115,16 @@ double steal_seconds() {
   for (double& t : ticks)
     if (!(in >> t)) return 0;
   return ticks[7] / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+std::string source_revision() {
+  try {
+    const ProcessResult git =
+        run_process({"/usr/bin/git", "-C", MHA_SOURCE_DIR, "describe", "--always", "--dirty"}, {}, 10);
+    if (git.exit_code == 0) return git.out.substr(0, git.out.find_last_not_of("\n ") + 1);
+  } catch (const std::runtime_error&) {
+  }
+  return "unknown";
 }
 
 }  // namespace mha_cli::bench

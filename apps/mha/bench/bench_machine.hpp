@@ -30,4 +30,8 @@ std::string load_average();
 // all CPUs together), in seconds since boot; 0 where it cannot be read.
 double steal_seconds();
 
+// The source tree's commit, "-dirty" when it has uncommitted changes, at the time of the run (git describe;
+// "unknown" without git). The binary was built from the tree as it was at build time.
+std::string source_revision();
+
 }  // namespace mha_cli::bench

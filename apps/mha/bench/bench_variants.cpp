@@ -218,17 +218,6 @@ nlohmann::json judge_targets(const std::vector<PackedRow>& packed, double r, dou
   return t;
 }
 
-// The source tree's commit, "-dirty" with uncommitted changes, at the time of the run.
-std::string source_revision() {
-  try {
-    const ProcessResult git =
-        run_process({"/usr/bin/git", "-C", MHA_SOURCE_DIR, "describe", "--always", "--dirty"}, {}, 10);
-    if (git.exit_code == 0) return git.out.substr(0, git.out.find_last_not_of("\n ") + 1);
-  } catch (const std::runtime_error&) {
-  }
-  return "unknown";
-}
-
 void warn_if_busy(const nlohmann::json& report, int logical_cpus) {
   double load = 0;
   for (const std::string& at : {report["load_start"].get<std::string>(), report["load_end"].get<std::string>()})

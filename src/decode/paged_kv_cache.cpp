@@ -288,9 +288,11 @@ void PagedKVCache::append(SequenceId sequence, const TensorView& keys, const Ten
   Sequence& s = find(sequence, "append");
   const std::int64_t h = config_.num_kv_heads, P = config_.page_size;
   const bool quantized = config_.storage != KVStorage::Native;
+  // By position, not address: keys and values may be the same view (append(seq, x, x)).
   const std::pair<const char*, const TensorView*> inputs[] = {{"keys", &keys}, {"values", &values}};
-  for (const auto& [name, t] : inputs) {
-    const std::int64_t width = t == &keys ? config_.head_dim : config_.value_dim;
+  for (const bool is_keys : {true, false}) {
+    const auto& [name, t] = inputs[is_keys ? 0 : 1];
+    const std::int64_t width = is_keys ? config_.head_dim : config_.value_dim;
     if (quantized && !detail::is_floating(t->dtype()))
       throw Error(std::string("PagedKVCache::append: ") + name + ": expected " + detail::floating_dtype_names() +
                   " (the cache is quantized, " + kv_storage_name(config_.storage) + "), got " + dtype_name(t->dtype()));
@@ -299,8 +301,8 @@ void PagedKVCache::append(SequenceId sequence, const TensorView& keys, const Ten
                   dtype_name(config_.dtype) + ", got " + dtype_name(t->dtype()));
     if (t->rank() != 3 || t->size(1) != h || t->size(2) != width)
       throw Error(std::string("PagedKVCache::append: ") + name + ": expected [n, num_kv_heads, " +
-                  (t == &keys ? "head_dim" : "value_dim") + "] = [n, " + std::to_string(h) + ", " +
-                  std::to_string(width) + "], got " + shape_str(t->shape()));
+                  (is_keys ? "head_dim" : "value_dim") + "] = [n, " + std::to_string(h) + ", " + std::to_string(width) +
+                  "], got " + shape_str(t->shape()));
   }
   const std::int64_t n = keys.size(0);
   if (values.size(0) != n)
@@ -337,8 +339,8 @@ void PagedKVCache::append(SequenceId sequence, const TensorView& keys, const Ten
 void PagedKVCache::write_row(std::byte* page, std::int64_t row, std::int64_t t, const TensorView& keys,
                              const TensorView& values) {
   const std::int64_t h = config_.num_kv_heads, P = config_.page_size, element = element_bytes();
-  for (const TensorView* view : {&keys, &values}) {
-    const bool is_keys = view == &keys;
+  for (const bool is_keys : {true, false}) {  // by position: keys and values may be the same view
+    const TensorView* view = is_keys ? &keys : &values;
     const std::int64_t width = is_keys ? config_.head_dim : config_.value_dim;
     std::byte* base = page + (is_keys ? 0 : h * P * config_.head_dim * element);
     if (config_.storage != KVStorage::Native) {

@@ -85,7 +85,7 @@ void DecodeChunk(const DecodeParams<T, float>& p, const WorkItem& item, const Sl
       if (ahead.count > 0)
         decode::block_rows(p, item.seq, item.kv_head + next_head, next_t0, ahead.count, k_next, v_next);
       float* acc_g = acc + kh * Rg * layout.ld;
-      float key_scales[kKeyBlock], value_scales[kKeyBlock];  // quantized rows' scales
+      HWY_ALIGN float key_scales[kKeyBlock] = {}, value_scales[kKeyBlock] = {};  // quantized rows' scales
       if constexpr (kQuantized<T>)
         decode::block_scales(p, item.seq, item.kv_head + kh, t0, kb, key_scales, value_scales);
       BlockLogits(w.q + kh * Rg * w.ld_q, w.ld_q, Rg, k_rows, kb, p.d_k, p.scale, kQuantized<T> ? key_scales : nullptr,
@@ -93,12 +93,8 @@ void DecodeChunk(const DecodeParams<T, float>& p, const WorkItem& item, const Sl
       if (p.has_variants())
         decode::apply_score_variants(p, item, kh * Rg, Rg, T_s, t0, kb, w.visible, w.visible_begin, w.s, kKeyBlock);
       BlockOnlineSoftmax(w.s, Rg, m + kh * Rg, l + kh * Rg, acc_g, layout.ld);
-      for (std::int64_t j = 0; j < kb; ++j) {
-        bool all = true;
-        for (std::int64_t r = 0; r < Rg; ++r) all = all && w.s[r * kKeyBlock + j] != 0.0f;
-        w.all_weighted[j] = all;
-      }
-      if constexpr (kQuantized<T>) ScaleWeightsByValueScales(w.s, Rg, kb, value_scales);
+      FlagWeightedKeys(w.s, Rg, kb, w.all_weighted);
+      if constexpr (kQuantized<T>) ScaleWeightsByValueScales(w.s, Rg, value_scales);
       BlockAccumulate(w.s, Rg, v_rows, kb, p.d_v, w.all_weighted, acc_g, layout.ld);
     }
   }

@@ -56,72 +56,91 @@ HWY_INLINE hn::Vec<D> LoadWidened(D d, const std::int8_t* HWY_RESTRICT p) {
   const hn::Rebind<std::int8_t, D> di8;
   return hn::ConvertTo(d, hn::PromoteTo(di, hn::LoadU(di8, p)));
 }
-// float8 e4m3 (no infinities; S.1111.111 is NaN) widened exactly: a normal value (exponent field e > 0)
-// becomes the float with exponent e - 7 and the same 3 mantissa bits; a subnormal is m 2^-9.
+// float8 e4m3 (no infinities; S.1111.111 is NaN) widened exactly, through float16: the bits s e m
+// placed as the float16 s 0 e m 0000000 are the value times 2^-8 (a normal e4m3 becomes a normal float16
+// with exponent e - 15, a subnormal m 2^-9 the float16 subnormal m 2^-17), which converts exactly to
+// float32 (the F16C conversion reads float16 subnormals whatever the DAZ flag) and times 256 is exact.
+// The NaN pattern comes out as +-480, a magnitude no e4m3 value has (its largest is 448).
 template <class D>
 HWY_INLINE hn::Vec<D> LoadWidened(D d, const Float8E4M3* HWY_RESTRICT p) {
-  const hn::RebindToSigned<D> di;
   const hn::Rebind<std::uint8_t, D> du8;
-  const auto bits = hn::BitCast(di, hn::PromoteTo(hn::RebindToUnsigned<D>(), hn::LoadU(du8, &p->bits)));
-  const auto magnitude_bits = hn::And(bits, hn::Set(di, 0x7F));  // e m: exponent and mantissa
-  const auto normal = hn::BitCast(d, hn::Add(hn::ShiftLeft<20>(magnitude_bits), hn::Set(di, 120 << 23)));
-  const auto subnormal = hn::Mul(hn::ConvertTo(d, magnitude_bits), hn::Set(d, 1.0f / 512.0f));
-  auto magnitude = hn::IfThenElse(hn::RebindMask(d, hn::Lt(magnitude_bits, hn::Set(di, 8))), subnormal, normal);
-  magnitude = hn::IfThenElse(hn::RebindMask(d, hn::Eq(magnitude_bits, hn::Set(di, 0x7F))),
-                             hn::Set(d, std::numeric_limits<float>::quiet_NaN()), magnitude);
-  const auto sign = hn::ShiftLeft<24>(hn::And(bits, hn::Set(di, 0x80)));
-  return hn::BitCast(d, hn::Or(hn::BitCast(di, magnitude), sign));
+  const hn::Rebind<std::uint16_t, D> du16;
+  const hn::Rebind<std::int16_t, D> di16;
+  const hn::Rebind<hwy::float16_t, D> df16;
+  const auto wide = hn::BitCast(di16, hn::PromoteTo(du16, hn::LoadU(du8, &p->bits)));  // 00000000 s e m
+  // s e m 00000000, shifted right arithmetically by one: s s e m 0000000; the second s cleared.
+  const auto half_bits =
+      hn::And(hn::ShiftRight<1>(hn::ShiftLeft<8>(wide)), hn::Set(di16, static_cast<std::int16_t>(0xBF80)));
+  const auto x = hn::Mul(hn::PromoteTo(d, hn::BitCast(df16, half_bits)), hn::Set(d, 256.0f));
+  return hn::IfThenElse(hn::Eq(hn::Abs(x), hn::Set(d, 480.0f)), hn::Set(d, std::numeric_limits<float>::quiet_NaN()), x);
 }
 
-// The lane sums of a0..a3 into out[0..3], four at once: per 128-bit block, two interleaving adds leave
-// [sum a0, sum a1, sum a2, sum a3] of the block's lanes, and the blocks are added in order. Every row goes
-// through the same tree whichever slot it has, so its sum does not depend on its neighbours (a tile of
-// one row passes zeros for the others).
+// Register tiles: rows of queries (or of weights) x keys (or value columns) whose products are all
+// independent accumulators, so that no FMA waits on the one before it. Wide enough to hide the FMA's
+// latency, small enough for the registers: 32 vector registers with AVX-512, 16 below.
+inline constexpr int kTileRows = HWY_TARGET <= HWY_AVX3 ? 4 : 2;  // query rows of a logits or P V tile
+inline constexpr int kTileKeys = 4;                               // keys of a logits tile
+inline constexpr int kTileCols = 4;                               // vectors of value columns of a P V tile
+
+// The lane sums of the accumulators a [kRows x 4] (row r, key j at a[4 r + j]) into dots [kRows x 4]:
+// per 128-bit block, two interleaving adds leave [sum a_r0, sum a_r1, sum a_r2, sum a_r3] of the
+// block's lanes ((l0 + l2) + (l1 + l3)), and the blocks are added in order. Every (row, key) goes
+// through the same tree whichever tile holds it, so its sum does not depend on its neighbours.
 #if HWY_TARGET == HWY_SCALAR  // one lane: nothing to interleave
-template <class D, class V>
-HWY_INLINE void SumOfLanes4(D /* one lane */, V a0, V a1, V a2, V a3, float* out) {
-  out[0] = hn::GetLane(a0), out[1] = hn::GetLane(a1), out[2] = hn::GetLane(a2), out[3] = hn::GetLane(a3);
+template <int kRows, class D, class V>
+HWY_INLINE void ReduceDots(D /* one lane */, const V* a, float* HWY_RESTRICT dots) {
+  for (int i = 0; i < 4 * kRows; ++i) dots[i] = hn::GetLane(a[i]);
 }
 #else
-template <class D, class V>
-HWY_INLINE void SumOfLanes4(D d, V a0, V a1, V a2, V a3, float* out) {
+template <int kRows, class D, class V>
+HWY_INLINE void ReduceDots(D d, const V* a, float* HWY_RESTRICT dots) {
   const hn::Repartition<double, D> dd;  // pairs of floats moved as one 64-bit lane
-  const V s01 = hn::Add(hn::InterleaveLower(d, a0, a1), hn::InterleaveUpper(d, a0, a1));
-  const V s23 = hn::Add(hn::InterleaveLower(d, a2, a3), hn::InterleaveUpper(d, a2, a3));
-  const auto x = hn::BitCast(dd, s01), y = hn::BitCast(dd, s23);
-  const V sums = hn::Add(hn::BitCast(d, hn::InterleaveLower(dd, x, y)), hn::BitCast(d, hn::InterleaveUpper(dd, x, y)));
-  HWY_ALIGN float lanes[hn::MaxLanes(d)];
-  hn::Store(sums, d, lanes);
+  const hn::Full128<float> d4;
   const std::size_t N = hn::Lanes(d);
-  for (std::size_t r = 0; r < 4; ++r) {
-    out[r] = lanes[r];
-    for (std::size_t block = 4; block < N; block += 4) out[r] += lanes[block + r];
+  HWY_ALIGN float lanes[hn::MaxLanes(d)];
+  for (int r = 0; r < kRows; ++r) {
+    const V* t = a + 4 * r;
+    const V s01 = hn::Add(hn::InterleaveLower(d, t[0], t[1]), hn::InterleaveUpper(d, t[0], t[1]));
+    const V s23 = hn::Add(hn::InterleaveLower(d, t[2], t[3]), hn::InterleaveUpper(d, t[2], t[3]));
+    const auto x = hn::BitCast(dd, s01), y = hn::BitCast(dd, s23);
+    hn::Store(hn::Add(hn::BitCast(d, hn::InterleaveLower(dd, x, y)), hn::BitCast(d, hn::InterleaveUpper(dd, x, y))), d,
+              lanes);
+    auto sum = hn::Load(d4, lanes);
+    for (std::size_t block = 4; block < N; block += 4) sum = hn::Add(sum, hn::Load(d4, lanes + block));
+    hn::Store(sum, d4, dots + 4 * r);
   }
 }
 #endif
 
-// The dot products of one key row k [d_k] with query rows q [rows, ld_q] (rows <= 4, a tile): each
-// row's vector sum over whole vectors, reduced, plus its scalar tail; the same for any tile size.
+// dots [kRows x 4] = q_r . k_j for query rows q [kRows, ld_q] and the 4 key rows k[j] [d_k]: each
+// (row, key) a vector sum over whole vectors, reduced (ReduceDots), plus its scalar tail.
 template <int kRows, class T>
-HWY_INLINE void DotTile(const float* HWY_RESTRICT q, std::int64_t ld_q, const T* HWY_RESTRICT k, std::int64_t d_k,
-                        float* dots) {
+HWY_INLINE void DotTile(const float* HWY_RESTRICT q, std::int64_t ld_q, const T* const* k, std::int64_t d_k,
+                        float* HWY_RESTRICT dots) {
   const hn::ScalableTag<float> d;
+  using V = hn::Vec<decltype(d)>;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d)), whole = d_k - d_k % N;
-  auto a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
+  V a[4 * kRows];
+  for (int i = 0; i < 4 * kRows; ++i) a[i] = hn::Zero(d);
   for (std::int64_t c = 0; c < whole; c += N) {
-    const auto kv = LoadWidened(d, k + c);
-    a0 = hn::MulAdd(hn::Load(d, q + c), kv, a0);
-    if constexpr (kRows > 1) a1 = hn::MulAdd(hn::Load(d, q + ld_q + c), kv, a1);
-    if constexpr (kRows > 2) a2 = hn::MulAdd(hn::Load(d, q + 2 * ld_q + c), kv, a2);
-    if constexpr (kRows > 3) a3 = hn::MulAdd(hn::Load(d, q + 3 * ld_q + c), kv, a3);
+    const V k0 = LoadWidened(d, k[0] + c), k1 = LoadWidened(d, k[1] + c), k2 = LoadWidened(d, k[2] + c),
+            k3 = LoadWidened(d, k[3] + c);
+    for (int r = 0; r < kRows; ++r) {
+      const V qr = hn::Load(d, q + r * ld_q + c);
+      a[4 * r] = hn::MulAdd(qr, k0, a[4 * r]);
+      a[4 * r + 1] = hn::MulAdd(qr, k1, a[4 * r + 1]);
+      a[4 * r + 2] = hn::MulAdd(qr, k2, a[4 * r + 2]);
+      a[4 * r + 3] = hn::MulAdd(qr, k3, a[4 * r + 3]);
+    }
   }
-  float sums[4];
-  SumOfLanes4(d, a0, a1, a2, a3, sums);
-  for (int r = 0; r < kRows; ++r) {
-    float tail = 0.0f;
-    for (std::int64_t c = whole; c < d_k; ++c) tail += q[r * ld_q + c] * static_cast<float>(k[c]);
-    dots[r] = sums[r] + tail;
-  }
+  ReduceDots<kRows>(d, a, dots);
+  if (whole == d_k) return;
+  for (int r = 0; r < kRows; ++r)
+    for (int j = 0; j < 4; ++j) {
+      float tail = 0.0f;
+      for (std::int64_t c = whole; c < d_k; ++c) tail += q[r * ld_q + c] * static_cast<float>(k[j][c]);
+      dots[4 * r + j] += tail;
+    }
 }
 
 // Asks for the `bytes` of `row` to be brought into the cache.
@@ -138,33 +157,70 @@ struct RowsAhead {
   std::int64_t k_bytes = 0, v_bytes = 0;
 };
 
+// Logits rows [kRows] of s [., kKeyBlock] at keys j0 .. j0 + 3 from dots [kRows x 4]: dots times
+// key_scale[j], -inf where j >= limit[r].
+template <int kRows>
+HWY_INLINE void StoreLogits(const float* HWY_RESTRICT dots, const float* HWY_RESTRICT key_scale, std::int64_t j0,
+                            const std::int32_t* limit, float* HWY_RESTRICT s) {
+  const hn::CappedTag<float, 4> d4;
+  const hn::RebindToSigned<decltype(d4)> di4;
+  const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(d4));
+  const auto minus_inf = hn::Set(d4, -std::numeric_limits<float>::infinity());
+  for (std::int64_t i = 0; i < 4; i += L) {
+    const auto scale_j = hn::LoadU(d4, key_scale + j0 + i);
+    const auto j = hn::Iota(di4, static_cast<std::int32_t>(j0 + i));
+    for (int r = 0; r < kRows; ++r) {
+      const auto x = hn::Mul(hn::LoadU(d4, dots + 4 * r + i), scale_j);
+      const auto seen = hn::RebindMask(d4, hn::Lt(j, hn::Set(di4, limit[r])));
+      hn::StoreU(hn::IfThenElse(seen, x, minus_inf), d4, s + r * kKeyBlock + j0 + i);
+    }
+  }
+}
+
 // s [R, kKeyBlock] = scale q k_j for keys j < kb (quantized rows: scale key_scales[j] q k_j), -inf where
-// a row may not see key j (j >= visible[r]) and in the padding up to kKeyBlock. Meanwhile prefetches the
+// a row may not see key j (j >= visible[r]) and in the padding up to kKeyBlock. Tiles of kTileRows rows
+// x 4 keys (the keys past kb read key kb - 1 again; their logits are -inf). Meanwhile prefetches the
 // rows ahead.
 template <class T>
 void BlockLogits(const float* HWY_RESTRICT q, std::int64_t ld_q, std::int64_t R, const T* const* k_rows,
                  std::int64_t kb, std::int64_t d_k, float scale, const float* key_scales, const std::int64_t* visible,
                  const RowsAhead<T>& ahead, float* HWY_RESTRICT s) {
-  constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
-  float dots[4];
-  for (std::int64_t j = 0; j < kb; ++j) {
-    if (j < ahead.count) {
-      PrefetchRow(ahead.k[j], ahead.k_bytes);
-      PrefetchRow(ahead.v[j], ahead.v_bytes);
+  static_assert(kKeyBlock % kTileKeys == 0, "a block holds whole key tiles");
+  HWY_ALIGN float scale_j[kKeyBlock];
+  for (std::int64_t j = 0; j < kKeyBlock; ++j) scale_j[j] = key_scales && j < kb ? scale * key_scales[j] : scale;
+  std::int32_t limit[kTileRows];
+  float dots[4 * kTileRows];
+  for (std::int64_t j0 = 0; j0 < kKeyBlock; j0 += kTileKeys) {
+    if (j0 >= kb) {  // padding
+      for (std::int64_t r = 0; r < R; ++r)
+        for (std::int64_t j = j0; j < j0 + kTileKeys; ++j)
+          s[r * kKeyBlock + j] = -std::numeric_limits<float>::infinity();
+      continue;
     }
-    const float scale_j = key_scales ? scale * key_scales[j] : scale;
+    const T* k[kTileKeys];
+    for (std::int64_t j = 0; j < kTileKeys; ++j) {
+      k[j] = k_rows[std::min(j0 + j, kb - 1)];
+      if (j0 + j < ahead.count) {
+        PrefetchRow(ahead.k[j0 + j], ahead.k_bytes);
+        PrefetchRow(ahead.v[j0 + j], ahead.v_bytes);
+      }
+    }
+    auto limits = [&](std::int64_t r0, int rows) {
+      for (int r = 0; r < rows; ++r)
+        limit[r] = static_cast<std::int32_t>(std::clamp<std::int64_t>(visible[r0 + r], 0, kb));
+    };
     std::int64_t r = 0;
-    for (; r + 4 <= R; r += 4) {
-      DotTile<4>(q + r * ld_q, ld_q, k_rows[j], d_k, dots);
-      for (int t = 0; t < 4; ++t) s[(r + t) * kKeyBlock + j] = j < visible[r + t] ? dots[t] * scale_j : kMinusInf;
+    for (; r + kTileRows <= R; r += kTileRows) {
+      DotTile<kTileRows>(q + r * ld_q, ld_q, k, d_k, dots);
+      limits(r, kTileRows);
+      StoreLogits<kTileRows>(dots, scale_j, j0, limit, s + r * kKeyBlock);
     }
     for (; r < R; ++r) {
-      DotTile<1>(q + r * ld_q, ld_q, k_rows[j], d_k, dots);
-      s[r * kKeyBlock + j] = j < visible[r] ? dots[0] * scale_j : kMinusInf;
+      DotTile<1>(q + r * ld_q, ld_q, k, d_k, dots);
+      limits(r, 1);
+      StoreLogits<1>(dots, scale_j, j0, limit, s + r * kKeyBlock);
     }
   }
-  for (std::int64_t r = 0; r < R; ++r)
-    for (std::int64_t j = kb; j < kKeyBlock; ++j) s[r * kKeyBlock + j] = kMinusInf;
 }
 
 // The online softmax over one block: for each row, m' = max(m, max_j s_j) (NaN if any is NaN),
@@ -207,12 +263,34 @@ inline void BlockOnlineSoftmax(float* HWY_RESTRICT s, std::int64_t R, float* m, 
 
 // Quantized values: each weight p_rj times its value row's scale, so that acc += p s_j q_j is the weight
 // times the dequantized row. A weight of exactly 0 stays 0 (a NaN scale of a row no query weighs cannot
-// reach a result).
-inline void ScaleWeightsByValueScales(float* HWY_RESTRICT p, std::int64_t R, std::int64_t kb,
-                                      const float* value_scales) {
+// reach a result). value_scales [kKeyBlock], finite past kb (whose weights are 0).
+inline void ScaleWeightsByValueScales(float* HWY_RESTRICT p, std::int64_t R, const float* HWY_RESTRICT value_scales) {
+  const hn::ScalableTag<float> d;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
   for (std::int64_t r = 0; r < R; ++r)
-    for (std::int64_t j = 0; j < kb; ++j)
-      if (p[r * kKeyBlock + j] != 0.0f) p[r * kKeyBlock + j] *= value_scales[j];
+    for (std::int64_t j = 0; j < kKeyBlock; j += N) {
+      const auto w = hn::Load(d, p + r * kKeyBlock + j);
+      const auto scaled = hn::Mul(w, hn::LoadU(d, value_scales + j));
+      hn::Store(hn::IfThenElse(hn::Eq(w, hn::Zero(d)), w, scaled), d, p + r * kKeyBlock + j);
+    }
+}
+
+// all_weighted[j] = no row of p [R, kKeyBlock] has weight exactly 0 at key j, for j < kb.
+inline void FlagWeightedKeys(const float* HWY_RESTRICT p, std::int64_t R, std::int64_t kb, std::uint8_t* all_weighted) {
+  const hn::ScalableTag<float> d;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+  bool every = true;  // the usual case, found with vectors: every weight of the block nonzero
+  for (std::int64_t j = 0; j < kb && every; j += N) {
+    const auto keys = hn::FirstN(d, static_cast<std::size_t>(kb - j));
+    auto zero = hn::Eq(hn::Zero(d), hn::Set(d, 1.0f));  // all false
+    for (std::int64_t r = 0; r < R; ++r) zero = hn::Or(zero, hn::Eq(hn::Load(d, p + r * kKeyBlock + j), hn::Zero(d)));
+    every = hn::AllFalse(d, hn::And(zero, keys));
+  }
+  for (std::int64_t j = 0; j < kb; ++j) {
+    bool all = true;
+    for (std::int64_t r = 0; r < R && !every; ++r) all = all && p[r * kKeyBlock + j] != 0.0f;
+    all_weighted[j] = all;
+  }
 }
 
 // acc [rows, ld_acc] (rows <= 4) += P V over the keys of a block, columns [c, c + N): each row's sum
@@ -259,8 +337,34 @@ HWY_INLINE void AccumulateTile(const float* HWY_RESTRICT p, const T* const* v_ro
   if constexpr (kRows > 3) hn::Store(a3, d, acc + 3 * ld_acc + c);
 }
 
-// acc [R, ld_acc] += P [R, kKeyBlock] V_block [kb, d_v]: whole vectors of columns by tiles of 4 rows,
-// then the columns past the last whole vector one by one.
+// acc [kRows, ld_acc] += P V over the keys of a block, columns [c, c + kCols N), for a block in which
+// every key has weight in every row: kRows x kCols accumulators, each summed over the keys in order (as
+// AccumulateTile sums it).
+template <int kRows, int kCols, class T>
+HWY_INLINE void AccumulateWeightedTile(const float* HWY_RESTRICT p, const T* const* v_rows, std::int64_t kb,
+                                       std::int64_t c, float* HWY_RESTRICT acc, std::int64_t ld_acc) {
+  const hn::ScalableTag<float> d;
+  using V = hn::Vec<decltype(d)>;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+  V a[kRows * kCols];
+  for (int r = 0; r < kRows; ++r)
+    for (int k = 0; k < kCols; ++k) a[r * kCols + k] = hn::Load(d, acc + r * ld_acc + c + k * N);
+  for (std::int64_t j = 0; j < kb; ++j) {
+    V v[kCols];
+    for (int k = 0; k < kCols; ++k) v[k] = LoadWidened(d, v_rows[j] + c + k * N);
+    for (int r = 0; r < kRows; ++r) {
+      const V w = hn::Set(d, p[r * kKeyBlock + j]);
+      for (int k = 0; k < kCols; ++k) a[r * kCols + k] = hn::MulAdd(w, v[k], a[r * kCols + k]);
+    }
+  }
+  for (int r = 0; r < kRows; ++r)
+    for (int k = 0; k < kCols; ++k) hn::Store(a[r * kCols + k], d, acc + r * ld_acc + c + k * N);
+}
+
+// acc [R, ld_acc] += P [R, kKeyBlock] V_block [kb, d_v]: whole vectors of columns, by tiles of kTileRows
+// rows x kTileCols vectors when every key has weight in every row (the usual case), else by tiles of 4
+// rows x 1 vector that test each weight; then the columns past the last whole vector one by one. Each
+// acc element is summed over the keys in order whichever tile holds it.
 template <class T>
 void BlockAccumulate(const float* HWY_RESTRICT p, std::int64_t R, const T* const* v_rows, std::int64_t kb,
                      std::int64_t d_v, const std::uint8_t* all_weighted, float* HWY_RESTRICT acc, std::int64_t ld_acc) {
@@ -268,7 +372,17 @@ void BlockAccumulate(const float* HWY_RESTRICT p, std::int64_t R, const T* const
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d)), whole = d_v - d_v % N;
   bool block_weighted = true;
   for (std::int64_t j = 0; j < kb; ++j) block_weighted = block_weighted && all_weighted[j] != 0;
-  for (std::int64_t c = 0; c < whole; c += N) {
+  std::int64_t c = 0;
+  if (block_weighted) {
+    const std::int64_t tiled = whole - whole % (kTileCols * N), tiled_rows = R - R % kTileRows;
+    for (; c < tiled; c += kTileCols * N)
+      for (std::int64_t r = 0; r < tiled_rows; r += kTileRows)
+        AccumulateWeightedTile<kTileRows, kTileCols>(p + r * kKeyBlock, v_rows, kb, c, acc + r * ld_acc, ld_acc);
+    for (std::int64_t r = tiled_rows; r < R; ++r)
+      for (std::int64_t cr = 0; cr < tiled; cr += kTileCols * N)
+        AccumulateWeightedTile<1, kTileCols>(p + r * kKeyBlock, v_rows, kb, cr, acc + r * ld_acc, ld_acc);
+  }
+  for (; c < whole; c += N) {
     std::int64_t r = 0;
     for (; r + 4 <= R; r += 4)
       AccumulateTile<4>(p + r * kKeyBlock, v_rows, kb, all_weighted, block_weighted, c, acc + r * ld_acc, ld_acc);

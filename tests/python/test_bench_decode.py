@@ -55,9 +55,12 @@ def test_prints_bandwidth_rows_and_targets(decode_run):
     assert not skipped
     assert measured == {(d, b, t, n) for d in ("f32", "bf16", "int8", "fp8") for b in (1, 2) for t in (100, 300)
                         for n in (1, 2)}
-    # Every cache here (at most 4.9 MB) fits the 64 MiB set as the last-level cache: the two targets about
-    # larger caches have no rows to judge, and every row is flagged * (within the last-level cache).
-    assert "Targets (issue 13)" in stdout and stdout.count(" rows, worst ") == 1 and stdout.count(": no rows (") == 2
+    # Every cache here (at most 4.9 MB) fits the 64 MiB set as the last-level cache: issue 33's nine targets,
+    # over the bandwidth rows (caches >= 4x the size set), have no rows to judge, only issue 13's packing
+    # has; every row is flagged * (within the last-level cache).
+    assert "bandwidth rows (the targets' rows): caches >= 256 MiB" in stdout
+    assert "Targets (issue 33)" in stdout and "Target (issue 13)" in stdout
+    assert stdout.count(" rows, worst ") == 1 and stdout.count(": no rows (") == 9
     # Each row names the read bandwidth it is compared with (measured around its group), its rates and their
     # shares of it: the same figures as the JSON's run, rounded as printed. The flags after the bandwidth
     # ("!", "~" or both) may stand apart from it: the columns are read by "|" section.
@@ -101,26 +104,44 @@ def test_json_has_every_row(decode_run):
             run["cache_bytes"] / run["packed_median_s"] / run["read_bandwidth_bytes_per_s"])
         row_bytes = {"f32": 128 * 4, "bf16": 128 * 2, "int8": 128 + 4, "fp8": 128 + 4}[run["dtype"]]  # + a scale
         assert run["cache_bytes"] == run["batch"] * run["context"] * 8 * 2 * row_bytes
-    assert [t["target"] for t in report["targets"]][2].startswith("packed over per head")
-    assert report["steal_seconds"] >= 0
-    assert [(t["rows"], t["worst"], t["met"]) for t in report["targets"][:2]] == [(0, None, False)] * 2
+    assert report["targets"][-1]["target"].startswith("packed over per head") and len(report["targets"]) == 10
+    assert report["steal_seconds"] >= 0 and report["bandwidth_rows_min_bytes"] == 256 << 20
+    assert [(t["rows"], t["worst"], t["met"]) for t in report["targets"][:-1]] == [(0, None, False)] * 9
 
 
-def test_scaling_target_names_the_read_bandwidths_own_scaling(tmp_path):
-    # One context whose caches (2.4 MB float32, 1.2 MB bf16) exceed the 1 MiB set as the last-level cache.
-    args = [str(MHA), "bench", "--decode", "--contexts", "300", "--batches", "1", "--threads", "1,2",
+def test_targets_judge_the_bandwidth_rows(tmp_path):
+    # --llc-mib 1: the bandwidth rows are the caches >= 4 MiB. At 2048 tokens they all are: float32 16 MiB,
+    # bf16 8 MiB, int8 and fp8 4.125 MiB (128 payload bytes and a 4-byte scale per row).
+    args = [str(MHA), "bench", "--decode", "--contexts", "2048", "--batches", "1", "--threads", "1,2",
             "--bandwidth-mib", "16", "--llc-mib", "1", "--out", str(tmp_path)]
     result = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    assert re.search(r"2 threads over 1 at batch 1, caches over the last-level cache: 2 rows, worst \d+\.\d\dx",
-                     result.stdout)
-    assert re.search(r"fraction of the read bandwidth, caches over the last-level cache: 4 rows, worst ",
-                     result.stdout)
+    out = result.stdout
+    for dtype in ("f32", "bf16", "int8", "fp8"):
+        assert re.search(rf"fraction of the read bandwidth, {dtype} caches >= 4 MiB: 2 rows, worst \d+\.\d\d ", out)
+    for quantized in ("int8", "fp8"):
+        for reference in ("f32", "bf16"):
+            assert re.search(rf"{reference} step over {quantized} step, caches >= 4 MiB \(same batch, context, "
+                             rf"threads\): 2 rows, worst \d+\.\d\dx", out)
+    assert re.search(r"2 threads over 1, over the read bandwidth's own 2-over-1, caches >= 4 MiB: 4 rows, worst "
+                     r"(\d+\.\d\d)x", out)
     match = re.search(r"the read bandwidth itself, 2 threads over 1, beside those rows: (\d+\.\d\d)x to (\d+\.\d\d)x",
-                      result.stdout)
+                      out)
     report = json.loads((tmp_path / "bench-decode.json").read_text())
-    by = {(run["dtype"], run["threads"]): run["read_bandwidth_bytes_per_s"] for run in report["runs"]}
-    ratios = [by[(d, 2)] / by[(d, 1)] for d in ("f32", "bf16")]  # each group's own bracket
-    low, high = report["targets"][1]["read_bandwidth_scaling"]
+    runs = {(run["dtype"], run["threads"]): run for run in report["runs"]}
+    ratios = [runs[(d, 2)]["read_bandwidth_bytes_per_s"] / runs[(d, 1)]["read_bandwidth_bytes_per_s"]
+              for d in ("f32", "bf16", "int8", "fp8")]  # each group's own bracket
+    scaling = report["targets"][8]
+    low, high = scaling["read_bandwidth_scaling"]
     assert (low, high) == (pytest.approx(min(ratios)), pytest.approx(max(ratios)))
     assert match and match.groups() == (f"{low:.2f}", f"{high:.2f}")  # as printed: compared as text, not re-rounded
+    # Each verdict is the worst of its rows, computed here from the JSON's medians.
+    worst_scaling = min(runs[(d, 1)]["packed_median_s"] / runs[(d, 2)]["packed_median_s"] / ratio
+                        for d, ratio in zip(("f32", "bf16", "int8", "fp8"), ratios))
+    assert scaling["worst"] == pytest.approx(worst_scaling) and scaling["met"] == (worst_scaling >= 0.9)
+    speedup = report["targets"][4]  # f32 over int8
+    assert speedup["target"].startswith("f32 step over int8 step") and speedup["goal"] == 3.2
+    assert speedup["worst"] == pytest.approx(min(runs[("f32", n)]["packed_median_s"] / runs[("int8", n)]["packed_median_s"]
+                                                 for n in (1, 2)))
+    fraction = report["targets"][2]  # int8
+    assert fraction["worst"] == pytest.approx(min(runs[("int8", n)]["packed_fraction_of_bandwidth"] for n in (1, 2)))

@@ -86,8 +86,11 @@ void DecodeChunk(const DecodeParams<T, float>& p, const WorkItem& item, const Sl
         decode::block_rows(p, item.seq, item.kv_head + next_head, next_t0, ahead.count, k_next, v_next);
       float* acc_g = acc + kh * Rg * layout.ld;
       HWY_ALIGN float key_scales[kKeyBlock] = {}, value_scales[kKeyBlock] = {};  // quantized rows' scales
-      if constexpr (kQuantized<T>)
+      if constexpr (kQuantized<T>) {
         decode::block_scales(p, item.seq, item.kv_head + kh, t0, kb, key_scales, value_scales);
+        for (std::int64_t j = 0; j < kb; ++j)  // the rows are widened as x / kWidenedUnit (decode_rows-inl.h)
+          key_scales[j] *= kWidenedUnit<T>, value_scales[j] *= kWidenedUnit<T>;
+      }
       BlockLogits(w.q + kh * Rg * w.ld_q, w.ld_q, Rg, k_rows, kb, p.d_k, p.scale, kQuantized<T> ? key_scales : nullptr,
                   w.visible, ahead, w.s);
       if (p.has_variants())

@@ -28,12 +28,19 @@ namespace hn = hwy::HWY_NAMESPACE;
 // exp(x) for lanes with |x| < 87 (no overflow, no subnormal result): x = n ln2 + r with n an integer
 // and |r| <= ln2 / 2 (Cody & Waite: ln2 in two parts, so r is exact to float precision), e^r by its
 // Taylor polynomial of degree 7 (truncation error below 6e-9 relative), and 2^n added to the
-// exponent bits. About 16 operations a vector against about 30 for Highway's general Exp.
+// exponent bits. n comes from one FMA, x / ln2 + 1.5 2^23 (|x / ln2| < 126): the sum's ulp is 1, so its
+// rounding to nearest even is n, held in the low bits, whose shift left by 23 is n's (the constant's
+// low 9 bits are 0). Three operations where a conversion to int32 (NearestInt) and its fix-up for
+// out-of-range lanes took eight (measured in PERFORMANCE.md, issue 32). The FMA rounds the exact
+// x / ln2, not its float product: the two differ only within an ulp of a half-integer, where either n
+// leaves |r| <= ln2 / 2 + 1 ulp and the same accuracy. About 15 operations a vector against about 30
+// for Highway's general Exp.
 template <class D, class V>
 HWY_INLINE V ExpInRange(D d, V x) {
   const hn::RebindToSigned<D> di;
-  const auto n = hn::NearestInt(hn::Mul(x, hn::Set(d, 1.44269504088896341f)));  // x / ln2
-  const auto nf = hn::ConvertTo(d, n);
+  const auto round_to_int = hn::Set(d, 12582912.0f);                                   // 1.5 2^23
+  const auto shifted = hn::MulAdd(x, hn::Set(d, 1.44269504088896341f), round_to_int);  // x / ln2 + 1.5 2^23
+  const auto nf = hn::Sub(shifted, round_to_int);                                      // n, exactly
   auto r = hn::MulAdd(nf, hn::Set(d, -0.693145751953125f), x);  // ln2 = 0.693145751953125 (exact in
   r = hn::MulAdd(nf, hn::Set(d, -1.428606765330187e-6f), r);    // 16 bits) + 1.4286e-6
   auto p = hn::Set(d, 1.0f / 5040);
@@ -43,8 +50,9 @@ HWY_INLINE V ExpInRange(D d, V x) {
   p = hn::MulAdd(p, r, hn::Set(d, 1.0f / 6));
   p = hn::MulAdd(p, r, hn::Set(d, 0.5f));
   p = hn::MulAdd(p, r, hn::Set(d, 1.0f));
-  p = hn::MulAdd(p, r, hn::Set(d, 1.0f));                                    // e^r, in [0.7, 1.42]
-  return hn::BitCast(d, hn::Add(hn::BitCast(di, p), hn::ShiftLeft<23>(n)));  // e^r 2^n, n in [-126, 126]
+  p = hn::MulAdd(p, r, hn::Set(d, 1.0f));  // e^r, in [0.7, 1.42]
+  const auto two_to_n = hn::ShiftLeft<23>(hn::BitCast(di, shifted));
+  return hn::BitCast(d, hn::Add(hn::BitCast(di, p), two_to_n));  // e^r 2^n, n in [-126, 126]
 }
 
 // exp(x) lane by lane, NaN kept. Lanes with |x| < 87 (the usual case: logits minus their row

@@ -150,6 +150,10 @@ struct TorchRun {
 
 TorchRun torch_layer(const BenchOptions& options, std::int64_t N, int threads, Pass pass, const std::string& dtype,
                      const RepeatPolicy& policy, std::string& error) {
+  if (const auto why = blas_unavailable("onednn")) {  // else PyTorch's float32 would run on netlib's BLAS, 40x slower
+    error = *why;
+    return {};
+  }
   BenchResults unused;
   const TorchRunner runner{options, unused};
   std::vector<std::string> args = {

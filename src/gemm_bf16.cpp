@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -192,21 +193,41 @@ bool native_bfloat16() {
   return native;
 }
 
+// Scratch of float32 that grows and is never zero-filled (every element read is written first): a
+// std::vector's resize zero-filled whatever the last, smaller operand had not used, on every tile
+// (the forward's operands alternate between 8K and 32K elements).
+class WideningBuffer {
+ public:
+  float* reserve(std::int64_t count) {
+    if (count > capacity_) {
+      data_ = std::make_unique_for_overwrite<float[]>(static_cast<std::size_t>(count));
+      capacity_ = count;
+    }
+    return data_.get();
+  }
+
+ private:
+  std::unique_ptr<float[]> data_;
+  std::int64_t capacity_ = 0;
+};
+
 // The stored matrix of a bfloat16 operand, op(X) [rows, cols], widened into `out` (row stride: the
-// stored width), as a float32 operand of the same orientation.
-GemmInput<float> widened(std::int64_t rows, std::int64_t cols, GemmInput<bfloat16> X, std::vector<float>& out) {
+// stored width), as a float32 operand of the same orientation. The bits shifted up, as whole rows.
+GemmInput<float> widened(std::int64_t rows, std::int64_t cols, GemmInput<bfloat16> X, WideningBuffer& out) {
   const std::int64_t stored_rows = X.transposed ? cols : rows, stored_cols = X.transposed ? rows : cols;
-  out.resize(static_cast<std::size_t>(stored_rows * stored_cols));
-  for (std::int64_t r = 0; r < stored_rows; ++r)
-    for (std::int64_t c = 0; c < stored_cols; ++c)
-      out[static_cast<std::size_t>(r * stored_cols + c)] = X.data[r * X.ld + c];
-  return {out.data(), std::max<std::int64_t>(stored_cols, 1), X.transposed};
+  float* wide = out.reserve(stored_rows * stored_cols);
+  for (std::int64_t r = 0; r < stored_rows; ++r) {
+    const bfloat16* from = X.data + r * X.ld;
+    float* to = wide + r * stored_cols;
+    for (std::int64_t c = 0; c < stored_cols; ++c) to[c] = from[c];
+  }
+  return {wide, std::max<std::int64_t>(stored_cols, 1), X.transposed};
 }
 
 // C (+)= alpha op(A) op(B) through sgemm on the calling thread, on its own widened copies of A and B.
 void widened_tile(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<bfloat16> A, GemmInput<bfloat16> B,
                   GemmOutput<float> C, float alpha) {
-  thread_local std::vector<float> a, b;
+  thread_local WideningBuffer a, b;
   gemm_tile(M, N, K, widened(M, K, A, a), widened(K, N, B, b), C, alpha);
 }
 
@@ -347,7 +368,7 @@ bool runs_widened(std::int64_t M, std::int64_t N, std::int64_t K) {
 template <class TC>
 void gemm_widened(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<bfloat16> A, GemmInput<bfloat16> B,
                   GemmOutput<TC> C, float alpha) {
-  std::vector<float> a, b;
+  WideningBuffer a, b;
   const GemmInput<float> A32 = widened(M, K, A, a), B32 = widened(K, N, B, b);
   if constexpr (std::is_same_v<TC, float>) {
     gemm<float>(M, N, K, A32, B32, C, alpha);

@@ -66,12 +66,17 @@ void DecodeChunk(const DecodeParams<T, float>& p, const WorkItem& item, const Sl
   // The rows of the block being computed and of the block read next: each block's rows are found once,
   // as the next block's (and prefetched then), and become the current ones on the next step.
   const T **k_rows = w.k_rows, **v_rows = w.v_rows, **k_next = w.k_ahead, **v_next = w.v_ahead;
-  RowsAhead<T> ahead{k_next, v_next, 0, p.d_k * static_cast<std::int64_t>(sizeof(T)),
-                     p.d_v * static_cast<std::int64_t>(sizeof(T))};
+  RowsAhead<T> ahead{k_next,
+                     v_next,
+                     0,
+                     p.d_k * static_cast<std::int64_t>(sizeof(T)),
+                     p.d_v * static_cast<std::int64_t>(sizeof(T)),
+                     decode_prefetch_level()};
   {  // the first block of the first kv head is asked for now; each block then asks for the next
     const std::int64_t kb = std::min(kKeyBlock, item.end - item.begin);
     decode::block_rows(p, item.seq, item.kv_head, item.begin, kb, k_next, v_next);
-    for (std::int64_t j = 0; j < kb; ++j) PrefetchRow(k_next[j], ahead.k_bytes), PrefetchRow(v_next[j], ahead.v_bytes);
+    for (std::int64_t j = 0; j < kb; ++j)
+      PrefetchRow(k_next[j], ahead.k_bytes, ahead.level), PrefetchRow(v_next[j], ahead.v_bytes, ahead.level);
   }
   for (std::int64_t t0 = item.begin; t0 < item.end; t0 += kKeyBlock) {
     const std::int64_t kb = std::min(kKeyBlock, item.end - t0);
@@ -80,8 +85,8 @@ void DecodeChunk(const DecodeParams<T, float>& p, const WorkItem& item, const Sl
       std::swap(k_rows, k_next), std::swap(v_rows, v_next);
       const bool last_head = kh + 1 == item.kv_heads;
       const std::int64_t next_t0 = last_head ? t0 + kKeyBlock : t0, next_head = last_head ? 0 : kh + 1;
-      ahead = {k_next, v_next, std::max<std::int64_t>(0, std::min(kKeyBlock, item.end - next_t0)), ahead.k_bytes,
-               ahead.v_bytes};
+      ahead.count = std::max<std::int64_t>(0, std::min(kKeyBlock, item.end - next_t0));
+      ahead.k = k_next, ahead.v = v_next;
       if (ahead.count > 0)
         decode::block_rows(p, item.seq, item.kv_head + next_head, next_t0, ahead.count, k_next, v_next);
       float* acc_g = acc + kh * Rg * layout.ld;

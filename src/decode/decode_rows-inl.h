@@ -25,6 +25,7 @@
 #include "attention/online_softmax-inl.h"  // ExpKeepNaN
 #include "attention/online_softmax.hpp"
 #include "decode/decode_params.hpp"
+#include "decode/prefetch_level.hpp"
 #include "decode/split_kv.hpp"
 #include "hwy/highway.h"
 #include "mha/bfloat16.hpp"
@@ -150,14 +151,15 @@ HWY_INLINE void DotTile(const float* HWY_RESTRICT q, std::int64_t ld_q, const T*
     }
 }
 
-// Asks for the `bytes` of `row` to be brought into the L2 (prefetcht2 on x86; locality 1 of GCC's
-// builtin), not the L1: a head's block ahead is 512 lines for float32 rows, and prefetches into the L1
-// hold one of its few miss buffers each until the line arrives, so they kept few lines in flight. Measured
-// on an AMD Zen 4 (PERFORMANCE.md, issue 33): float32 decode from memory 2.9-3.1x faster than with
-// prefetcht0 (58% of the read bandwidth instead of 20%), bfloat16 1.6-1.9x; int8 and float8, compute-bound,
-// unchanged within the noise.
-HWY_INLINE void PrefetchRow(const void* row, std::int64_t bytes) {
-  for (std::int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(static_cast<const char*>(row) + b, 0, 1);
+// Asks for the `bytes` of `row` to be brought into the L1 (prefetcht0 on x86; locality 3 of GCC's
+// builtin) or the L2 (prefetcht2, locality 1), whichever this machine reads faster from memory
+// (prefetch_level.hpp: on a Zen 4 the L2 2.9-3.1x faster for float32, on a Zen 5 the L1 1.10-1.25x).
+HWY_INLINE void PrefetchRow(const void* row, std::int64_t bytes, PrefetchLevel level) {
+  const char* first = static_cast<const char*>(row);
+  if (level == PrefetchLevel::L1)
+    for (std::int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(first + b, 0, 3);
+  else
+    for (std::int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(first + b, 0, 1);
 }
 
 // The rows of the block read next, prefetched one key row and one value row per key of the current block.
@@ -167,6 +169,7 @@ struct RowsAhead {
   const T* const* v = nullptr;
   std::int64_t count = 0;  // 0: nothing ahead
   std::int64_t k_bytes = 0, v_bytes = 0;
+  PrefetchLevel level = PrefetchLevel::L1;
 };
 
 // Logits rows [kRows] of s [., kKeyBlock] at keys j0 .. j0 + 3 from dots [kRows x 4]: dots times
@@ -213,8 +216,8 @@ void BlockLogits(const float* HWY_RESTRICT q, std::int64_t ld_q, std::int64_t R,
     for (std::int64_t j = 0; j < kTileKeys; ++j) {
       k[j] = k_rows[std::min(j0 + j, kb - 1)];
       if (j0 + j < ahead.count) {
-        PrefetchRow(ahead.k[j0 + j], ahead.k_bytes);
-        PrefetchRow(ahead.v[j0 + j], ahead.v_bytes);
+        PrefetchRow(ahead.k[j0 + j], ahead.k_bytes, ahead.level);
+        PrefetchRow(ahead.v[j0 + j], ahead.v_bytes, ahead.level);
       }
     }
     auto limits = [&](std::int64_t r0, int rows) {

@@ -1,0 +1,51 @@
+// The prefetch level of the decode kernel (prefetch_level.hpp): the processor read once through CPUID.
+#include "decode/prefetch_level.hpp"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace mha::detail {
+
+namespace {
+
+CpuIdentity this_cpu() {
+  CpuIdentity cpu;
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid(0, &eax, &ebx, &ecx, &edx) == 0) return cpu;
+  char vendor[13] = {};
+  std::memcpy(vendor, &ebx, 4), std::memcpy(vendor + 4, &edx, 4), std::memcpy(vendor + 8, &ecx, 4);
+  cpu.amd = std::strcmp(vendor, "AuthenticAMD") == 0;
+  if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0) return cpu;
+  const int base = static_cast<int>((eax >> 8) & 0xf), extended = static_cast<int>((eax >> 20) & 0xff);
+  cpu.family = base == 0xf ? base + extended : base;
+#endif
+  return cpu;
+}
+
+}  // namespace
+
+PrefetchLevel choose_prefetch_level(const CpuIdentity& cpu, const std::optional<std::string>& request) {
+  if (request == "l1") return PrefetchLevel::L1;
+  if (request == "l2") return PrefetchLevel::L2;
+  return cpu.amd && cpu.family == 25 ? PrefetchLevel::L2 : PrefetchLevel::L1;
+}
+
+PrefetchLevel decode_prefetch_level() {
+  static const PrefetchLevel level = [] {
+    std::optional<std::string> request;
+    if (const char* value = std::getenv(kPrefetchLevelVariable); value && *value) request = value;
+    if (request && *request != "l1" && *request != "l2")
+      std::fprintf(stderr, "mha: %s=\"%s\" is not l1 or l2: ignored (chosen by the processor)\n",
+                   kPrefetchLevelVariable, request->c_str());
+    return choose_prefetch_level(this_cpu(), request);
+  }();
+  return level;
+}
+
+}  // namespace mha::detail

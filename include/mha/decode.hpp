@@ -30,6 +30,10 @@
 /// docs/PERFORMANCE.md); smaller pages waste less memory per sequence and copy less on a write after
 /// fork().
 ///
+/// While it computes one block of positions the kernel prefetches the next into the L1 or the L2 cache,
+/// whichever the processor reads faster from memory (the L2 on AMD family 25, the L1 elsewhere:
+/// measured in docs/PERFORMANCE.md); MHA_DECODE_PREFETCH=l1|l2 forces one. Results do not depend on it.
+///
 /// dtypes: q has the cache's dtype. float32 and bfloat16 compute in float32 (bfloat16 keys and values
 /// are widened exactly; each result is rounded to bfloat16 once); float64 computes in float64.
 ///

@@ -153,7 +153,7 @@ HWY_INLINE void DotTile(const float* HWY_RESTRICT q, std::int64_t ld_q, const T*
 
 // Asks for the `bytes` of `row` to be brought into the L1 (prefetcht0 on x86; locality 3 of GCC's
 // builtin) or the L2 (prefetcht2, locality 1), whichever this machine reads faster from memory
-// (prefetch_level.hpp: on a Zen 4 the L2 2.9-3.1x faster for float32, on a Zen 5 the L1 1.10-1.25x).
+// (prefetch_level.hpp: on a Zen 4 the L2 2.9-3.1x faster for float32, on a Zen 5 the L1 1.1-1.25x).
 HWY_INLINE void PrefetchRow(const void* row, std::int64_t bytes, PrefetchLevel level) {
   const char* first = static_cast<const char*>(row);
   if (level == PrefetchLevel::L1)

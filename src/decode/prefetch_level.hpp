@@ -5,7 +5,7 @@
 // the core, measured from caches far past the last-level cache (docs/PERFORMANCE.md, issue 33):
 //   AMD Zen 4 (family 25): L2 2.9-3.1x faster for float32, 1.6-1.9x for bfloat16 (the L1's few miss
 //                           buffers, each held until its line arrives, kept few lines in flight);
-//   AMD Zen 5 (family 26): L1 1.10-1.16x faster for float32, 1.08-1.11x for bfloat16, 1.25x for int8;
+//   AMD Zen 5 (family 26): L1 1.14x faster for float32, 1.11x for bfloat16, 1.24x for int8 (medians);
 //   Intel Xeons (family 6): L1 reached 66-68% of the read bandwidth; L2 not measured.
 // So L2 on AMD family 25 (Zen 3 shares it: not measured) and L1 everywhere else. MHA_DECODE_PREFETCH=l1|l2
 // forces one (for measuring a new machine; the result is the same bits either way).

@@ -227,6 +227,13 @@ TEST(FlashExp, WithinTwoUlpOfStdExpOverTheKernelsRange) {
   }
   for (std::int64_t i = 0; i <= (kSanitized ? 1 << 10 : 1 << 16); ++i)
     sweep.check(-static_cast<float>(i) / static_cast<float>(kSanitized ? 1 << 10 : 1 << 16));
+  // Around every x = (n + 1/2) ln2: where x / ln2 rounds to one n or the next (the exp reduces x by n ln2 and
+  // may take either there, online_softmax-inl.h), 64 floats each side.
+  for (int n = -126; n <= 0; ++n) {
+    float x = static_cast<float>((n + 0.5) * 0.69314718055994530942), below = x;
+    for (int i = 0; i < 64; ++i, x = std::nextafter(x, 1e30f), below = std::nextafter(below, -1e30f))
+      if (x <= 0.0f) sweep.check(x), sweep.check(below);
+  }
   // Where results become subnormal and then round to 0.
   for (float x = -87.0f; x >= -104.0f; x -= 1.0f / 64) sweep.check(x);
   RecordProperty("points", std::to_string(sweep.points));

@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
+#include <string>
 
 namespace mha::detail {
 
@@ -28,6 +30,12 @@ CpuIdentity this_cpu() {
   return cpu;
 }
 
+// MHA_DECODE_PREFETCH's value, nullopt when unset or empty.
+std::optional<std::string> prefetch_request() {
+  const char* value = std::getenv(kPrefetchLevelVariable);
+  return value && *value ? std::optional<std::string>(value) : std::nullopt;
+}
+
 }  // namespace
 
 PrefetchLevel choose_prefetch_level(const CpuIdentity& cpu, const std::optional<std::string>& request) {
@@ -38,14 +46,24 @@ PrefetchLevel choose_prefetch_level(const CpuIdentity& cpu, const std::optional<
 
 PrefetchLevel decode_prefetch_level() {
   static const PrefetchLevel level = [] {
-    std::optional<std::string> request;
-    if (const char* value = std::getenv(kPrefetchLevelVariable); value && *value) request = value;
+    const std::optional<std::string> request = prefetch_request();
     if (request && *request != "l1" && *request != "l2")
       std::fprintf(stderr, "mha: %s=\"%s\" is not l1 or l2: ignored (chosen by the processor)\n",
                    kPrefetchLevelVariable, request->c_str());
     return choose_prefetch_level(this_cpu(), request);
   }();
   return level;
+}
+
+std::string decode_prefetch_description() {
+  const PrefetchLevel level = decode_prefetch_level();
+  const std::optional<std::string> request = prefetch_request();
+  const CpuIdentity cpu = this_cpu();
+  const std::string why = request == "l1" || request == "l2"
+                              ? std::string("forced by ") + kPrefetchLevelVariable + "=" + *request
+                              : std::string("chosen for ") + (cpu.amd ? "AMD" : "this vendor's") + " family " +
+                                    std::to_string(cpu.family);
+  return level == PrefetchLevel::L1 ? "L1 (prefetcht0; " + why + ")" : "L2 (prefetcht2; " + why + ")";
 }
 
 }  // namespace mha::detail

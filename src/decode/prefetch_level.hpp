@@ -33,4 +33,8 @@ PrefetchLevel choose_prefetch_level(const CpuIdentity& cpu, const std::optional<
 // This process's level, decided at the first call (thread-safe; never throws).
 PrefetchLevel decode_prefetch_level();
 
+// That level and why, e.g. "L1 (prefetcht0; chosen for AMD family 26)" or "L2 (prefetcht2; forced by
+// MHA_DECODE_PREFETCH=l2)": for benchmarks' reports.
+std::string decode_prefetch_description();
+
 }  // namespace mha::detail

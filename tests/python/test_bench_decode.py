@@ -106,6 +106,9 @@ def test_json_has_every_row(decode_run):
         assert run["cache_bytes"] == run["batch"] * run["context"] * 8 * 2 * row_bytes
     assert report["targets"][-1]["target"].startswith("packed over per head") and len(report["targets"]) == 10
     assert report["steal_seconds"] >= 0 and report["bandwidth_rows_min_bytes"] == 256 << 20
+    # the prefetch level and why: the processor's choice, or MHA_DECODE_PREFETCH's when the environment sets it
+    assert re.fullmatch(r"L[12] \(prefetcht[02]; (chosen for .* family \d+|forced by MHA_DECODE_PREFETCH=l[12])\)",
+                        report["prefetch_level"])
     assert [(t["rows"], t["worst"], t["met"]) for t in report["targets"][:-1]] == [(0, None, False)] * 9
 
 

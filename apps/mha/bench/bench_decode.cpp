@@ -37,6 +37,7 @@
 #include "bench/bench_measure.hpp"
 #include "bench/read_bandwidth.hpp"
 #include "decode/decode_params.hpp"
+#include "decode/prefetch_level.hpp"
 #include "mha/mha.hpp"
 
 namespace mha_cli::bench {
@@ -235,6 +236,8 @@ int run_bench_decode(const BenchOptions& options, const std::string& command) {
              m.date, m.cpu_model, m.cpu_family_model, m.logical_cpus, m.simd, m.virtual_machine ? ", virtual" : "",
              llc >> 20, options.llc_mib > 0 ? " (set by --llc-mib)" : " (sysfs)", load_average());
   fmt::print("bandwidth rows (the targets' rows): caches >= {} MiB\n", big >> 20);
+  const std::string prefetch = mha::detail::decode_prefetch_description();
+  fmt::print("the kernel prefetches the block ahead into the {}\n", prefetch);
   nlohmann::json report = {{"command", command},
                            {"machine", m.cpu_model + " (" + m.cpu_family_model + ")"},
                            {"date", m.date},
@@ -244,6 +247,7 @@ int run_bench_decode(const BenchOptions& options, const std::string& command) {
                            {"kv_heads", kKvHeads},
                            {"head_dim", kDim},
                            {"page_size", options.decode_page_size},
+                           {"prefetch_level", prefetch},
                            {"load_start", load_average()}};
   const double run_steal_start = steal_seconds();
   const ReadBandwidthProbe probe(options.bandwidth_mib > 0 ? options.bandwidth_mib << 20 : 8 * llc);

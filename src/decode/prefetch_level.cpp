@@ -59,10 +59,10 @@ std::string decode_prefetch_description() {
   const PrefetchLevel level = decode_prefetch_level();
   const std::optional<std::string> request = prefetch_request();
   const CpuIdentity cpu = this_cpu();
-  const std::string why = request == "l1" || request == "l2"
-                              ? std::string("forced by ") + kPrefetchLevelVariable + "=" + *request
-                              : std::string("chosen for ") + (cpu.amd ? "AMD" : "this vendor's") + " family " +
-                                    std::to_string(cpu.family);
+  const std::string why =
+      request == "l1" || request == "l2"
+          ? std::string("forced by ") + kPrefetchLevelVariable + "=" + *request
+          : std::string("chosen for ") + (cpu.amd ? "AMD" : "this vendor's") + " family " + std::to_string(cpu.family);
   return level == PrefetchLevel::L1 ? "L1 (prefetcht0; " + why + ")" : "L2 (prefetcht2; " + why + ")";
 }
 

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <optional>
 #include <string>
 
@@ -28,6 +29,21 @@ TEST(DecodePrefetchLevel, IsForcedByTheVariableAndIgnoresOtherValues) {
     EXPECT_EQ(choose_prefetch_level(cpu, std::string("L3")), choose_prefetch_level(cpu, std::nullopt));
     EXPECT_EQ(choose_prefetch_level(cpu, std::string("")), choose_prefetch_level(cpu, std::nullopt));
   }
+}
+
+// This process's level: the one MHA_DECODE_PREFETCH forces (ctest decode_prefetch_l1 / _l2 set it), else the
+// processor's choice, and the description says which.
+TEST(DecodePrefetchLevel, ThisProcessFollowsTheVariable) {
+  const char* value = std::getenv(kPrefetchLevelVariable);
+  const std::string request = value ? value : "";
+  const std::string description = decode_prefetch_description();
+  if (request == "l1" || request == "l2") {
+    EXPECT_EQ(decode_prefetch_level(), request == "l1" ? PrefetchLevel::L1 : PrefetchLevel::L2);
+    EXPECT_NE(description.find("forced by MHA_DECODE_PREFETCH=" + request), std::string::npos) << description;
+  } else {
+    EXPECT_NE(description.find("chosen for"), std::string::npos) << description;
+  }
+  EXPECT_EQ(description.rfind(decode_prefetch_level() == PrefetchLevel::L1 ? "L1 (" : "L2 (", 0), 0u) << description;
 }
 
 }  // namespace

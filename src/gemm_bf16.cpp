@@ -127,7 +127,6 @@ Matmul cached_matmul(const MatmulShape& s) {
 // mutex, the four memory objects and the argument map cost about as much as a 128 x 256 x 64 product's
 // last tenth (measured in PERFORMANCE.md, issue 32).
 struct ThreadMatmul {
-  dnnl_primitive_t primitive;  // owned by `held`
   Matmul held;
   memory a, b, c, scratchpad;
 };
@@ -138,12 +137,8 @@ ThreadMatmul& thread_matmul(const MatmulShape& s) {
   if (mine.size() >= kMaxCachedMatmuls) mine.clear();
   Matmul m = cached_matmul(s);
   const auto& engine = cpu_engine();
-  ThreadMatmul t{m.primitive.get(),
-                 m,
-                 memory(m.a, engine, DNNL_MEMORY_NONE),
-                 memory(m.b, engine, DNNL_MEMORY_NONE),
-                 memory(m.c, engine, DNNL_MEMORY_NONE),
-                 memory(m.scratchpad, engine, DNNL_MEMORY_NONE)};
+  ThreadMatmul t{m, memory(m.a, engine, DNNL_MEMORY_NONE), memory(m.b, engine, DNNL_MEMORY_NONE),
+                 memory(m.c, engine, DNNL_MEMORY_NONE), memory(m.scratchpad, engine, DNNL_MEMORY_NONE)};
   return mine.emplace(s, std::move(t)).first->second;
 }
 
@@ -166,7 +161,7 @@ dnnl_status_t matmul_on_this_thread(std::int64_t M, std::int64_t N, std::int64_t
                                     {DNNL_ARG_WEIGHTS, m.b.get()},
                                     {DNNL_ARG_DST, m.c.get()},
                                     {DNNL_ARG_SCRATCHPAD, m.scratchpad.get()}};
-    return dnnl_primitive_execute(m.primitive, stream.get(), 4, args);
+    return dnnl_primitive_execute(m.held.primitive.get(), stream.get(), 4, args);
   } catch (const dnnl::error& e) {
     return e.status;
   }

@@ -44,26 +44,35 @@ PrefetchLevel choose_prefetch_level(const CpuIdentity& cpu, const std::optional<
   return cpu.amd && cpu.family == 25 ? PrefetchLevel::L2 : PrefetchLevel::L1;
 }
 
-PrefetchLevel decode_prefetch_level() {
-  static const PrefetchLevel level = [] {
+namespace {
+
+// The level of this process and why, decided once from the variable and the processor.
+struct PrefetchChoice {
+  PrefetchLevel level;
+  std::string description;
+};
+
+const PrefetchChoice& prefetch_choice() {
+  static const PrefetchChoice choice = [] {
     const std::optional<std::string> request = prefetch_request();
-    if (request && *request != "l1" && *request != "l2")
+    const bool forced = request == "l1" || request == "l2";
+    if (request && !forced)
       std::fprintf(stderr, "mha: %s=\"%s\" is not l1 or l2: ignored (chosen by the processor)\n",
                    kPrefetchLevelVariable, request->c_str());
-    return choose_prefetch_level(this_cpu(), request);
+    const CpuIdentity cpu = this_cpu();
+    const PrefetchLevel level = choose_prefetch_level(cpu, request);
+    const std::string why = forced ? std::string("forced by ") + kPrefetchLevelVariable + "=" + *request
+                                   : std::string("chosen for ") + (cpu.amd ? "AMD" : "this vendor's") + " family " +
+                                         std::to_string(cpu.family);
+    return PrefetchChoice{level, (level == PrefetchLevel::L1 ? "L1 (prefetcht0; " : "L2 (prefetcht2; ") + why + ")"};
   }();
-  return level;
+  return choice;
 }
 
-std::string decode_prefetch_description() {
-  const PrefetchLevel level = decode_prefetch_level();
-  const std::optional<std::string> request = prefetch_request();
-  const CpuIdentity cpu = this_cpu();
-  const std::string why =
-      request == "l1" || request == "l2"
-          ? std::string("forced by ") + kPrefetchLevelVariable + "=" + *request
-          : std::string("chosen for ") + (cpu.amd ? "AMD" : "this vendor's") + " family " + std::to_string(cpu.family);
-  return level == PrefetchLevel::L1 ? "L1 (prefetcht0; " + why + ")" : "L2 (prefetcht2; " + why + ")";
-}
+}  // namespace
+
+PrefetchLevel decode_prefetch_level() { return prefetch_choice().level; }
+
+std::string decode_prefetch_description() { return prefetch_choice().description; }
 
 }  // namespace mha::detail

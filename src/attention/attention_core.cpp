@@ -14,8 +14,10 @@
 #include "attention/reference.hpp"
 #include "attention/sinks.hpp"
 #include "dtype_dispatch.hpp"
+#include "gemm.hpp"
 #include "logit_scalars.hpp"
 #include "mha/error.hpp"
+#include "parallel.hpp"
 
 namespace mha::detail {
 
@@ -222,15 +224,45 @@ AttentionOptions with_compute_masks(const AttentionOptions& o, DType compute, Te
   return converted;
 }
 
+// f(b, head, t, n) for each row (b, head, t) of a [B, h, T, d] tensor, n = (b h + head) T + t its index
+// among the rows, on the library's threads: the conversions below between bfloat16 tensors and the
+// float32 kernel's, row by row (the layer's head views are strided [B, T, h, d] views, which
+// Tensor::copy_of would walk element by element on one thread).
+template <class F>
+void for_each_row(const Shape& shape, F&& f) {
+  const std::int64_t B = shape[0], h = shape[1], T = shape[2], rows = B * h * T;
+  // A conversion moves an element in about the time a GEMM does 20 flops: parallel from ~0.1 ms of work.
+  const SerialIfSmall serial_if_small(20.0 * static_cast<double>(rows * shape[3]));
+#pragma omp parallel for schedule(static)
+  for (std::int64_t n = 0; n < rows; ++n) f(n / (h * T), n / T % h, n % T, n);
+}
+
+// x (bfloat16 [B, h, T, d], any strides) widened exactly into a contiguous float32 tensor.
+Tensor widened(const TensorView& x) {
+  Tensor wide = Tensor::uninitialized(DType::Float32, x.shape());
+  if (wide.numel() == 0) return wide;
+  const Strided4<const bfloat16> from = strided4<bfloat16>(x);
+  float* to = wide.data_as<float>();
+  const std::int64_t d = x.size(3);
+  for_each_row(x.shape(), [&](std::int64_t b, std::int64_t head, std::int64_t t, std::int64_t n) {
+    const bfloat16* row = &from(b, head, t, 0);
+    if (from.stride[3] == 1)
+      for (std::int64_t c = 0; c < d; ++c) to[n * d + c] = row[c];
+    else
+      for (std::int64_t c = 0; c < d; ++c) to[n * d + c] = row[c * from.stride[3]];
+  });
+  return wide;
+}
+
 // dst [B, h, T, d] (bfloat16, strided) = src (float32, contiguous, same shape) rounded to bfloat16.
 void round_into(const Tensor& src, const StridedOutput& dst) {
+  if (src.numel() == 0) return;
   const Strided4<bfloat16> out = strided_output<bfloat16>(dst);
   const float* x = src.data_as<float>();
-  const std::int64_t B = src.size(0), h = src.size(1), T = src.size(2), d = src.size(3);
-  for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t head = 0; head < h; ++head)
-      for (std::int64_t t = 0; t < T; ++t, x += d)
-        for (std::int64_t c = 0; c < d; ++c) out(b, head, t, c) = x[c];
+  const std::int64_t d = src.size(3);
+  for_each_row(src.shape(), [&](std::int64_t b, std::int64_t head, std::int64_t t, std::int64_t n) {
+    for (std::int64_t c = 0; c < d; ++c) out(b, head, t, c) = x[n * d + c];
+  });
 }
 
 template <class T>
@@ -239,17 +271,26 @@ void run_typed(const TensorView& q, const TensorView& k, const TensorView& v, co
                std::optional<std::int64_t> query_shift);
 
 // bfloat16 attention computed in float32: the inputs widened (exactly), the float32 kernel run, its
-// results rounded to bfloat16 once. The reference kernel runs so for bfloat16 inputs.
+// results rounded to bfloat16 once. The reference kernel runs so for bfloat16 inputs, and so does the
+// fused kernel where this process's bfloat16 products run on sgemm (runs_in_float32).
 void forward_in_float32(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionOptions& o,
                         const StridedOutput& out, Tensor& weights, Tensor& lse, bool partial_over_keys,
                         std::optional<std::int64_t> query_shift) {
-  const Tensor q32 = Tensor::copy_of(q, DType::Float32), k32 = Tensor::copy_of(k, DType::Float32);
-  const Tensor v32 = Tensor::copy_of(v, DType::Float32);
+  const Tensor q32 = widened(q), k32 = widened(k), v32 = widened(v);
   Tensor out32(DType::Float32, {q.size(0), q.size(1), q.size(2), v.size(3)}), weights32;
   run_typed<float>(q32, k32, v32, o, {out32.data(), out32.strides()}, weights32, lse, partial_over_keys, query_shift);
   round_into(out32, out);
   if (weights32.defined()) weights = Tensor::copy_of(weights32, DType::BFloat16);
 }
+
+// Whether bfloat16 attention runs as float32 (forward_in_float32, backward_in_float32): always on the
+// reference kernel; on the fused kernel where this process's bfloat16 products run on sgemm over widened
+// operands (gemm.hpp's bf16_gemm_path). There the bfloat16 kernel would widen every tile's operands again,
+// each K/V block once per query block, and round P (and dS) to bfloat16 and widen it back: measured on a
+// Zen 5 with the path forced, its core ran at 0.84-0.90x of the float32 kernel's speed (issue 32). Widened
+// once per call instead, the float32 kernel runs on them, its P and dS never rounded: more accurate than
+// the bfloat16 products' path, at the float32 kernel's speed plus the widening.
+bool runs_in_float32(bool flash) { return !flash || bf16_gemm_path() == Bf16Path::WidenedSgemm; }
 
 template <class T>
 void run_typed(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionOptions& o,
@@ -257,7 +298,8 @@ void run_typed(const TensorView& q, const TensorView& k, const TensorView& v, co
                std::optional<std::int64_t> query_shift) {
   const bool flash = o.kernel == Kernel::Flash && v.size(3) > 0;  // d_v = 0: nothing to tile
   if constexpr (std::is_same_v<T, bfloat16>) {
-    if (!flash) return forward_in_float32(q, k, v, o, out, weights, lse, partial_over_keys, query_shift);
+    if (runs_in_float32(flash))
+      return forward_in_float32(q, k, v, o, out, weights, lse, partial_over_keys, query_shift);
   }
   AttentionParams<T> p;
   fill_common(p, q, k, v, o, query_shift);
@@ -312,22 +354,22 @@ void run_backward_typed(const TensorView& dout, const TensorView& q, const Tenso
   const bool flash = o.kernel == Kernel::Flash && v.size(3) > 0 && q.size(2) > 0 && k.size(2) > 0;
   if constexpr (std::is_same_v<T, double>) {
     reference_attention_backward(backward_params<T>(dout, q, k, v, out, lse, o, dq, dk, dv, shift));
+  } else if constexpr (std::is_same_v<T, bfloat16>) {
+    if (runs_in_float32(flash)) return backward_in_float32(dout, q, k, v, out, lse, o, dq, dk, dv, shift);
+    flash_attention_backward(backward_params<T>(dout, q, k, v, out, lse, o, dq, dk, dv, shift));
   } else if (flash) {
     flash_attention_backward(backward_params<T>(dout, q, k, v, out, lse, o, dq, dk, dv, shift));
-  } else if constexpr (std::is_same_v<T, float>) {
-    reference_attention_backward(backward_params<T>(dout, q, k, v, out, lse, o, dq, dk, dv, shift));
   } else {
-    backward_in_float32(dout, q, k, v, out, lse, o, dq, dk, dv, shift);
+    reference_attention_backward(backward_params<T>(dout, q, k, v, out, lse, o, dq, dk, dv, shift));
   }
 }
 
 // The backward of forward_in_float32: bfloat16 inputs widened, the float32 kernel run, the gradients
-// rounded to bfloat16 once. The reference kernel runs so for bfloat16 inputs.
+// rounded to bfloat16 once (runs_in_float32 says when).
 void backward_in_float32(const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
                          const TensorView& out, const TensorView& lse, const AttentionOptions& o,
                          const StridedOutput& dq, const StridedOutput& dk, const StridedOutput& dv,
                          std::optional<std::int64_t> query_shift) {
-  auto widened = [](const TensorView& t) { return Tensor::copy_of(t, DType::Float32); };
   const Tensor dout32 = widened(dout), q32 = widened(q), k32 = widened(k), v32 = widened(v), out32 = widened(out);
   Tensor dq32(DType::Float32, q.shape()), dk32(DType::Float32, k.shape()), dv32(DType::Float32, v.shape());
   run_backward_typed<float>(dout32, q32, k32, v32, out32, lse, o, {dq32.data(), dq32.strides()},

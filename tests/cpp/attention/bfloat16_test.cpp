@@ -23,6 +23,8 @@
 #include <tuple>
 #include <vector>
 
+#include "gemm.hpp"
+#include "support/bitwise.hpp"
 #include "support/kernel_compare.hpp"
 #include "support/test_util.hpp"
 
@@ -228,6 +230,43 @@ TEST(Bfloat16Determinism, BitwiseAcrossThreadCountsAndRuns) {
   for (std::size_t i = 0; i < one.size(); ++i) {
     EXPECT_TRUE(bitwise_equal(one[i], two[i])) << "result " << i << ": 1 vs 2 threads";
     EXPECT_TRUE(bitwise_equal(two[i], again[i])) << "result " << i << ": run to run";
+  }
+}
+
+// Where this process's bfloat16 products run on sgemm (forced by ctest's bfloat16_gemm_sgemm; chosen where
+// sgemm is faster, as on Intel without AMX; always without bf16 instructions), the fused kernel's bfloat16
+// attention is the float32 kernel's on the inputs widened once, its results rounded to bfloat16 once
+// (attention_core.cpp, runs_in_float32): bitwise, forward (out, lse, weights) and backward. A bfloat16
+// kernel that rounded P or dS would differ in most elements.
+TEST(Bfloat16SgemmPath, IsTheFloat32KernelOnWidenedInputsRoundedOnce) {
+  if (mha::detail::bf16_gemm_path() != mha::detail::Bf16Path::WidenedSgemm)
+    GTEST_SKIP() << "this process's bfloat16 products run on oneDNN (ctest bfloat16_gemm_sgemm forces sgemm)";
+  KernelCase grouped, masked;
+  grouped.B = 2, grouped.h = 4, grouped.h_kv = 2, grouped.L = 300, grouped.S = 290, grouped.d_k = 64, grouped.d_v = 64,
+  grouped.seed = 7, grouped.causal = true, grouped.masks = kCmpKeyPadding, grouped.layout = Layout::Interleaved;
+  masked.B = 1, masked.h = 3, masked.L = 129, masked.S = 257, masked.d_k = 80, masked.d_v = 48, masked.seed = 8,
+  masked.masks = kCmpFloat3d | kCmpLengths, masked.need_weights = true, masked.layout = Layout::PaddedRows;
+  for (const KernelCase& c : {grouped, masked}) {
+    SCOPED_TRACE(case_name(c));
+    const CaseData d = bf16_case_data(c);
+    CaseTensors t16 = make_case_tensors(c, d, DType::BFloat16), t32 = make_case_tensors(c, d, DType::Float32);
+    for (CaseTensors* t : {&t16, &t32}) t->options.need_lse = true, t->options.need_weights = c.need_weights;
+    const auto r16 = mha::scaled_dot_product_attention(t16.q.view, t16.k.view, t16.v.view, t16.options);
+    const auto r32 = mha::scaled_dot_product_attention(t32.q.view, t32.k.view, t32.v.view, t32.options);
+    EXPECT_TRUE(same_bits(to_doubles(r16.out), bf16(to_doubles(r32.out)))) << "out";
+    EXPECT_TRUE(same_bits(to_doubles(r16.lse), to_doubles(r32.lse))) << "lse";
+    if (c.need_weights) {
+      EXPECT_TRUE(same_bits(to_doubles(r16.weights), bf16(to_doubles(r32.weights)))) << "weights";
+    }
+    // The backward from the bfloat16 forward's out (what a caller has), widened, and its lse.
+    const Tensor out_widened = Tensor::copy_of(r16.out, DType::Float32);
+    const auto g16 = mha::scaled_dot_product_attention_backward(t16.dout.view, t16.q.view, t16.k.view, t16.v.view,
+                                                                r16.out, r16.lse, t16.options);
+    const auto g32 = mha::scaled_dot_product_attention_backward(t32.dout.view, t32.q.view, t32.k.view, t32.v.view,
+                                                                out_widened, r16.lse, t32.options);
+    EXPECT_TRUE(same_bits(to_doubles(g16.dq), bf16(to_doubles(g32.dq)))) << "dq";
+    EXPECT_TRUE(same_bits(to_doubles(g16.dk), bf16(to_doubles(g32.dk)))) << "dk";
+    EXPECT_TRUE(same_bits(to_doubles(g16.dv), bf16(to_doubles(g32.dv)))) << "dv";
   }
 }
 

@@ -18,7 +18,7 @@ namespace mha::detail {
 
 enum class Bf16Path {
   OneDnnMatmul,  // oneDNN's matmul primitive: AMX tiles or AVX512-BF16 dot products
-  WidenedSgemm,  // the operands widened to float32, then sgemm (gemm<float>, gemm_tile)
+  WidenedSgemm,  // the operands widened to float32, then sgemm; the fused kernels run as float32 (attention.hpp)
 };
 
 // The variable that forces a path: "onednn", "sgemm" or "auto" (the default: measured), any case.

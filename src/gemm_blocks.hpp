@@ -16,10 +16,11 @@ namespace mha::detail {
 
 // Calls product(rows, cols, A_rows, B_columns, C_block) for every block of C in the threads' parallel
 // region, where A_rows are the block's rows of op(A), B_columns its columns of op(B) and C_block the
-// block of C; product returns oneDNN's status. Returns the status of a failed block, if any (an
-// exception cannot leave the region).
-template <class TA, class TC, class Product>
-dnnl_status_t for_each_block(std::int64_t M, std::int64_t N, GemmInput<TA> A, GemmInput<TA> B, GemmOutput<TC> C,
+// block of C; product returns oneDNN's status. A and B may differ in type (the bfloat16 product's sgemm
+// path passes B already widened and widens each block's rows of A itself). Returns the status of a failed block, if any
+// (an exception cannot leave the region).
+template <class TA, class TB, class TC, class Product>
+dnnl_status_t for_each_block(std::int64_t M, std::int64_t N, GemmInput<TA> A, GemmInput<TB> B, GemmOutput<TC> C,
                              Product product) {
   const std::int64_t rows_per_block = gemm_rows_per_block(M);
   const std::int64_t row_blocks = (M + rows_per_block - 1) / rows_per_block;
@@ -33,7 +34,7 @@ dnnl_status_t for_each_block(std::int64_t M, std::int64_t N, GemmInput<TA> A, Ge
     const std::int64_t n1 = part + 1 == column_blocks ? N : N * (part + 1) / column_blocks / 16 * 16;
     GemmInput<TA> A_rows = A;  // rows of op(A): columns of A when transposed
     A_rows.data += A.transposed ? m0 : m0 * A.ld;
-    GemmInput<TA> B_columns = B;  // columns of op(B): rows of B when transposed
+    GemmInput<TB> B_columns = B;  // columns of op(B): rows of B when transposed
     B_columns.data += B.transposed ? n0 * B.ld : n0;
     const GemmOutput<TC> C_block{C.data + m0 * C.ld + n0, C.ld, C.accumulate};
     const dnnl_status_t status = product(rows, n1 - n0, A_rows, B_columns, C_block);

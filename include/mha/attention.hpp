@@ -64,14 +64,18 @@
 /// (the kernels' tiles timed for a few ms on one thread): oneDNN's matmul primitive on the CPU's bf16
 /// instructions (AMX or AVX512-BF16), or sgemm over the operands widened exactly to float32 (always,
 /// without bf16 instructions). `mha bench --dtype bf16` prints which and why; the environment variable
-/// MHA_BF16_GEMM=onednn|sgemm|auto forces one (another value is ignored, with a message on stderr). Both
-/// round at the same points, but they sum the float32 products in different orders, and the bf16
-/// instructions treat subnormal inputs and results as zero (measured with AMX) where sgemm keeps them: a
-/// float32 accumulator, overwritten or accumulated into, can differ in its last bits between the paths
-/// (measured on the kernels' tiles: 20-55% of the elements), and so a bfloat16 result by a unit in its last
-/// place. Both stay within the bfloat16 error rule, and a process's results are bitwise the same for every
-/// thread count; for results bitwise the same from one process to the next, set MHA_BF16_GEMM (a measured
-/// choice is stable while one path is clearly faster: oneDNN is kept unless sgemm is over 10% faster).
+/// MHA_BF16_GEMM=onednn|sgemm|auto forces one (another value is ignored, with a message on stderr). The
+/// two paths round differently. On the sgemm path the fused kernel computes bfloat16 attention as the
+/// reference does: q, k, v (and the backward's out and dout) widened once per call, the float32 kernel
+/// run on them, each result rounded to bfloat16 once; P and dS stay float32 (more accurate than rounding
+/// them, and faster there than widening every tile's operands again). The layer's projections on that path
+/// widen their operands and round each product's result once, as on the other. Beyond that the paths sum
+/// the float32 products in different orders, and the bf16 instructions treat subnormal inputs and results
+/// as zero (measured with AMX) where sgemm keeps them. So a bfloat16 result can differ between the paths
+/// by a unit in its last place or more (P rounded or not); both stay within the bfloat16 error rule, and a
+/// process's results are bitwise the same for every thread count; for results bitwise the same from one
+/// process to the next, set MHA_BF16_GEMM (a measured choice is stable while one path is clearly faster:
+/// oneDNN is kept unless sgemm is over 10% faster).
 #pragma once
 
 #include <cstdint>

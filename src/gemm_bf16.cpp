@@ -2,12 +2,12 @@
 // (AMX tiles or AVX512-BF16 dot products) and accumulates in float32. See gemm.hpp for the conventions.
 //
 // Or through sgemm over float32 copies of the operands: every bfloat16 value is exact in float32 and
-// sgemm accumulates in float32, so the results are rounded at the same points. Which of the two runs is
-// chosen once per process (bf16_path.hpp, bf16_path_choice below). Where the CPU has no bfloat16
-// instructions it is always sgemm: oneDNN 2.6 has no bf16 matmul at all (AVX2: "unimplemented") or only
-// an emulation slower than sgemm (AVX-512 without BF16: 79 GFLOP/s against sgemm's 223 on one thread,
-// measured on a Zen 5 with DNNL_MAX_CPU_ISA=AVX512_CORE). Where it has them, the two paths are timed on
-// the fused kernels' tiles at first use, because the ISA does not say which is faster (bf16_path.hpp).
+// sgemm accumulates in float32, so the results are rounded at the same points (gemm_bf16_widened.cpp). Which of the two
+// runs is chosen once per process (bf16_path.hpp, bf16_path_choice below). Where the CPU has no bfloat16 instructions
+// it is always sgemm: oneDNN 2.6 has no bf16 matmul at all (AVX2: "unimplemented") or only an emulation slower than
+// sgemm (AVX-512 without BF16: 79 GFLOP/s against sgemm's 223 on one thread, measured on a Zen 5 with
+// DNNL_MAX_CPU_ISA=AVX512_CORE). Where it has them, the two paths are timed on the fused kernels' tiles at first use,
+// because the ISA does not say which is faster (bf16_path.hpp).
 //
 // A primitive is made for one shape (sizes, row strides, transposes, output dtype, alpha, overwrite or
 // accumulate) and making one costs 0.3-13 ms (measured on a Zen 5), against microseconds for running
@@ -36,6 +36,7 @@
 #include "attention/flash_config.hpp"
 #include "bf16_path.hpp"
 #include "gemm.hpp"
+#include "gemm_bf16_widened.hpp"
 #include "gemm_blocks.hpp"
 #include "mha/error.hpp"
 #include "parallel.hpp"
@@ -188,50 +189,6 @@ bool native_bfloat16() {
   return native;
 }
 
-// Elements below which a whole product's operand is widened on the calling thread alone (~0.05 ms).
-constexpr std::int64_t kMinParallelWidening = 1 << 17;
-
-// Scratch of float32 that grows and is never zero-filled (every element read is written first): a
-// std::vector's resize zero-filled whatever the last, smaller operand had not used, on every tile
-// (the forward's operands alternate between 8K and 32K elements).
-class WideningBuffer {
- public:
-  float* reserve(std::int64_t count) {
-    if (count > capacity_) {
-      data_ = std::make_unique_for_overwrite<float[]>(static_cast<std::size_t>(count));
-      capacity_ = count;
-    }
-    return data_.get();
-  }
-
- private:
-  std::unique_ptr<float[]> data_;
-  std::int64_t capacity_ = 0;
-};
-
-// The stored matrix of a bfloat16 operand, op(X) [rows, cols], widened into `out` (row stride: the
-// stored width), as a float32 operand of the same orientation. The bits shifted up, as whole rows; on
-// the library's threads when `in_parallel` (a whole product's operand, outside any parallel region).
-GemmInput<float> widened(std::int64_t rows, std::int64_t cols, GemmInput<bfloat16> X, WideningBuffer& out,
-                         bool in_parallel = false) {
-  const std::int64_t stored_rows = X.transposed ? cols : rows, stored_cols = X.transposed ? rows : cols;
-  float* wide = out.reserve(stored_rows * stored_cols);
-#pragma omp parallel for schedule(static) if (in_parallel && stored_rows * stored_cols >= kMinParallelWidening)
-  for (std::int64_t r = 0; r < stored_rows; ++r) {
-    const bfloat16* from = X.data + r * X.ld;
-    float* to = wide + r * stored_cols;
-    for (std::int64_t c = 0; c < stored_cols; ++c) to[c] = from[c];
-  }
-  return {wide, std::max<std::int64_t>(stored_cols, 1), X.transposed};
-}
-
-// C (+)= alpha op(A) op(B) through sgemm on the calling thread, on its own widened copies of A and B.
-void widened_tile(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<bfloat16> A, GemmInput<bfloat16> B,
-                  GemmOutput<float> C, float alpha) {
-  thread_local WideningBuffer a, b;
-  gemm_tile(M, N, K, widened(M, K, A, a), widened(K, N, B, b), C, alpha);
-}
-
 // ---- the path, chosen once per process (bf16_path.hpp) ----
 
 // The name oneDNN gives its bf16 matmul here (for a 256^3 product): "brg:avx512_core_amx_bf16" on AMX,
@@ -362,36 +319,6 @@ const Bf16PathChoice& bf16_path_choice() {
 // path is sgemm (always so without bf16 instructions).
 bool runs_widened(std::int64_t M, std::int64_t N, std::int64_t K) {
   return small_product(M, N, K) || bf16_path_choice().path == Bf16Path::WidenedSgemm;
-}
-
-// The whole product through sgemm on widened operands, on the library's threads in the blocks of the
-// other path (gemm_blocks.hpp: thread-count independent): B widened once, each block widening its rows
-// of A into its thread's scratch and, for a bfloat16 C, computing a float32 block rounded once (the old C
-// added in float32 first when accumulating). Per block, so that no widened copy of A or C the size of
-// the whole product is made: made whole on every call, their fresh pages cost more than the widening
-// itself (measured on a Zen 5, the bfloat16 layer's training step at N 4096 with the path forced: about
-// a tenth of its time in page faults and the serial widening).
-template <class TC>
-void gemm_widened(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<bfloat16> A, GemmInput<bfloat16> B,
-                  GemmOutput<TC> C, float alpha) {
-  const SerialIfSmall serial_if_small(2.0 * M * N * K);
-  WideningBuffer b;
-  const GemmInput<float> B32 = widened(K, N, B, b, true);
-  for_each_block(M, N, A, B32, C, [&](std::int64_t rows, std::int64_t cols, auto A_rows, auto B_columns, auto C_block) {
-    thread_local WideningBuffer a, c;
-    const GemmInput<float> A32 = widened(rows, K, A_rows, a);
-    if constexpr (std::is_same_v<TC, float>) {
-      gemm_tile(rows, cols, K, A32, B_columns, C_block, alpha);
-    } else {
-      float* block = c.reserve(rows * cols);
-      for (std::int64_t m = 0; m < rows && C.accumulate; ++m)
-        for (std::int64_t n = 0; n < cols; ++n) block[m * cols + n] = C_block.data[m * C.ld + n];
-      gemm_tile(rows, cols, K, A32, B_columns, GemmOutput<float>{block, cols, C.accumulate}, alpha);
-      for (std::int64_t m = 0; m < rows; ++m)
-        for (std::int64_t n = 0; n < cols; ++n) C_block.data[m * C.ld + n] = block[m * cols + n];
-    }
-    return dnnl_success;
-  });
 }
 
 std::string describe_failure(dnnl_status_t status, std::int64_t M, std::int64_t N, std::int64_t K,

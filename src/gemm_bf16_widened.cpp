@@ -58,7 +58,6 @@ void widened_tile(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<bflo
   gemm_tile(M, N, K, widened(M, K, A, a), widened(K, N, B, b), C, alpha);
 }
 
-
 // The whole product through sgemm on widened operands, on the library's threads in the blocks of the
 // other path (gemm_blocks.hpp: thread-count independent): B widened once, each block widening its rows
 // of A into its thread's scratch and, for a bfloat16 C, computing a float32 block rounded once (the old C
@@ -91,7 +90,7 @@ void gemm_widened(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<bflo
 
 template void gemm_widened<float>(std::int64_t, std::int64_t, std::int64_t, GemmInput<bfloat16>, GemmInput<bfloat16>,
                                   GemmOutput<float>, float);
-template void gemm_widened<bfloat16>(std::int64_t, std::int64_t, std::int64_t, GemmInput<bfloat16>,
-                                     GemmInput<bfloat16>, GemmOutput<bfloat16>, float);
+template void gemm_widened<bfloat16>(std::int64_t, std::int64_t, std::int64_t, GemmInput<bfloat16>, GemmInput<bfloat16>,
+                                     GemmOutput<bfloat16>, float);
 
 }  // namespace mha::detail

@@ -133,6 +133,13 @@ CoreTimes time_core(DType dtype, std::int64_t N, std::int64_t d, const RepeatPol
   return t;
 }
 
+// How the fused kernel computes bf16 attention on this process's product path (include/mha/attention.hpp).
+std::string bf16_attention_kernel() {
+  return mha::detail::bf16_gemm_path() == mha::detail::Bf16Path::WidenedSgemm
+             ? "the float32 kernel over q, k, v widened once per call, P and dS in float32"
+             : "the bf16 kernel, P and dS rounded to bf16 for the products";
+}
+
 // The layer's forward (eval) and training step in `dtype`: E 512, h 8, B 1, self-attention, as
 // `mha bench` times it (LayerWorkload: need_weights off, as torch_mha.py calls PyTorch's).
 CoreTimes time_layer(DType dtype, std::int64_t N, const RepeatPolicy& policy) {
@@ -241,14 +248,17 @@ int run_bench_bf16(const BenchOptions& options, const std::string& command) {
                            {"machine", m.cpu_model + " (" + m.cpu_family_model + ")"},
                            {"onednn_isa", m.onednn_isa},
                            {"bf16_path", mha::detail::bf16_gemm_implementation()},
+                           {"bf16_attention", bf16_attention_kernel()},
                            {"date", m.date},
                            {"runs", nlohmann::json::array()}};
   for (const int threads : options.threads) {
     mha::set_num_threads(threads);
     const Roof roof32 = measure_roof(threads);
     const Bf16Roof roof = bf16_products_roof(measure_bf16_roof(policy), roof32);
-    fmt::print("\n{} thread(s): bf16 roof {:.0f} GFLOP/s ({}), float32 roof {:.0f}; the library's bf16 products: {}\n",
-               threads, roof.gflops, roof.implementation, roof32.gflops, mha::detail::bf16_gemm_implementation());
+    fmt::print("\n{} thread(s): bf16 roof {:.0f} GFLOP/s ({}), float32 roof {:.0f}; the library's bf16 products: {}; "
+               "bf16 attention: {}\n",
+               threads, roof.gflops, roof.implementation, roof32.gflops, mha::detail::bf16_gemm_implementation(),
+               bf16_attention_kernel());
     for (const std::int64_t N : sizes) {
       for (const std::int64_t d : {64, 128}) {
         const double flops = attention_forward_flops(1, kHeads, N, d, false);

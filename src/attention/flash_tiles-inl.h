@@ -17,6 +17,7 @@
 #include <new>
 #include <type_traits>
 
+#include "attention/bf16_rounding.hpp"
 #include "attention/flash_config.hpp"
 #include "attention/masks.hpp"
 #include "attention/online_softmax-inl.h"
@@ -116,10 +117,12 @@ inline bool RowIsFinite(const bfloat16* row, std::int64_t n) {
   return finite;
 }
 
-// p[r * ldp + c] = s[r * lds + c] rounded to bfloat16 (BfloatBits) for rows [0, rows) and columns
-// [0, n), n a multiple of 16: a float32 tile as the bfloat16 operand of a product.
+// p[r * ldp + c] = s[r * lds + c] rounded to bfloat16 for rows [0, rows) and columns [0, n), n a
+// multiple of 16: a float32 tile as the bfloat16 operand of a product. By AVX512-BF16's conversion where
+// the CPU has it (bf16_rounding.hpp: subnormals flushed to zero), else by hand (BfloatBits).
 inline void RoundRowsToBfloat16(const float* HWY_RESTRICT s, std::int64_t lds, std::int64_t rows, std::int64_t n,
                                 bfloat16* HWY_RESTRICT p, std::int64_t ldp) {
+  if (has_bf16_conversion()) return round_rows_with_bf16_conversion(s, lds, rows, n, p, ldp);
   const hn::CappedTag<float, 16> d;
   const hn::Rebind<std::uint16_t, decltype(d)> du16;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));

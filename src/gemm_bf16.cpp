@@ -257,11 +257,17 @@ double median(std::vector<double> x) {
 
 // Rounds of the measurement: each runs the four tile products (d = 64 and 128) once on each path, the two
 // paths alternating so that a change in the machine's load falls on both; the median round counts. About
-// 25 MFLOP a round: 7 rounds take 1-3 ms of one core per path (0.4 ms with AMX). A first round, not
-// counted, makes what the products need and a process makes anyway (the four primitives, as the kernels'
-// tiles of d = 64 and 128 need them; oneDNN's sgemm kernels, which every product below kMinMatmulWork
-// runs on) and warms the caches: measured on an Intel Xeon with AMX, 2.5 ms and 34 ms.
+// 25 MFLOP a round: 7 rounds take 1-3 ms of one core per path (0.4 ms with AMX). kWarmUpRounds before
+// them, not counted, make what the products need and a process makes anyway (the four primitives, as the
+// kernels' tiles of d = 64 and 128 need them; oneDNN's sgemm kernels, which every product below
+// kMinMatmulWork runs on: measured on an Intel Xeon with AMX, 2.5 ms and 34 ms) and warm the caches. And
+// the measuring thread's heap: oneDNN's sgemm allocates its packing buffers on every call, and on a thread
+// that has not run it before the first ~10 calls of a shape each got fresh pages (14-15 page faults, at
+// 10-15 us each on these VMs: the 128 x 256 x 64 logits tile took 165-220 us instead of 22). With one
+// warm-up round the measurement read sgemm at 46-62 GFLOP/s on a Zen 5 where the kernels' tiles run at
+// 175-195, and could have kept oneDNN where sgemm is faster (bf16_path.hpp). 12 rounds cost 2-6 ms once.
 constexpr int kMeasuredRounds = 7;
+constexpr int kWarmUpRounds = 12;
 
 // Both paths' GFLOP/s on the tiles, on the calling thread; nullopt if oneDNN refused a product.
 std::optional<Bf16PathRates> measure_tile_rates() {
@@ -271,7 +277,7 @@ std::optional<Bf16PathRates> measure_tile_rates() {
   double flops = 0;
   for (const TileProduct& t : products) flops += 2.0 * static_cast<double>(t.M * t.N * t.K);
   std::vector<double> onednn_s, sgemm_s;
-  for (int round = -1; round < kMeasuredRounds; ++round) {  // round -1 warms up
+  for (int round = -kWarmUpRounds; round < kMeasuredRounds; ++round) {  // rounds < 0 warm up
     const double onednn = time_products(Bf16Path::OneDnnMatmul, products);
     const double sgemm = time_products(Bf16Path::WidenedSgemm, products);
     if (onednn < 0) return std::nullopt;

@@ -58,8 +58,8 @@
 /// float32 accumulation; the online softmax, its running max and sum and the output accumulator are
 /// float32; P is rounded to bfloat16 for the P V product and dS for the backward's products, as
 /// FlashAttention does (to nearest even; where the CPU has AVX512-BF16 by its conversion instruction,
-/// which rounds a subnormal P or dS, below 2^-126, to zero); each result is rounded to bfloat16 once. The reference kernel computes bfloat16
-/// in float32 (inputs widened exactly, results rounded once).
+/// which rounds a subnormal P or dS, below 2^-126, to zero); each result is rounded to bfloat16 once. The reference
+/// kernel computes bfloat16 in float32 (inputs widened exactly, results rounded once).
 ///
 /// The bfloat16 products run on one of two paths, chosen once per process by which ran faster at first use
 /// (the kernels' tiles timed for a few ms on one thread): oneDNN's matmul primitive on the CPU's bf16

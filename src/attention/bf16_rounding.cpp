@@ -29,8 +29,7 @@ __attribute__((target("avx512f,avx512bf16"))) void round_rows_with_bf16_conversi
 
 bool has_bf16_conversion() { return false; }
 
-void round_rows_with_bf16_conversion(const float*, std::int64_t, std::int64_t, std::int64_t, bfloat16*,
-                                     std::int64_t) {}
+void round_rows_with_bf16_conversion(const float*, std::int64_t, std::int64_t, std::int64_t, bfloat16*, std::int64_t) {}
 
 #endif
 

@@ -69,7 +69,13 @@ TEST(Bf16Conversion, RoundsToNearestEvenFlushesSubnormalsKeepsInfAndNaN) {
 
   const float inf = std::numeric_limits<float>::infinity();
   const float sub = std::numeric_limits<float>::denorm_min();
-  const std::vector<float> special = {sub, -sub, 1e-40f, -1e-40f, std::numeric_limits<float>::min() / 2, inf, -inf,
+  const std::vector<float> special = {sub,
+                                      -sub,
+                                      1e-40f,
+                                      -1e-40f,
+                                      std::numeric_limits<float>::min() / 2,
+                                      inf,
+                                      -inf,
                                       std::numeric_limits<float>::quiet_NaN(),
                                       std::numeric_limits<float>::signaling_NaN()};
   const std::vector<std::uint16_t> s = converted(special);

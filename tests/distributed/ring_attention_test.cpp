@@ -82,6 +82,7 @@ Problem make_problem(const RingCase& c, DType dtype, std::uint64_t seed) {
             normal(dtype, {c.B, c.h, c.S, c.d_v}, seed + 2),
             normal(dtype, {c.B, c.h, c.L, c.d_v}, seed + 3),
             {},
+            {},
             {}};
   if (c.nan_key) {
     const double nan = std::numeric_limits<double>::quiet_NaN();

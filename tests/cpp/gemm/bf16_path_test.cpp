@@ -187,7 +187,9 @@ TEST(Bfloat16GemmPath, IsTheOneForcedOrMeasuredAndLeavesTheThreadCount) {
     EXPECT_TRUE(contains(description, std::string("(forced by MHA_BF16_GEMM=") + value + ")")) << description;
   } else if (request == Bf16PathRequest::OneDnnMatmul) {  // forced, or the fallback without bf16 instructions
     EXPECT_TRUE(contains(description, std::string("MHA_BF16_GEMM=") + value)) << description;
-    if (path == Bf16Path::OneDnnMatmul) EXPECT_TRUE(contains(description, "(forced by")) << description;
+    if (path == Bf16Path::OneDnnMatmul) {
+      EXPECT_TRUE(contains(description, "(forced by")) << description;
+    }
   } else {
     EXPECT_TRUE(contains(description, "measured at first use") || contains(description, "no bf16 instructions"))
         << description;

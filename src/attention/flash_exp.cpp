@@ -1,4 +1,5 @@
-// flash_exp: the kernel's vector exp, one lane of it, dispatched like the kernel (see flash_exp.hpp).
+// flash_exp and flash_round_by_hand: the kernel's vector exp (one lane of it) and its bfloat16 rounding by
+// hand, dispatched like the kernel (see flash_exp.hpp).
 #include "attention/flash_exp.hpp"
 
 #undef HWY_TARGET_INCLUDE
@@ -16,6 +17,8 @@ float FlashExp(float x) {
   return hn::GetLane(ExpKeepNaN(d, hn::Set(d, x)));
 }
 
+void FlashRoundByHand(const float* x, std::int64_t n, bfloat16* out) { RoundRowByHand(x, n, out); }
+
 }  // namespace mha::detail::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -23,8 +26,13 @@ HWY_AFTER_NAMESPACE();
 namespace mha::detail {
 
 HWY_EXPORT(FlashExp);
+HWY_EXPORT(FlashRoundByHand);
 
 float flash_exp(float x) { return HWY_DYNAMIC_DISPATCH(FlashExp)(x); }
+
+void flash_round_by_hand(const float* x, std::int64_t n, bfloat16* out) {
+  HWY_DYNAMIC_DISPATCH(FlashRoundByHand)(x, n, out);
+}
 
 }  // namespace mha::detail
 #endif  // HWY_ONCE

@@ -123,12 +123,7 @@ inline bool RowIsFinite(const bfloat16* row, std::int64_t n) {
 inline void RoundRowsToBfloat16(const float* HWY_RESTRICT s, std::int64_t lds, std::int64_t rows, std::int64_t n,
                                 bfloat16* HWY_RESTRICT p, std::int64_t ldp) {
   if (has_bf16_conversion()) return round_rows_with_bf16_conversion(s, lds, rows, n, p, ldp);
-  const hn::CappedTag<float, 16> d;
-  const hn::Rebind<std::uint16_t, decltype(d)> du16;
-  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
-  for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t j = 0; j < n; j += N)
-      hn::StoreU(BfloatBits(d, hn::Load(d, s + r * lds + j)), du16, reinterpret_cast<std::uint16_t*>(p + r * ldp + j));
+  for (std::int64_t r = 0; r < rows; ++r) RoundRowByHand(s + r * lds, n, p + r * ldp);
 }
 
 // A float32 tile (row stride kBlockK) as a product's operand: the tile itself for float32 inputs, its

@@ -20,6 +20,7 @@
 
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
+#include "mha/bfloat16.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace mha::detail::HWY_NAMESPACE {
@@ -125,6 +126,15 @@ HWY_INLINE auto BfloatBits(D /* float lanes */, V x) {
   const auto quiet_nan = hn::Or(hn::ShiftRight<16>(u), hn::Set(du, 0x40u));
   rounded = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(x)), quiet_nan, rounded);
   return hn::DemoteTo(du16, hn::BitCast(di, rounded));
+}
+
+// p[j] = s[j] rounded to bfloat16 by BfloatBits for j in [0, n), n a multiple of 16 (the kernels' rounding
+// of P and dS where the CPU has no AVX512-BF16: flash_tiles-inl.h).
+HWY_INLINE void RoundRowByHand(const float* HWY_RESTRICT s, std::int64_t n, bfloat16* HWY_RESTRICT p) {
+  const hn::CappedTag<float, 16> d;
+  const hn::Rebind<std::uint16_t, decltype(d)> du16;
+  for (std::int64_t j = 0; j < n; j += static_cast<std::int64_t>(hn::Lanes(d)))
+    hn::StoreU(BfloatBits(d, hn::LoadU(d, s + j)), du16, reinterpret_cast<std::uint16_t*>(p + j));
 }
 
 // row[j] = exp(row[j] - shift) for j in [0, visible) and 0 for j in [visible, n): probabilities from

@@ -1,8 +1,10 @@
-// AVX512-BF16's conversion as the kernels use it to round P and dS (src/attention/bf16_rounding.hpp),
-// against a rounding written here: the nearest bfloat16 by distance in float64, ties to the even
-// pattern, on random normal floats, exact ties, values that round to infinity; subnormals flushed to a
-// zero of their sign, infinities kept, NaN kept (quiet). Skipped where the CPU has no AVX512-BF16 (the
-// kernels then round by hand, which the bfloat16 attention tests cover).
+// The two ways the kernels round P and dS to bfloat16, against a rounding written here (the nearest
+// bfloat16 by distance in float64, ties to the even pattern) on random floats, exact ties and values that
+// round to infinity:
+// - AVX512-BF16's conversion (src/attention/bf16_rounding.hpp): subnormals flushed to a zero of their sign,
+//   infinities kept, NaN kept (quiet); skipped where the CPU has no AVX512-BF16;
+// - by hand (BfloatBits, flash_exp.hpp's flash_round_by_hand), on every machine: subnormals rounded like
+//   the rest.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -13,11 +15,12 @@
 #include <vector>
 
 #include "attention/bf16_rounding.hpp"
+#include "attention/flash_exp.hpp"
 
 namespace mha_test {
 namespace {
 
-// The bfloat16 pattern nearest to a finite float x (normal or zero), ties to even; 0x7f80 / 0xff80 (inf)
+// The bfloat16 pattern nearest to a finite float x, ties to even; 0x7f80 / 0xff80 (inf)
 // when x lies at or past the midpoint between the largest bfloat16 and 2^128.
 std::uint16_t nearest_bfloat16(float x) {
   const std::uint32_t bits = std::bit_cast<std::uint32_t>(x);
@@ -33,38 +36,53 @@ std::uint16_t nearest_bfloat16(float x) {
   return (down & 1) == 0 ? down : up;
 }
 
-std::vector<std::uint16_t> converted(const std::vector<float>& x) {
+// x rounded by the conversion instruction, or by hand.
+std::vector<std::uint16_t> converted(const std::vector<float>& x, bool by_hand = false) {
   std::vector<float> tile(x);
   tile.resize((x.size() + 15) / 16 * 16, 0.0f);  // whole vectors
   std::vector<mha::bfloat16> out(tile.size());
-  mha::detail::round_rows_with_bf16_conversion(tile.data(), 0, 1, static_cast<std::int64_t>(tile.size()), out.data(),
-                                               0);
+  const auto n = static_cast<std::int64_t>(tile.size());
+  if (by_hand) mha::detail::flash_round_by_hand(tile.data(), n, out.data());
+  else mha::detail::round_rows_with_bf16_conversion(tile.data(), 0, 1, n, out.data(), 0);
   std::vector<std::uint16_t> bits;
   for (std::size_t i = 0; i < x.size(); ++i) bits.push_back(out[i].bits);
   return bits;
 }
 
-TEST(Bf16Conversion, RoundsToNearestEvenFlushesSubnormalsKeepsInfAndNaN) {
-  if (!mha::detail::has_bf16_conversion()) GTEST_SKIP() << "no AVX512-BF16 on this CPU: the kernels round by hand";
+// Random floats of every exponent (normal, or subnormal too), each also as an exact tie (its low half
+// 0x8000), and the edges: the largest floats (rounding to infinity), the smallest normal, +-1, +-0.
+std::vector<float> floats_to_round(bool subnormals) {
   std::mt19937 rng(20261205);
-  std::vector<float> normal;
+  std::vector<float> x;
+  auto keep = [&](float f) {
+    if (std::isnormal(f) || (subnormals && std::isfinite(f))) x.push_back(f);
+  };
   for (int i = 0; i < (1 << 16); ++i) {
     const std::uint32_t bits = rng();
-    const float x = std::bit_cast<float>(bits);
-    if (std::isnormal(x)) normal.push_back(x);
-    // an exact tie: the low half is 0x8000
-    const float tie = std::bit_cast<float>((bits & 0xffff0000u) | 0x8000u);
-    if (std::isnormal(tie)) normal.push_back(tie);
+    keep(std::bit_cast<float>(bits));
+    keep(std::bit_cast<float>((bits & 0xffff0000u) | 0x8000u));
+    if (subnormals) keep(std::bit_cast<float>(bits & 0x807fffffu));  // the same mantissa, subnormal
   }
-  for (float x : {std::numeric_limits<float>::max(), -std::numeric_limits<float>::max(), 3.3961e38f, 3.3895e38f,
+  for (float f : {std::numeric_limits<float>::max(), -std::numeric_limits<float>::max(), 3.3961e38f, 3.3895e38f,
                   std::numeric_limits<float>::min(), 1.0f, -1.0f, 0.0f, -0.0f})
-    normal.push_back(x);
-  const std::vector<std::uint16_t> got = converted(normal);
+    x.push_back(f);
+  return x;
+}
+
+// Counts the elements of x whose rounding is not the nearest bfloat16 (reporting the first few).
+int wrong_roundings(const std::vector<float>& x, const std::vector<std::uint16_t>& got) {
   int wrong = 0;
-  for (std::size_t i = 0; i < normal.size(); ++i)
-    if (got[i] != nearest_bfloat16(normal[i]) && ++wrong <= 5)
-      ADD_FAILURE() << normal[i] << " (0x" << std::hex << std::bit_cast<std::uint32_t>(normal[i]) << "): 0x" << got[i]
-                    << ", nearest 0x" << nearest_bfloat16(normal[i]);
+  for (std::size_t i = 0; i < x.size(); ++i)
+    if (got[i] != nearest_bfloat16(x[i]) && ++wrong <= 5)
+      ADD_FAILURE() << x[i] << " (0x" << std::hex << std::bit_cast<std::uint32_t>(x[i]) << "): 0x" << got[i]
+                    << ", nearest 0x" << nearest_bfloat16(x[i]);
+  return wrong;
+}
+
+TEST(Bf16Conversion, RoundsToNearestEvenFlushesSubnormalsKeepsInfAndNaN) {
+  if (!mha::detail::has_bf16_conversion()) GTEST_SKIP() << "no AVX512-BF16 on this CPU: the kernels round by hand";
+  const std::vector<float> normal = floats_to_round(false);
+  const int wrong = wrong_roundings(normal, converted(normal));
   EXPECT_EQ(wrong, 0) << "of " << normal.size();
 
   const float inf = std::numeric_limits<float>::infinity();
@@ -86,6 +104,17 @@ TEST(Bf16Conversion, RoundsToNearestEvenFlushesSubnormalsKeepsInfAndNaN) {
     EXPECT_EQ(s[i] & 0x7f80, 0x7f80) << "NaN stays NaN";
     EXPECT_NE(s[i] & 0x0040, 0) << "and quiet";
   }
+}
+
+TEST(Bf16Conversion, ByHandRoundsToNearestEvenSubnormalsIncluded) {
+  const std::vector<float> x = floats_to_round(true);
+  EXPECT_EQ(wrong_roundings(x, converted(x, true)), 0) << "of " << x.size();
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<std::uint16_t> s = converted({inf, -inf, std::numeric_limits<float>::quiet_NaN()}, true);
+  EXPECT_EQ(s[0], 0x7f80);
+  EXPECT_EQ(s[1], 0xff80);
+  EXPECT_EQ(s[2] & 0x7f80, 0x7f80);
+  EXPECT_NE(s[2] & 0x007f, 0) << "NaN stays NaN";
 }
 
 }  // namespace

@@ -49,9 +49,8 @@ void widen_rows(GemmInput<bfloat16> X, std::int64_t stored_cols, std::int64_t r0
 
 // The stored matrix of a bfloat16 operand, op(X) [rows, cols], widened into `out` (row stride: the
 // stored width), as a float32 operand of the same orientation; on the library's threads when
-// `in_parallel` (a whole product's operand, outside any parallel region). A tile's operands take the
-// serial loop alone: an OpenMP region, even one its `if` keeps on one thread, cost the tiles 3x (the
-// loop outlined, not vectorised: sgemm's tile rate at first use fell from 183 to 56-60 GFLOP/s on a Zen 5).
+// `in_parallel` (a whole product's operand, outside any parallel region); a tile's operands, inside a
+// kernel's region, on the calling thread.
 GemmInput<float> widened(std::int64_t rows, std::int64_t cols, GemmInput<bfloat16> X, WideningBuffer& out,
                          bool in_parallel = false) {
   const std::int64_t stored_rows = X.transposed ? cols : rows, stored_cols = X.transposed ? rows : cols;

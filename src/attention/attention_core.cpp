@@ -13,11 +13,11 @@
 #include "attention/params.hpp"
 #include "attention/reference.hpp"
 #include "attention/sinks.hpp"
+#include "attention/widening.hpp"
 #include "dtype_dispatch.hpp"
 #include "gemm.hpp"
 #include "logit_scalars.hpp"
 #include "mha/error.hpp"
-#include "parallel.hpp"
 
 namespace mha::detail {
 
@@ -224,47 +224,6 @@ AttentionOptions with_compute_masks(const AttentionOptions& o, DType compute, Te
   return converted;
 }
 
-// f(b, head, t, n) for each row (b, head, t) of a [B, h, T, d] tensor, n = (b h + head) T + t its index
-// among the rows, on the library's threads: the conversions below between bfloat16 tensors and the
-// float32 kernel's, row by row (the layer's head views are strided [B, T, h, d] views, which
-// Tensor::copy_of would walk element by element on one thread).
-template <class F>
-void for_each_row(const Shape& shape, F&& f) {
-  const std::int64_t B = shape[0], h = shape[1], T = shape[2], rows = B * h * T;
-  // A conversion moves an element in about the time a GEMM does 20 flops: parallel from ~0.1 ms of work.
-  const SerialIfSmall serial_if_small(20.0 * static_cast<double>(rows * shape[3]));
-#pragma omp parallel for schedule(static)
-  for (std::int64_t n = 0; n < rows; ++n) f(n / (h * T), n / T % h, n % T, n);
-}
-
-// x (bfloat16 [B, h, T, d], any strides) widened exactly into a contiguous float32 tensor.
-Tensor widened(const TensorView& x) {
-  Tensor wide = Tensor::uninitialized(DType::Float32, x.shape());
-  if (wide.numel() == 0) return wide;
-  const Strided4<const bfloat16> from = strided4<bfloat16>(x);
-  float* to = wide.data_as<float>();
-  const std::int64_t d = x.size(3);
-  for_each_row(x.shape(), [&](std::int64_t b, std::int64_t head, std::int64_t t, std::int64_t n) {
-    const bfloat16* row = &from(b, head, t, 0);
-    if (from.stride[3] == 1)
-      for (std::int64_t c = 0; c < d; ++c) to[n * d + c] = row[c];
-    else
-      for (std::int64_t c = 0; c < d; ++c) to[n * d + c] = row[c * from.stride[3]];
-  });
-  return wide;
-}
-
-// dst [B, h, T, d] (bfloat16, strided) = src (float32, contiguous, same shape) rounded to bfloat16.
-void round_into(const Tensor& src, const StridedOutput& dst) {
-  if (src.numel() == 0) return;
-  const Strided4<bfloat16> out = strided_output<bfloat16>(dst);
-  const float* x = src.data_as<float>();
-  const std::int64_t d = src.size(3);
-  for_each_row(src.shape(), [&](std::int64_t b, std::int64_t head, std::int64_t t, std::int64_t n) {
-    for (std::int64_t c = 0; c < d; ++c) out(b, head, t, c) = x[n * d + c];
-  });
-}
-
 template <class T>
 void run_typed(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionOptions& o,
                const StridedOutput& out, Tensor& weights, Tensor& lse, bool partial_over_keys,
@@ -290,7 +249,8 @@ void forward_in_float32(const TensorView& q, const TensorView& k, const TensorVi
 // Zen 5 with the path forced, its core ran at 0.84-0.90x of the float32 kernel's speed (issue 32). Widened
 // once per call instead, the float32 kernel runs on them, its P and dS never rounded: more accurate than
 // the bfloat16 products' path, at the float32 kernel's speed plus the widening.
-bool runs_in_float32(bool flash) { return !flash || bf16_gemm_path() == Bf16Path::WidenedSgemm; }
+bool fused_bf16_in_float32() { return bf16_gemm_path() == Bf16Path::WidenedSgemm; }
+bool runs_in_float32(bool flash) { return !flash || fused_bf16_in_float32(); }
 
 template <class T>
 void run_typed(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionOptions& o,
@@ -418,6 +378,11 @@ TensorView with_readable_rows(const TensorView& t, Tensor& storage) {
 }
 
 }  // namespace
+
+std::string fused_bf16_attention_kernel() {
+  return fused_bf16_in_float32() ? "the float32 kernel over q, k, v widened once per call, P and dS in float32"
+                                 : "the bf16 kernel, P and dS rounded to bf16 for the products";
+}
 
 void run_attention_backward(const TensorView& dout_in, const TensorView& q_in, const TensorView& k_in,
                             const TensorView& v_in, const TensorView& out, const TensorView& lse,

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 
 #include "mha/attention.hpp"
 
@@ -51,5 +52,9 @@ void run_attention_backward(const TensorView& dout, const TensorView& q, const T
                             const TensorView& out, const TensorView& lse, const AttentionOptions& options,
                             const StridedOutput& dq, const StridedOutput& dk, const StridedOutput& dv,
                             std::optional<std::int64_t> query_shift = std::nullopt);
+
+// How the fused kernel computes bfloat16 attention in this process (attention.hpp: as float32 where the
+// bfloat16 products run on sgemm), in words, for `mha bench --dtype bf16`.
+std::string fused_bf16_attention_kernel();
 
 }  // namespace mha::detail

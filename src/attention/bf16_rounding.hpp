@@ -1,6 +1,6 @@
 // The fused kernel's float32 tiles (P, dS) rounded to bfloat16 with AVX512-BF16's own conversion
-// (vcvtneps2bf16: one instruction a vector, where rounding by hand, flash_tiles-inl.h's BfloatBits, takes
-// about nine). Measured on a Zen 5, the hand rounding of P was about 5% of the bf16 forward.
+// (vcvtneps2bf16: one instruction a vector, where rounding by hand, online_softmax-inl.h's BfloatBits,
+// takes about nine). Measured on a Zen 5, the hand rounding of P was about 5% of the bf16 forward.
 //
 // The instruction rounds to nearest even, as BfloatBits does, keeps infinities and makes NaN quiet, but
 // flushes subnormal inputs (below 2^-126 in magnitude) to a zero of the same sign, where BfloatBits

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "attention/attention_core.hpp"
 #include "bench/bench_machine.hpp"
 #include "bench/bench_measure.hpp"
 #include "bench/bench_runs.hpp"
@@ -131,13 +132,6 @@ CoreTimes time_core(DType dtype, std::int64_t N, std::int64_t d, const RepeatPol
   t.backward =
       measure([&] { (void)mha::scaled_dot_product_attention_backward(dout, q, k, v, r.out, r.lse, o); }, policy);
   return t;
-}
-
-// How the fused kernel computes bf16 attention on this process's product path (include/mha/attention.hpp).
-std::string bf16_attention_kernel() {
-  return mha::detail::bf16_gemm_path() == mha::detail::Bf16Path::WidenedSgemm
-             ? "the float32 kernel over q, k, v widened once per call, P and dS in float32"
-             : "the bf16 kernel, P and dS rounded to bf16 for the products";
 }
 
 // The layer's forward (eval) and training step in `dtype`: E 512, h 8, B 1, self-attention, as
@@ -248,7 +242,7 @@ int run_bench_bf16(const BenchOptions& options, const std::string& command) {
                            {"machine", m.cpu_model + " (" + m.cpu_family_model + ")"},
                            {"onednn_isa", m.onednn_isa},
                            {"bf16_path", mha::detail::bf16_gemm_implementation()},
-                           {"bf16_attention", bf16_attention_kernel()},
+                           {"bf16_attention", mha::detail::fused_bf16_attention_kernel()},
                            {"date", m.date},
                            {"runs", nlohmann::json::array()}};
   for (const int threads : options.threads) {
@@ -258,7 +252,7 @@ int run_bench_bf16(const BenchOptions& options, const std::string& command) {
     fmt::print("\n{} thread(s): bf16 roof {:.0f} GFLOP/s ({}), float32 roof {:.0f}; the library's bf16 products: {}; "
                "bf16 attention: {}\n",
                threads, roof.gflops, roof.implementation, roof32.gflops, mha::detail::bf16_gemm_implementation(),
-               bf16_attention_kernel());
+               mha::detail::fused_bf16_attention_kernel());
     for (const std::int64_t N : sizes) {
       for (const std::int64_t d : {64, 128}) {
         const double flops = attention_forward_flops(1, kHeads, N, d, false);

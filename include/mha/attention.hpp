@@ -58,7 +58,9 @@
 /// float32 accumulation; the online softmax, its running max and sum and the output accumulator are
 /// float32; P is rounded to bfloat16 for the P V product and dS for the backward's products, as
 /// FlashAttention does (to nearest even; where the CPU has AVX512-BF16 by its conversion instruction,
-/// which rounds a subnormal P or dS, below 2^-126, to zero); each result is rounded to bfloat16 once. The reference
+/// which rounds a subnormal P or dS, below 2^-126, to zero); each result is rounded to bfloat16 once. The
+/// softmax's exp is evaluated to 4e-7 relative (float32 kernels: within 2 ULP), which keeps the
+/// log-sum-exp within the float32 rule and P far below its rounding to bfloat16 (2^-9). The reference
 /// kernel computes bfloat16 in float32 (inputs widened exactly, results rounded once).
 ///
 /// The bfloat16 products run on one of two paths, chosen once per process by which ran faster at first use
@@ -69,14 +71,13 @@
 /// two paths round differently. On the sgemm path the fused kernel computes bfloat16 attention as the
 /// reference does: q, k, v (and the backward's out and dout) widened once per call, the float32 kernel
 /// run on them, each result rounded to bfloat16 once; P and dS stay float32 (more accurate than rounding
-/// them, and faster there than widening every tile's operands again). The layer's projections on that path
-/// widen their operands and round each product's result once, as on the other. Beyond that the paths sum
-/// the float32 products in different orders, and the bf16 instructions treat subnormal inputs and results
-/// as zero (measured with AMX) where sgemm keeps them. So a bfloat16 result can differ between the paths
-/// by a unit in its last place or more (P rounded or not); both stay within the bfloat16 error rule, and a
-/// process's results are bitwise the same for every thread count; for results bitwise the same from one
-/// process to the next, set MHA_BF16_GEMM (a measured choice is stable while one path is clearly faster:
-/// oneDNN is kept unless sgemm is over 10% faster).
+/// them, and faster there than widening every tile's operands again) and the exp is the float32 kernels'. The layer's
+/// projections on that path widen their operands and round each product's result once, as on the other. Beyond that the
+/// paths sum the float32 products in different orders, and the bf16 instructions treat subnormal inputs and results as
+/// zero (measured with AMX) where sgemm keeps them. So a bfloat16 result can differ between the paths by a unit in its
+/// last place or more (P rounded or not); both stay within the bfloat16 error rule, and a process's results are bitwise
+/// the same for every thread count; for results bitwise the same from one process to the next, set MHA_BF16_GEMM (a
+/// measured choice is stable while one path is clearly faster: oneDNN is kept unless sgemm is over 10% faster).
 #pragma once
 
 #include <cstdint>

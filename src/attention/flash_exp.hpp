@@ -1,5 +1,5 @@
 // Row operations of the fused kernel exposed for tests, on the best SIMD target of this machine, evaluated
-// exactly as the kernel evaluates them: the exponential of its softmax, and its rounding of P and dS to
+// exactly as the kernel evaluates them: the exponentials of its softmax, and its rounding of P and dS to
 // bfloat16 by hand (where the CPU has no AVX512-BF16: bf16_rounding.hpp).
 #pragma once
 
@@ -9,8 +9,11 @@
 
 namespace mha::detail {
 
-// exp(x) as the fused kernel computes it, for x in the kernel's range (x <= 0, or -inf).
+// exp(x) as the fused kernel computes it, for x in the kernel's range (x <= 0, or -inf): float32
+// kernels (within 2 ULP), and the bfloat16 kernel's, whose probabilities are rounded to bfloat16 (within
+// 4e-7 relative; online_softmax-inl.h ExpInRangeForBfloat16).
 float flash_exp(float x);
+float flash_exp_bfloat16(float x);
 
 // x[0, n) rounded to bfloat16 as the kernels round by hand (nearest even, subnormals kept, NaN quiet); n a
 // multiple of 16.

@@ -90,7 +90,7 @@ void OnlineSoftmaxTile(const AttentionInputs<T>& p, const ForwardBlock<T>& w, st
       std::fill(row, row + padded_cols, 0.0f);
       continue;
     }
-    w.l[r] = w.l[r] * step.rescale + ExpShiftedRowSum(row, padded_cols, visible, step.m_new);
+    w.l[r] = w.l[r] * step.rescale + ExpShiftedRowSum<kExpAccuracyOf<T>>(row, padded_cols, visible, step.m_new);
     if (step.rescale != 1.0f) ScaleRow(w.acc + r * w.ld_acc, w.ld_acc, step.rescale);
     w.m[r] = step.m_new;
   }

@@ -93,7 +93,7 @@ void ProbabilitiesFromLse(const AttentionInputs<T>& p, std::int64_t b, std::int6
   for (std::int64_t r = 0; r < rows; ++r) {
     float* row = s + r * kBlockK;
     const std::int64_t visible = lse[r] == kMinusInf ? 0 : causal_visible(p, i0 + r, j0, cols);
-    ExpShiftedRow(row, padded_cols, visible, lse[r]);
+    ExpShiftedRow<kExpAccuracyOf<T>>(row, padded_cols, visible, lse[r]);
     if (std::isnan(lse[r])) ZeroForbiddenEntries(p, b, head, i0 + r, j0, cols, row);
   }
 }

@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
@@ -56,16 +57,56 @@ HWY_INLINE V ExpInRange(D d, V x) {
   return hn::BitCast(d, hn::Add(hn::BitCast(di, p), two_to_n));  // e^r 2^n, n in [-126, 126]
 }
 
+// How exactly the kernel's exp is evaluated: float32 (ExpInRange, within 2 ULP) for float32 kernels; to
+// 4e-7 relative (ExpInRangeForBfloat16) for the bfloat16 kernel, whose probabilities are rounded to
+// bfloat16 (2^-9 relative) before they enter a product, and whose lse stays within the float32 rule.
+enum class ExpAccuracy { kFloat32, kBfloat16 };
+
+// exp(x) for |x| < 87 to within 4e-7 relative (2e-7 for x > -20): x = n ln2 + r as in ExpInRange but
+// with ln2 in one part (|n| <= 126 times float(ln2)'s error of 1.9e-9: r within 2.4e-7), e^r =
+// 1 + r q(r) with q of degree 4 fitted to the relative error over |r| <= ln2 / 2 (iteratively
+// reweighted least squares in float64, coefficients rounded to float32: 9.5e-8), so exp(0) is 1
+// exactly. Measured with float32 evaluation: 3.8e-7 at worst (x = -86.3), checked by
+// tests/cpp/attention/flash_exp_test.cpp. Seven FMAs where ExpInRange takes ten: the exp is bound by
+// the FMA pipes (docs/PERFORMANCE.md, issue 32). A polynomial of degree 4 (six FMAs, 3.1e-6) put the
+// lse outside the float32 rule.
+template <class D, class V>
+HWY_INLINE V ExpInRangeForBfloat16(D d, V x) {
+  const hn::RebindToSigned<D> di;
+  const auto round_to_int = hn::Set(d, 12582912.0f);                                   // 1.5 2^23
+  const auto shifted = hn::MulAdd(x, hn::Set(d, 1.44269504088896341f), round_to_int);  // x / ln2 + 1.5 2^23
+  const auto r = hn::MulAdd(hn::Sub(shifted, round_to_int), hn::Set(d, -0.693147182464599609375f), x);
+  auto q = hn::Set(d, 0x1.0fa808p-7f);
+  q = hn::MulAdd(q, r, hn::Set(d, 0x1.573a64p-5f));
+  q = hn::MulAdd(q, r, hn::Set(d, 0x1.555a6cp-3f));
+  q = hn::MulAdd(q, r, hn::Set(d, 0x1.fffdc6p-2f));
+  q = hn::MulAdd(q, r, hn::Set(d, 0x1.fffff6p-1f));
+  const auto p = hn::MulAdd(q, r, hn::Set(d, 1.0f));  // e^r, in [0.7, 1.42]
+  const auto two_to_n = hn::ShiftLeft<23>(hn::BitCast(di, shifted));
+  return hn::BitCast(d, hn::Add(hn::BitCast(di, p), two_to_n));
+}
+
+// The accuracy of the kernel whose inputs are T.
+template <class T>
+inline constexpr ExpAccuracy kExpAccuracyOf =
+    std::is_same_v<T, bfloat16> ? ExpAccuracy::kBfloat16 : ExpAccuracy::kFloat32;
+
+template <ExpAccuracy kAccuracy, class D, class V>
+HWY_INLINE V ExpInRangeTo(D d, V x) {
+  if constexpr (kAccuracy == ExpAccuracy::kBfloat16) return ExpInRangeForBfloat16(d, x);
+  else return ExpInRange(d, x);
+}
+
 // exp(x) lane by lane, NaN kept. Lanes with |x| < 87 (the usual case: logits minus their row
 // maximum) take ExpInRange; the others (a -inf from a mask, results that are subnormal or overflow,
 // NaN) take Highway's Exp, except that a NaN lane stays NaN (Exp clamps its argument and would return
 // 0 for it). Each lane's value depends on that lane alone, never on its neighbours (which may be
 // padding or another key's logit). -inf gives exactly 0.
-template <class D, class V>
+template <ExpAccuracy kAccuracy = ExpAccuracy::kFloat32, class D, class V>
 HWY_INLINE V ExpKeepNaN(D d, V x) {
   const auto in_range = hn::Lt(hn::Abs(x), hn::Set(d, 87.0f));
-  if (HWY_LIKELY(hn::AllTrue(d, in_range))) return ExpInRange(d, x);
-  const V fast = ExpInRange(d, hn::IfThenElseZero(in_range, x));
+  if (HWY_LIKELY(hn::AllTrue(d, in_range))) return ExpInRangeTo<kAccuracy>(d, x);
+  const V fast = ExpInRangeTo<kAccuracy>(d, hn::IfThenElseZero(in_range, x));
   return hn::IfThenElse(in_range, fast, hn::IfThenElse(hn::IsNaN(x), x, hn::Exp(d, x)));
 }
 
@@ -91,9 +132,10 @@ HWY_INLINE float RowMax(const float* HWY_RESTRICT row, std::int64_t n, std::int6
   return row_max;
 }
 
-// row[j] = exp(row[j] - m) for j in [0, visible) and 0 for j in [visible, n), returning their sum. exp
-// is Highway's (max error 1 ULP in float32, documented in hwy/contrib/math/math-inl.h and tested
-// against std::exp in our tests); row[j] - m <= 0 here, and -inf (a forbidden key) gives exactly 0.
+// row[j] = exp(row[j] - m) for j in [0, visible) and 0 for j in [visible, n), returning their sum, exp to
+// kAccuracy (ExpKeepNaN; tested against std::exp through flash_exp.hpp); row[j] - m <= 0 here, and -inf
+// (a forbidden key) gives exactly 0.
+template <ExpAccuracy kAccuracy>
 HWY_INLINE float ExpShiftedRowSum(float* HWY_RESTRICT row, std::int64_t n, std::int64_t visible, float m) {
   const hn::CappedTag<float, 16> d;  // rows are padded to 16 floats
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
@@ -104,7 +146,7 @@ HWY_INLINE float ExpShiftedRowSum(float* HWY_RESTRICT row, std::int64_t n, std::
       hn::Store(hn::Zero(d), d, row + j);
       continue;
     }
-    auto e = ExpKeepNaN(d, hn::Sub(hn::Load(d, row + j), vm));
+    auto e = ExpKeepNaN<kAccuracy>(d, hn::Sub(hn::Load(d, row + j), vm));
     if (j + N > visible) e = hn::IfThenElseZero(hn::FirstN(d, static_cast<std::size_t>(visible - j)), e);
     hn::Store(e, d, row + j);
     sum = hn::Add(sum, e);
@@ -139,8 +181,9 @@ HWY_INLINE void RoundRowByHand(const float* HWY_RESTRICT s, std::int64_t n, bflo
 
 // row[j] = exp(row[j] - shift) for j in [0, visible) and 0 for j in [visible, n): probabilities from
 // a known log-sum-exp.
+template <ExpAccuracy kAccuracy>
 HWY_INLINE void ExpShiftedRow(float* HWY_RESTRICT row, std::int64_t n, std::int64_t visible, float shift) {
-  ExpShiftedRowSum(row, n, visible, shift);
+  ExpShiftedRowSum<kAccuracy>(row, n, visible, shift);
 }
 
 // row[j] *= factor for j in [0, n); n a multiple of the vector length.

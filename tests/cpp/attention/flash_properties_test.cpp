@@ -3,8 +3,7 @@
 //       or 1e10 changes no result bit (out, weights, lse, dq, and dk / dv at unpadded positions);
 //   (b) determinism: forward and backward are bitwise identical over 20 repeats and across
 //       mha::set_num_threads(1), (2) and (3), grouped-query attention included;
-//   (c) the vectorised exp the kernel uses (mha::detail::flash_exp) is within 2 ULP of std::exp over
-//       the range the kernel evaluates it on, and exp(-inf) is exactly 0;
+//   (c) the vectorised exps the kernels use: attention/flash_exp_test.cpp;
 //   (d) edge cases: causal with L > S (leading rows attend to nothing), S = 0, L = 0, and a NaN in one
 //       query row reaching no other row.
 // The same properties of MultiHeadAttention (padded key and value inputs never read, determinism of
@@ -15,14 +14,12 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
-#include "attention/flash_exp.hpp"
 #include "support/bitwise.hpp"
 #include "support/kernel_compare.hpp"
 #include "support/test_util.hpp"
@@ -185,76 +182,6 @@ std::string determinism_case_name(const ::testing::TestParamInfo<int>& info) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, FlashDeterminism, ::testing::Values(0, 1, 2), determinism_case_name);
-
-// ---- (c) the vectorised exp ----------------------------------------------------------------------
-
-// Distance in units in the last place between two non-negative floats (bit patterns are monotonic).
-std::int64_t ulp_distance(float a, float b) {
-  if (a == 0.0f) a = 0.0f;  // -0 -> +0
-  if (b == 0.0f) b = 0.0f;
-  std::int32_t ia = 0, ib = 0;
-  std::memcpy(&ia, &a, sizeof ia);
-  std::memcpy(&ib, &b, sizeof ib);
-  return std::abs(static_cast<std::int64_t>(ia) - static_cast<std::int64_t>(ib));
-}
-
-struct ExpSweep {
-  std::int64_t points = 0, worst_ulp = 0;
-  float worst_x = 0.0f;
-  void check(float x) {
-    ++points;
-    const float got = mha::detail::flash_exp(x);
-    const float want = static_cast<float>(std::exp(static_cast<double>(x)));
-    const std::int64_t ulp = std::isfinite(got) && got >= 0.0f ? ulp_distance(got, want) : std::int64_t{1} << 40;
-    if (ulp > worst_ulp) worst_ulp = ulp, worst_x = x;
-  }
-};
-
-TEST(FlashExp, WithinTwoUlpOfStdExpOverTheKernelsRange) {
-  const std::int64_t n = kSanitized ? 1 << 12 : 1 << 20;
-  ExpSweep sweep;
-  for (std::int64_t i = 0; i < n; ++i)  // an even grid over [-104, 0]
-    sweep.check(static_cast<float>(-104.0 * static_cast<double>(i) / static_cast<double>(n - 1)));
-  Rng rng(2718);
-  for (std::int64_t i = 0; i < n; ++i) sweep.check(static_cast<float>(rng.uniform(-104.0, 0.0)));
-  for (std::int64_t i = 0; i < n / 16; ++i)  // magnitudes log-uniform in [1e-30, 104]
-    sweep.check(-static_cast<float>(std::exp(rng.uniform(std::log(1e-30), std::log(104.0)))));
-  // Densely near 0: every float of 256 in a row from -2^e down, for e in [-40, 0], and a fine grid on
-  // [-1, 0].
-  for (int e = -40; e <= 0; ++e) {
-    float x = -std::ldexp(1.0f, e);
-    for (int i = 0; i < 256; ++i, x = std::nextafter(x, -1e30f)) sweep.check(x);
-  }
-  for (std::int64_t i = 0; i <= (kSanitized ? 1 << 10 : 1 << 16); ++i)
-    sweep.check(-static_cast<float>(i) / static_cast<float>(kSanitized ? 1 << 10 : 1 << 16));
-  // Around every x = (n + 1/2) ln2: where x / ln2 rounds to one n or the next (the exp reduces x by n ln2 and
-  // may take either there, online_softmax-inl.h), 64 floats each side.
-  for (int n = -126; n <= 0; ++n) {
-    float x = static_cast<float>((n + 0.5) * 0.69314718055994530942), below = x;
-    for (int i = 0; i < 64; ++i, x = std::nextafter(x, 1e30f), below = std::nextafter(below, -1e30f))
-      if (x <= 0.0f) sweep.check(x), sweep.check(below);
-  }
-  // Where results become subnormal and then round to 0.
-  for (float x = -87.0f; x >= -104.0f; x -= 1.0f / 64) sweep.check(x);
-  RecordProperty("points", std::to_string(sweep.points));
-  RecordProperty("worst_ulp", std::to_string(sweep.worst_ulp));
-  EXPECT_LE(sweep.worst_ulp, 2) << "worst at x = " << sweep.worst_x << " (flash_exp "
-                                << mha::detail::flash_exp(sweep.worst_x) << ", std::exp "
-                                << static_cast<float>(std::exp(static_cast<double>(sweep.worst_x))) << ") over "
-                                << sweep.points << " points";
-}
-
-TEST(FlashExp, SpecialValues) {
-  const float inf = std::numeric_limits<float>::infinity();
-  EXPECT_EQ(mha::detail::flash_exp(-inf), 0.0f);  // a forbidden logit contributes exactly nothing
-  EXPECT_EQ(mha::detail::flash_exp(0.0f), 1.0f);  // the row maximum has weight exactly exp(0)
-  EXPECT_EQ(mha::detail::flash_exp(-0.0f), 1.0f);
-  // Below the range every result rounds to 0 (or the smallest subnormal); never garbage.
-  for (float x : {-104.5f, -120.0f, -1000.0f, -1e30f, -std::numeric_limits<float>::max()}) {
-    const float got = mha::detail::flash_exp(x);
-    EXPECT_TRUE(got >= 0.0f && got <= std::numeric_limits<float>::denorm_min()) << "x = " << x << ": " << got;
-  }
-}
 
 // ---- (d) edge cases ------------------------------------------------------------------------------
 

@@ -110,11 +110,19 @@ HWY_INLINE bool RowIsFinite(const float* HWY_RESTRICT row, std::int64_t n) {
   return true;
 }
 
-// Whether row[0, n) holds only finite bfloat16 values (exponent bits not all ones).
-inline bool RowIsFinite(const bfloat16* row, std::int64_t n) {
-  bool finite = true;
-  for (std::int64_t e = 0; e < n; ++e) finite &= (row[e].bits & 0x7f80) != 0x7f80;
-  return finite;
+// Whether row[0, n) holds only finite bfloat16 values (exponent bits not all ones), a vector of them at a
+// time (the element loop it replaces took about 1% of a bfloat16 forward).
+HWY_INLINE bool RowIsFinite(const bfloat16* HWY_RESTRICT row, std::int64_t n) {
+  const hn::ScalableTag<std::uint16_t> d;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+  const std::uint16_t* bits = reinterpret_cast<const std::uint16_t*>(row);
+  const auto exponent = hn::Set(d, std::uint16_t{0x7f80});
+  std::int64_t e = 0;
+  for (; e + N <= n; e += N)
+    if (!hn::AllFalse(d, hn::Eq(hn::And(hn::LoadU(d, bits + e), exponent), exponent))) return false;
+  for (; e < n; ++e)
+    if ((bits[e] & 0x7f80) == 0x7f80) return false;
+  return true;
 }
 
 // p[r * ldp + c] = s[r * lds + c] rounded to bfloat16 for rows [0, rows) and columns [0, n), n a

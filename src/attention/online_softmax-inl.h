@@ -98,9 +98,9 @@ HWY_INLINE V ExpInRangeTo(D d, V x) {
 }
 
 // exp(x) lane by lane, NaN kept. Lanes with |x| < 87 (the usual case: logits minus their row
-// maximum) take ExpInRange; the others (a -inf from a mask, results that are subnormal or overflow,
-// NaN) take Highway's Exp, except that a NaN lane stays NaN (Exp clamps its argument and would return
-// 0 for it). Each lane's value depends on that lane alone, never on its neighbours (which may be
+// maximum) take ExpInRange, or ExpInRangeForBfloat16 for kAccuracy kBfloat16; the others (a -inf from a mask, results
+// that are subnormal or overflow, NaN) take Highway's Exp, except that a NaN lane stays NaN (Exp clamps its argument
+// and would return 0 for it). Each lane's value depends on that lane alone, never on its neighbours (which may be
 // padding or another key's logit). -inf gives exactly 0.
 template <ExpAccuracy kAccuracy = ExpAccuracy::kFloat32, class D, class V>
 HWY_INLINE V ExpKeepNaN(D d, V x) {

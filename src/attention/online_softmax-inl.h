@@ -63,7 +63,8 @@ HWY_INLINE V ExpInRange(D d, V x) {
 enum class ExpAccuracy { kFloat32, kBfloat16 };
 
 // exp(x) for |x| < 87 to within 4e-7 relative (2e-7 for x > -20): x = n ln2 + r as in ExpInRange but
-// with ln2 in one part (|n| <= 126 times float(ln2)'s error of 1.9e-9: r within 2.4e-7), e^r =
+// with ln2 in one part where the target has an FMA (|n| <= 126 times float(ln2)'s error of 1.9e-9: r
+// within 2.4e-7; in two parts, as there, where it has none), e^r =
 // 1 + r q(r) with q of degree 4 fitted to the relative error over |r| <= ln2 / 2 (iteratively
 // reweighted least squares in float64, coefficients rounded to float32: 9.5e-8), so exp(0) is 1
 // exactly. Measured with float32 evaluation: 3.8e-7 at worst (x = -86.3), checked by
@@ -75,7 +76,12 @@ HWY_INLINE V ExpInRangeForBfloat16(D d, V x) {
   const hn::RebindToSigned<D> di;
   const auto round_to_int = hn::Set(d, 12582912.0f);                                   // 1.5 2^23
   const auto shifted = hn::MulAdd(x, hn::Set(d, 1.44269504088896341f), round_to_int);  // x / ln2 + 1.5 2^23
-  const auto r = hn::MulAdd(hn::Sub(shifted, round_to_int), hn::Set(d, -0.693147182464599609375f), x);
+  const auto nf = hn::Sub(shifted, round_to_int);                                      // n, exactly
+#if HWY_NATIVE_FMA
+  const auto r = hn::MulAdd(nf, hn::Set(d, -0.693147182464599609375f), x);  // x - n ln2, rounded once
+#else  // without an FMA the product rounds first: ln2 in two parts, the first product exact (ExpInRange)
+  const auto r = hn::MulAdd(nf, hn::Set(d, -1.428606765330187e-6f), hn::MulAdd(nf, hn::Set(d, -0.693145751953125f), x));
+#endif
   auto q = hn::Set(d, 0x1.0fa808p-7f);
   q = hn::MulAdd(q, r, hn::Set(d, 0x1.573a64p-5f));
   q = hn::MulAdd(q, r, hn::Set(d, 0x1.555a6cp-3f));

@@ -74,23 +74,48 @@ struct ForwardBlock {
   }
 };
 
+// How far a row's logits may exceed its reference m before the reference moves: P = exp(S - m) is then at
+// most e^8 (about 3000), far from float32's overflow.
+inline constexpr float kSoftmaxHeadroom = 8.0f;
+
 // The online softmax over one logits tile (data masks applied, cols <= kBlockK) of query rows i0..:
 // P = exp(S - m') in place (0 past each row's causal prefix and in the padding), l = a l + rowsum P,
-// acc = a acc, m = m' with a = exp(m - m'). Two passes over each row: its max, then its exp and sum.
+// acc = a acc, m = m' with a = exp(m - m'). m is each row's reference, not always its running max: a row
+// that already has a finite m exponentiates the tile against it in one pass and keeps it while no logit
+// exceeds it by more than kSoftmaxHeadroom (out = acc / l and lse = m + log l hold for any reference);
+// only a row's first tile with weight, or one with a logit past the headroom, finds the max and moves m
+// to it (the rule of online_softmax.hpp). Measured in docs/PERFORMANCE.md (issue 32): the max pass and
+// its dependent reduction before every row's exps cost more than the exps' own vector work hides.
 template <class T>
 void OnlineSoftmaxTile(const AttentionInputs<T>& p, const ForwardBlock<T>& w, std::int64_t i0, std::int64_t rows,
                        std::int64_t j0, std::int64_t cols) {
+  constexpr ExpAccuracy kAccuracy = kExpAccuracyOf<T>;
   const std::int64_t padded_cols = round_up(cols, kRowAlign);
   for (std::int64_t r = 0; r < rows; ++r) {
     float* row = w.s + r * kBlockK;
     const std::int64_t visible = causal_visible(p, i0 + r, j0, cols);
-    // The row's max (see RowMax for a row holding a NaN), then the rule of online_softmax.hpp.
-    const OnlineSoftmaxStep<float> step = online_softmax_step(w.m[r], RowMax(row, padded_cols, visible));
+    // Entries [0, done) hold exp(S - m) (their sum in done_sum), the rest still S.
+    std::int64_t done = 0;
+    float done_sum = 0.0f;
+    if (std::isfinite(w.m[r])) {
+      const HeadroomPass pass = ExpRowSumWithinHeadroom<kAccuracy>(row, padded_cols, visible, w.m[r], kSoftmaxHeadroom);
+      if (pass.stopped_at == padded_cols) {  // the usual case: m stays
+        w.l[r] += pass.sum;
+        continue;
+      }
+      done = pass.stopped_at, done_sum = pass.sum;
+    }
+    // The max of the entries left (see RowMax for a row holding a NaN; those done are below it), then the
+    // rule of online_softmax.hpp.
+    const OnlineSoftmaxStep<float> step =
+        online_softmax_step(w.m[r], RowMax(row + done, padded_cols - done, visible - done));
     if (step.no_weight) {  // nothing allowed yet in this row
       std::fill(row, row + padded_cols, 0.0f);
       continue;
     }
-    w.l[r] = w.l[r] * step.rescale + ExpShiftedRowSum<kExpAccuracyOf<T>>(row, padded_cols, visible, step.m_new);
+    if (done > 0) ScaleRow(row, done, step.rescale);  // exp(S - m) exp(m - m') = exp(S - m')
+    w.l[r] = (w.l[r] + done_sum) * step.rescale +
+             ExpShiftedRowSum<kAccuracy>(row + done, padded_cols - done, visible - done, step.m_new);
     if (step.rescale != 1.0f) ScaleRow(w.acc + r * w.ld_acc, w.ld_acc, step.rescale);
     w.m[r] = step.m_new;
   }

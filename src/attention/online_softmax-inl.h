@@ -185,6 +185,53 @@ HWY_INLINE void RoundRowByHand(const float* HWY_RESTRICT s, std::int64_t n, bflo
     hn::StoreU(BfloatBits(d, hn::LoadU(d, s + j)), du16, reinterpret_cast<std::uint16_t*>(p + j));
 }
 
+// What ExpRowSumWithinHeadroom did: the sum of the entries it exponentiated, and the first entry it left
+// alone (n when it finished the row).
+struct HeadroomPass {
+  float sum;
+  std::int64_t stopped_at;
+};
+
+// The one-pass form of ExpShiftedRowSum, against a reference m the row's logits may exceed by up to
+// `headroom` (m a row's finite running max, from earlier key blocks): row[j] = exp(row[j] - m) for j in
+// [0, visible), 0 for j in [visible, n), and their sum, vector by vector, without a pass for the row's
+// own max first. It stops at the first vector holding a visible row[j] - m > headroom (one that could
+// overflow) and leaves that vector and the rest of the row as they were; the entries before it are then
+// at most e^headroom. A NaN entry does not stop it (its exp is NaN, as in ExpShiftedRowSum).
+template <ExpAccuracy kAccuracy>
+HWY_INLINE HeadroomPass ExpRowSumWithinHeadroom(float* HWY_RESTRICT row, std::int64_t n, std::int64_t visible, float m,
+                                                float headroom) {
+  const hn::CappedTag<float, 16> d;  // rows are padded to 16 floats
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+  const auto vm = hn::Set(d, m), limit = hn::Set(d, headroom);
+  auto sum = hn::Zero(d);
+  std::int64_t j = 0;
+  for (; j + N <= visible; j += N) {  // whole vectors of visible entries
+    const auto x = hn::Sub(hn::Load(d, row + j), vm);
+    // One test for the usual case: within [-87, headroom], so neither stopping nor ExpKeepNaN's slow path.
+    hn::Vec<decltype(d)> e;
+    if (HWY_LIKELY(hn::AllTrue(d, hn::And(hn::Gt(x, hn::Set(d, -87.0f)), hn::Le(x, limit))))) {
+      e = ExpInRangeTo<kAccuracy>(d, x);
+    } else {
+      if (!hn::AllFalse(d, hn::Gt(x, limit))) return {hn::GetLane(hn::SumOfLanes(d, sum)), j};
+      e = ExpKeepNaN<kAccuracy>(d, x);
+    }
+    hn::Store(e, d, row + j);
+    sum = hn::Add(sum, e);
+  }
+  if (j < visible) {  // a vector partly visible
+    const auto seen = hn::FirstN(d, static_cast<std::size_t>(visible - j));
+    const auto x = hn::Sub(hn::Load(d, row + j), vm);
+    if (!hn::AllFalse(d, hn::And(seen, hn::Gt(x, limit)))) return {hn::GetLane(hn::SumOfLanes(d, sum)), j};
+    const auto e = hn::IfThenElseZero(seen, ExpKeepNaN<kAccuracy>(d, x));
+    hn::Store(e, d, row + j);
+    sum = hn::Add(sum, e);
+    j += N;
+  }
+  for (; j < n; j += N) hn::Store(hn::Zero(d), d, row + j);
+  return {hn::GetLane(hn::SumOfLanes(d, sum)), n};
+}
+
 // row[j] = exp(row[j] - shift) for j in [0, visible) and 0 for j in [visible, n): probabilities from
 // a known log-sum-exp.
 template <ExpAccuracy kAccuracy>

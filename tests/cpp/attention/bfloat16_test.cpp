@@ -26,6 +26,7 @@
 #include "gemm.hpp"
 #include "support/bitwise.hpp"
 #include "support/kernel_compare.hpp"
+#include "support/rising_logits.hpp"
 #include "support/test_util.hpp"
 
 namespace mha_test {
@@ -136,10 +137,8 @@ Gradients emulated_bf16_gradients(const KernelCase& c, const CaseData& d) {
 
 class Bfloat16Attention : public ::testing::TestWithParam<std::tuple<KernelCase, mha::Kernel>> {};
 
-TEST_P(Bfloat16Attention, WithinTheRuleAgainstFloat64) {
-  const auto& [c, kernel] = GetParam();
-  SCOPED_TRACE(case_name(c));
-  const CaseData d = bf16_case_data(c);
+// Kernel `kernel` in bfloat16 on case c with numbers d (bfloat16-representable) against float64 by the rule.
+void expect_within_the_rule(const KernelCase& c, const CaseData& d, mha::Kernel kernel) {
   const KernelRun got = run_kernel(c, d, DType::BFloat16, kernel, true);
   const KernelRun ref64 = run_kernel(c, d, DType::Float64, mha::Kernel::Reference, true);
   const KernelRun ref32 = run_kernel(c, d, DType::Float32, mha::Kernel::Reference, false);
@@ -165,6 +164,12 @@ TEST_P(Bfloat16Attention, WithinTheRuleAgainstFloat64) {
   EXPECT_TRUE(masked_parts_exact(c, d.masks, got));
 }
 
+TEST_P(Bfloat16Attention, WithinTheRuleAgainstFloat64) {
+  const auto& [c, kernel] = GetParam();
+  SCOPED_TRACE(case_name(c));
+  expect_within_the_rule(c, bf16_case_data(c), kernel);
+}
+
 INSTANTIATE_TEST_SUITE_P(Sweep, Bfloat16Attention,
                          ::testing::Combine(::testing::ValuesIn(bf16_cases()),
                                             ::testing::Values(mha::Kernel::Flash, mha::Kernel::Reference)),
@@ -187,6 +192,19 @@ TEST(Bfloat16AttentionSweep, CoversTheIssuesHeadDimsAndMasks) {
   if (!kSanitized) {
     for (std::int64_t d : {1, 59, 64, 80, 111, 128, 256}) EXPECT_TRUE(dims.count(d)) << "head dim " << d;
     EXPECT_GE(crossing, 20);
+  }
+}
+
+// Logits that rise past the fused forward's softmax headroom in later key blocks (support/rising_logits.hpp;
+// the float32 kernel's cases are in softmax_reference_test.cpp), causal and not.
+TEST(Bfloat16RisingLogits, WithinTheRuleAgainstFloat64) {
+  for (const bool causal : {false, true}) {
+    const KernelCase c = rising_logits_case(causal);
+    CaseData d = bf16_case_data(c);
+    put_rising_logits(c, d);
+    d.q = bf16(d.q), d.k = bf16(d.k);
+    SCOPED_TRACE(causal ? "causal" : "not causal");
+    expect_within_the_rule(c, d, mha::Kernel::Flash);
   }
 }
 

@@ -544,12 +544,11 @@ inline ::testing::AssertionResult masked_parts_exact(const KernelCase& c, const 
   return ::testing::AssertionFailure() << failures << " exactness failures:" << bad.str();
 }
 
-// The fused kernel (float32) on one case against the reference in float32 and float64, by the sweeps'
-// rules: out, lse and weights within 2x the float32 reference's error; with `backward`, the gradients
-// within 3x (dq with the cancellation slack; dk and dv sum a group's g query heads, so dk's slack is g
-// times one head's); the exact parts exact in the fused kernel and in the float64 reference.
-inline void expect_fused_within_the_rule(const KernelCase& c, bool backward = true) {
-  const CaseData d = make_case_data(c);
+// The fused kernel (float32) on one case (its numbers d, by default make_case_data's) against the reference
+// in float32 and float64, by the sweeps' rules: out, lse and weights within 2x the float32 reference's error; with
+// `backward`, the gradients within 3x (dq with the cancellation slack; dk and dv sum a group's g query heads, so dk's
+// slack is g times one head's); the exact parts exact in the fused kernel and in the float64 reference.
+inline void expect_fused_within_the_rule(const KernelCase& c, const CaseData& d, bool backward = true) {
   const KernelRun fused = run_kernel(c, d, DType::Float32, mha::Kernel::Flash, backward);
   const KernelRun ref32 = run_kernel(c, d, DType::Float32, mha::Kernel::Reference, backward);
   const KernelRun ref64 = run_kernel(c, d, DType::Float64, mha::Kernel::Reference, backward);
@@ -567,6 +566,9 @@ inline void expect_fused_within_the_rule(const KernelCase& c, bool backward = tr
   }
   EXPECT_TRUE(masked_parts_exact(c, d.masks, fused)) << "fused";
   EXPECT_TRUE(masked_parts_exact(c, d.masks, ref64)) << "reference, float64";
+}
+inline void expect_fused_within_the_rule(const KernelCase& c, bool backward = true) {
+  expect_fused_within_the_rule(c, make_case_data(c), backward);
 }
 
 }  // namespace mha_test

@@ -206,6 +206,40 @@ void AddQueryGradients(const BackwardContext<T>& ctx, const BackwardTiles<T>& t,
   }
 }
 
+// The five products of one tile (query rows [i0, i0 + rows) of `head`, keys [j0, j0 + seen)): dV_j and dK_j of
+// the key block (the first tile of the block overwrites them), and dQ_i's share into dq.
+template <class T>
+void TileAllGradients(const BackwardContext<T>& ctx, BackwardTiles<T>& t, std::int64_t b, std::int64_t head,
+                      std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t seen, bool first,
+                      const KeyBlocks<T>& kv, const std::uint8_t* query_flags, const DqTarget& dq) {
+  const AttentionBackwardParams<T>& p = ctx.p;
+  TileGradients(ctx, t, b, head, i0, rows, j0, seen, kv);
+  const float* pd = t.s;  // dropout(P)
+  if (p.dropout_p > 0) {
+    for (std::int64_t r = 0; r < rows; ++r) std::copy_n(t.s + r * kBlockK, seen, t.pd + r * kBlockK);
+    apply_dropout(p, b, head, i0, rows, j0, seen, t.pd, kBlockK);
+    pd = t.pd;
+  }
+  // dV_j += dropout(P)^T dO_i;  dK_j += scale dS^T Q_i (the first tile overwrites), through copies of
+  // dO_i and Q_i whose non-finite rows are zeroed and added apart where their coefficient is not 0
+  // (nonfinite.hpp).
+  const SafeBlock<T> dout_rows =
+      safe_query_rows(t.do_head, p.d_v, i0, rows, p.d_v, query_flags, kDoutRow, t.do_copy, t.nonfinite_do);
+  const SafeBlock<T> q_rows =
+      safe_query_rows(t.q_head, p.d_k, i0, rows, p.d_k, query_flags, kQueryRow, t.q_copy, t.nonfinite_q);
+  if constexpr (BackwardContext<T>::kRounds) {  // the tiles' bfloat16 copies for the three products
+    RoundRowsToBfloat16(pd, kBlockK, rows, round_up(seen, kRowAlign), t.pd_rounded, kBlockK);
+    RoundRowsToBfloat16(t.dp, kBlockK, rows, round_up(seen, kRowAlign), t.ds_rounded, kBlockK);
+  }
+  gemm_tile(seen, p.d_v, rows, transposed_tile<T>(pd, t.pd_rounded), plain(dout_rows.data, dout_rows.ld),
+            first ? overwrite(t.dv_block, p.d_v) : accumulate_into(t.dv_block, p.d_v));
+  gemm_tile(seen, p.d_k, rows, transposed_tile<T>(t.dp, t.ds_rounded), plain(q_rows.data, q_rows.ld),
+            first ? overwrite(t.dk_block, p.d_k) : accumulate_into(t.dk_block, p.d_k), p.scale);
+  AddNonfiniteRows(p.dout, b, head, i0, t.nonfinite_do, dout_rows.nonfinite_count, pd, 1.0f, seen, p.d_v, t.dv_block);
+  AddNonfiniteRows(p.q, b, head, i0, t.nonfinite_q, q_rows.nonfinite_count, t.dp, p.scale, seen, p.d_k, t.dk_block);
+  AddQueryGradients(ctx, t, b, head, i0, rows, j0, seen, kv, dq);
+}
+
 // dK and dV of keys [j0, j0 + kBlockK) of (b, key/value head kv), and their share of dQ, from every
 // query block of the group's query heads (head kv g + m, whose dQ goes to dq[m]) that sees them.
 template <class T>
@@ -232,45 +266,26 @@ void KeyBlockGradients(const BackwardContext<T>& ctx, BackwardTiles<T>& t, std::
     ZeroRows(p.dk, b, kv, j0 + cols, end, p.d_k), ZeroRows(p.dv, b, kv, j0 + cols, end, p.d_v);
   }
   const KeyBlocks<T> kv_blocks = ctx.key_blocks(t, b, kv, j0, cols);
+  bool started = false;  // whether a tile has written dK and dV yet (the first overwrites)
   for (std::int64_t m = 0, head = kv * p.group(); m < p.group(); ++m, ++head) {
     ctx.use_query_head(t, b, head);
     const std::uint8_t* query_flags = ctx.query_flags + (b * p.h + head) * p.L;
-    for (std::int64_t i0 = first_block; i0 < query_end; i0 += kBlockQ) {
-      const std::int64_t rows = std::min(kBlockQ, p.L - i0);
-      // Causal: the tile's keys that its last (most-seeing) row sees; the rest get nothing from it. Later
-      // query blocks see at least as many, so a diagonal tile's products shrink to this width.
-      const std::int64_t seen = causal_visible(p, i0 + rows - 1, j0, cols);
-      const bool first = m == 0 && i0 == first_block;
-      if (first && seen < cols) {  // rows [seen, cols) of dK and dV are not overwritten below: start at 0
-        std::fill(t.dv_block + seen * p.d_v, t.dv_block + cols * p.d_v, 0.0f);
-        std::fill(t.dk_block + seen * p.d_k, t.dk_block + cols * p.d_k, 0.0f);
+    for (std::int64_t block = first_block; block < query_end; block += kBlockQ) {
+      for (const RowBand band : tile_row_bands(p, block, std::min(kBlockQ, p.L - block), j0, cols)) {
+        // A diagonal tile in the forward's two bands (masks.hpp), each a tile of its own here.
+        const std::int64_t i0 = block + band.first, rows = band.rows;
+        // Causal: the tile's keys that its last (most-seeing) row sees; the rest get nothing from it. Later
+        // query blocks see at least as many, so a diagonal tile's products shrink to this width.
+        const std::int64_t seen = rows == 0 ? 0 : causal_visible(p, i0 + rows - 1, j0, cols);
+        if (seen == 0) continue;  // no key of the block for these rows
+        const bool first = !started;
+        started = true;
+        if (first && seen < cols) {  // rows [seen, cols) of dK and dV are not overwritten below: start at 0
+          std::fill(t.dv_block + seen * p.d_v, t.dv_block + cols * p.d_v, 0.0f);
+          std::fill(t.dk_block + seen * p.d_k, t.dk_block + cols * p.d_k, 0.0f);
+        }
+        TileAllGradients(ctx, t, b, head, i0, rows, j0, seen, first, kv_blocks, query_flags, dq[m]);
       }
-      TileGradients(ctx, t, b, head, i0, rows, j0, seen, kv_blocks);
-      const float* pd = t.s;  // dropout(P)
-      if (p.dropout_p > 0) {
-        for (std::int64_t r = 0; r < rows; ++r) std::copy_n(t.s + r * kBlockK, seen, t.pd + r * kBlockK);
-        apply_dropout(p, b, head, i0, rows, j0, seen, t.pd, kBlockK);
-        pd = t.pd;
-      }
-      // dV_j += dropout(P)^T dO_i;  dK_j += scale dS^T Q_i (the first tile overwrites), through copies of
-      // dO_i and Q_i whose non-finite rows are zeroed and added apart where their coefficient is not 0
-      // (nonfinite.hpp).
-      const SafeBlock<T> dout_rows =
-          safe_query_rows(t.do_head, p.d_v, i0, rows, p.d_v, query_flags, kDoutRow, t.do_copy, t.nonfinite_do);
-      const SafeBlock<T> q_rows =
-          safe_query_rows(t.q_head, p.d_k, i0, rows, p.d_k, query_flags, kQueryRow, t.q_copy, t.nonfinite_q);
-      if constexpr (BackwardContext<T>::kRounds) {  // the tiles' bfloat16 copies for the three products
-        RoundRowsToBfloat16(pd, kBlockK, rows, round_up(seen, kRowAlign), t.pd_rounded, kBlockK);
-        RoundRowsToBfloat16(t.dp, kBlockK, rows, round_up(seen, kRowAlign), t.ds_rounded, kBlockK);
-      }
-      gemm_tile(seen, p.d_v, rows, transposed_tile<T>(pd, t.pd_rounded), plain(dout_rows.data, dout_rows.ld),
-                first ? overwrite(t.dv_block, p.d_v) : accumulate_into(t.dv_block, p.d_v));
-      gemm_tile(seen, p.d_k, rows, transposed_tile<T>(t.dp, t.ds_rounded), plain(q_rows.data, q_rows.ld),
-                first ? overwrite(t.dk_block, p.d_k) : accumulate_into(t.dk_block, p.d_k), p.scale);
-      AddNonfiniteRows(p.dout, b, head, i0, t.nonfinite_do, dout_rows.nonfinite_count, pd, 1.0f, seen, p.d_v,
-                       t.dv_block);
-      AddNonfiniteRows(p.q, b, head, i0, t.nonfinite_q, q_rows.nonfinite_count, t.dp, p.scale, seen, p.d_k, t.dk_block);
-      AddQueryGradients(ctx, t, b, head, i0, rows, j0, seen, kv_blocks, dq[m]);
     }
   }
   for (std::int64_t c = 0; c < cols; ++c) {  // the block's dK and dV, accumulated adjacent, to the outputs

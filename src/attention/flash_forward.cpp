@@ -72,6 +72,13 @@ struct ForwardBlock {
     part.acc += n * rows * ld_acc, part.m += n * rows, part.l += n * rows;
     return part;
   }
+  // The state of a head's rows from `first` on (a band of a tile: masks.hpp, tile_row_bands).
+  ForwardBlock rows_from(std::int64_t first) const {
+    ForwardBlock part = *this;
+    part.s += first * kBlockK, part.p_rounded += first * kBlockK;
+    part.acc += first * ld_acc, part.m += first, part.l += first;
+    return part;
+  }
 };
 
 // How far a row's logits may exceed its reference m before the reference moves: P = exp(S - m) is then at
@@ -133,6 +140,7 @@ void AccumulateValues(const AttentionParams<T>& p, const ForwardBlock<T>& w, con
             accumulate_into(w.acc, w.ld_acc));
   for (std::int64_t n = 0; n < v_block.nonfinite_count; ++n) {
     const std::int64_t c = w.nonfinite[n];
+    if (c >= cols) continue;  // past a band's columns
     for (std::int64_t r = 0; r < rows; ++r) {
       const float weight = w.s[r * kBlockK + c];
       if (weight == 0.0f) continue;
@@ -174,18 +182,41 @@ void WriteWeights(const AttentionParams<T>& p, const ForwardBlock<T>& w, std::in
                   std::int64_t i0, std::int64_t rows, std::int64_t key_end) {
   for (std::int64_t j0 = 0; j0 < key_end; j0 += kBlockK) {
     const std::int64_t cols = std::min(kBlockK, key_end - j0);
-    ScaledLogits(p, &p.q(b, head, i0, 0), p.q.stride[2], rows, &p.k(b, p.kv_head(head), j0, 0), p.k.stride[2], cols,
-                 w.s);
-    if (p.softcap > 0) SoftcapTile(w.s, rows, cols, p.softcap, nullptr);
-    ProbabilitiesFromLse(p, b, head, i0, rows, j0, cols, w.m, w.s);
-    if (p.dropout_p > 0) apply_dropout(p, b, head, i0, rows, j0, cols, w.s, kBlockK);
-    for (std::int64_t r = 0; r < rows; ++r)
-      std::copy_n(w.s + r * kBlockK, cols, p.weights + ((b * p.h + head) * p.L + i0 + r) * p.S + j0);
+    for (const RowBand band : tile_row_bands(p, i0, rows, j0, cols)) {  // the forward's bands, so its logits
+      const std::int64_t first = i0 + band.first, band_cols = causal_visible(p, first + band.rows - 1, j0, cols);
+      float* s = w.s + band.first * kBlockK;
+      if (band_cols > 0) {
+        ScaledLogits(p, &p.q(b, head, first, 0), p.q.stride[2], band.rows, &p.k(b, p.kv_head(head), j0, 0),
+                     p.k.stride[2], band_cols, s);
+        if (p.softcap > 0) SoftcapTile(s, band.rows, band_cols, p.softcap, nullptr);
+        ProbabilitiesFromLse(p, b, head, first, band.rows, j0, band_cols, w.m + band.first, s);
+        if (p.dropout_p > 0) apply_dropout(p, b, head, first, band.rows, j0, band_cols, s, kBlockK);
+      }
+      for (std::int64_t r = 0; r < band.rows; ++r) {
+        T* row = p.weights + ((b * p.h + head) * p.L + first + r) * p.S + j0;
+        std::copy_n(s + r * kBlockK, band_cols, row);
+        std::fill(row + band_cols, row + cols, T(0.0f));  // keys of the tile the band does not see
+      }
+    }
   }
   for (std::int64_t r = 0; r < rows; ++r) {
     T* row = p.weights + ((b * p.h + head) * p.L + i0 + r) * p.S;
     std::fill(row + key_end, row + p.S, T(0.0f));
   }
+}
+
+// One logits tile of one head: query rows [i0, i0 + rows) (q_rows, adjacent; state w) against keys [j0, j0 + cols)
+// of key/value head kv (v_block their safe V rows): logits, soft-cap, masks, online softmax, dropout, P V.
+template <class T>
+void ForwardTile(const AttentionParams<T>& p, const ForwardBlock<T>& w, const T* q_rows, const SafeBlock<T>& v_block,
+                 std::int64_t b, std::int64_t kv, std::int64_t head, std::int64_t i0, std::int64_t rows,
+                 std::int64_t j0, std::int64_t cols) {
+  ScaledLogits(p, q_rows, p.d_k, rows, w.k_head + j0 * p.d_k, p.d_k, cols, w.s);
+  if (p.softcap > 0) SoftcapTile(w.s, rows, cols, p.softcap, nullptr);
+  if (needs_data_masks(p)) apply_masks(p, b, head, i0, rows, j0, cols, w.s, kBlockK);
+  OnlineSoftmaxTile(p, w, i0, rows, j0, cols);
+  if (p.dropout_p > 0) apply_dropout(p, b, head, i0, rows, j0, cols, w.s, kBlockK);
+  AccumulateValues(p, w, v_block, b, kv, rows, j0, cols);
 }
 
 // The forward of query rows [i0, i0 + rows) of query heads [head0, head0 + heads), which all read
@@ -206,14 +237,13 @@ void ForwardQueryBlock(const AttentionParams<T>& p, const ForwardBlock<T>& w, st
     const SafeBlock<T> v_block =
         safe_block(p, w.v_head, p.d_v, b, kv, j0, cols, p.d_v, w.key_flags, kValueRow, w.v_copy, w.nonfinite);
     for (std::int64_t n = 0; n < heads; ++n) {
-      const ForwardBlock<T> h_w = w.head_state(n, rows);
-      const std::int64_t head = head0 + n;
-      ScaledLogits(p, q_rows[static_cast<std::size_t>(n)], p.d_k, rows, w.k_head + j0 * p.d_k, p.d_k, cols, w.s);
-      if (p.softcap > 0) SoftcapTile(w.s, rows, cols, p.softcap, nullptr);
-      if (needs_data_masks(p)) apply_masks(p, b, head, i0, rows, j0, cols, w.s, kBlockK);
-      OnlineSoftmaxTile(p, h_w, i0, rows, j0, cols);
-      if (p.dropout_p > 0) apply_dropout(p, b, head, i0, rows, j0, cols, w.s, kBlockK);
-      AccumulateValues(p, h_w, v_block, b, kv, rows, j0, cols);
+      for (const RowBand band : tile_row_bands(p, i0, rows, j0, cols)) {  // a diagonal tile in two bands
+        const std::int64_t band_cols = causal_visible(p, i0 + band.first + band.rows - 1, j0, cols);
+        if (band.rows == 0 || band_cols == 0) continue;  // no key of the tile for these rows
+        ForwardTile(p, w.head_state(n, rows).rows_from(band.first),
+                    q_rows[static_cast<std::size_t>(n)] + band.first * p.d_k, v_block, b, kv, head0 + n,
+                    i0 + band.first, band.rows, j0, band_cols);
+      }
     }
   }
   for (std::int64_t n = 0; n < heads; ++n) {

@@ -55,8 +55,9 @@
 ///
 /// bfloat16 (DType::BFloat16): q, k, v, out, weights and the gradients are bfloat16; the log-sum-exp is
 /// float32 (and the backward takes it as float32). Both products of a tile take bfloat16 operands with
-/// float32 accumulation; the online softmax, its running max and sum and the output accumulator are
-/// float32; P is rounded to bfloat16 for the P V product and dS for the backward's products, as
+/// float32 accumulation; the online softmax, its reference (the row's running max, moved only when a
+/// logit exceeds it by more than 8, so P is at most e^8 before normalisation) and sum and the output
+/// accumulator are float32; P is rounded to bfloat16 for the P V product and dS for the backward's products, as
 /// FlashAttention does (to nearest even; where the CPU has AVX512-BF16 by its conversion instruction,
 /// which rounds a subnormal P or dS, below 2^-126, to zero); each result is rounded to bfloat16 once. The
 /// softmax's exp is evaluated to 4e-7 relative (float32 kernels: within 2 ULP), which keeps the

@@ -27,7 +27,38 @@ HWY_BEFORE_NAMESPACE();
 namespace mha::detail::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// exp(x) for lanes with |x| < 87 (no overflow, no subnormal result): x = n ln2 + r with n an integer
+// 2^(j/16) for j = 0..15, each rounded to float32 (within 0.46 ULP).
+alignas(64) inline constexpr float kExp2Sixteenths[16] = {
+    0x1.000000p+0f, 0x1.0b5586p+0f, 0x1.172b84p+0f, 0x1.2387a6p+0f, 0x1.306fe0p+0f, 0x1.3dea64p+0f,
+    0x1.4bfdaep+0f, 0x1.5ab07ep+0f, 0x1.6a09e6p+0f, 0x1.7a1148p+0f, 0x1.8ace54p+0f, 0x1.9c4918p+0f,
+    0x1.ae89fap+0f, 0x1.c199bep+0f, 0x1.d5818ep+0f, 0x1.ea4afap+0f};
+
+// exp(x) for |x| < 87 on 16-lane vectors with an FMA (ExpInRange's case on AVX-512): x = (16 m + j) ln2 / 16
+// + r with |r| <= ln2 / 32, e^x = 2^m 2^(j/16) e^r; 2^(j/16) from a 16-entry table held in one register (a
+// lane permute), e^r - 1 = r + r^2/2 + r^3/6 (truncation below 1e-8 relative), e^x = t + t (e^r - 1) in one
+// FMA. n = 16 m + j comes from one FMA as in ExpInRange (x 16 / ln2 + 1.5 2^23, |n| < 2^11); ln2 / 16 in two
+// parts, the first (ln2's first part / 16: a multiple of 2^-20) times n exact inside the FMA, so r is x - n
+// ln2 / 16 to float precision. Within 1.1 ULP (the table's rounding, 0.46 at worst, plus the last FMA's;
+// tests/cpp/attention/flash_exp_test.cpp). Seven FMAs a vector where the Taylor form takes ten: the softmax's
+// exp pass is bound by the FMA pipes (docs/PERFORMANCE.md, issue 32).
+template <class D, class V>
+HWY_INLINE V ExpInRangeBySixteenths(D d, V x) {
+  const hn::RebindToSigned<D> di;
+  const auto round_to_int = hn::Set(d, 12582912.0f);                                // 1.5 2^23
+  const auto shifted = hn::MulAdd(x, hn::Set(d, 23.0831206542234f), round_to_int);  // x 16 / ln2 + 1.5 2^23
+  const auto nf = hn::Sub(shifted, round_to_int);                                   // n, exactly
+  auto r = hn::MulAdd(nf, hn::Set(d, -0.693145751953125f / 16), x);
+  r = hn::MulAdd(nf, hn::Set(d, -1.428606765330187e-6f / 16), r);
+  const auto n = hn::BitCast(di, shifted);  // n in the low bits (two's complement), m = n >> 4 above them
+  const auto t = hn::TableLookupLanes(hn::Load(d, kExp2Sixteenths), hn::IndicesFromVec(d, hn::And(n, hn::Set(di, 15))));
+  const auto q = hn::MulAdd(hn::MulAdd(hn::Set(d, 1.0f / 6), r, hn::Set(d, 0.5f)), r, hn::Set(d, 1.0f));
+  const auto e = hn::MulAdd(t, hn::Mul(q, r), t);                 // 2^(j/16) e^r, in [0.97, 2)
+  const auto two_to_m = hn::ShiftLeft<23>(hn::ShiftRight<4>(n));  // the constant's bits above n's: 0
+  return hn::BitCast(d, hn::Add(hn::BitCast(di, e), two_to_m));   // m in [-126, 126]
+}
+
+// exp(x) for lanes with |x| < 87 (no overflow, no subnormal result), within 2 ULP. On 16-lane vectors with an
+// FMA by ExpInRangeBySixteenths; otherwise x = n ln2 + r with n an integer
 // and |r| <= ln2 / 2 (Cody & Waite: ln2 in two parts, so r is exact to float precision), e^r by its
 // Taylor polynomial of degree 7 (truncation error below 6e-9 relative), and 2^n added to the
 // exponent bits. n comes from one FMA, x / ln2 + 1.5 2^23 (|x / ln2| < 126): the sum's ulp is 1, so its
@@ -39,6 +70,9 @@ namespace hn = hwy::HWY_NAMESPACE;
 // for Highway's general Exp.
 template <class D, class V>
 HWY_INLINE V ExpInRange(D d, V x) {
+#if HWY_NATIVE_FMA
+  if constexpr (hn::MaxLanes(D()) == 16) return ExpInRangeBySixteenths(d, x);  // AVX-512: fewer FMAs
+#endif
   const hn::RebindToSigned<D> di;
   const auto round_to_int = hn::Set(d, 12582912.0f);                                   // 1.5 2^23
   const auto shifted = hn::MulAdd(x, hn::Set(d, 1.44269504088896341f), round_to_int);  // x / ln2 + 1.5 2^23

@@ -272,12 +272,10 @@ void KeyBlockGradients(const BackwardContext<T>& ctx, BackwardTiles<T>& t, std::
     const std::uint8_t* query_flags = ctx.query_flags + (b * p.h + head) * p.L;
     for (std::int64_t block = first_block; block < query_end; block += kBlockQ) {
       for (const RowBand band : tile_row_bands(p, block, std::min(kBlockQ, p.L - block), j0, cols)) {
-        // A diagonal tile in the forward's two bands (masks.hpp), each a tile of its own here.
-        const std::int64_t i0 = block + band.first, rows = band.rows;
-        // Causal: the tile's keys that its last (most-seeing) row sees; the rest get nothing from it. Later
-        // query blocks see at least as many, so a diagonal tile's products shrink to this width.
-        const std::int64_t seen = rows == 0 ? 0 : causal_visible(p, i0 + rows - 1, j0, cols);
-        if (seen == 0) continue;  // no key of the block for these rows
+        // A diagonal tile in the forward's two bands (masks.hpp), each a tile of its own here. Causal: a
+        // band's products shrink to the keys its last (most-seeing) row sees; the rest get nothing from it.
+        if (band.empty()) continue;
+        const std::int64_t i0 = block + band.first, rows = band.rows, seen = band.cols;
         const bool first = !started;
         started = true;
         if (first && seen < cols) {  // rows [seen, cols) of dK and dV are not overwritten below: start at 0

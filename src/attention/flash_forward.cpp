@@ -183,9 +183,9 @@ void WriteWeights(const AttentionParams<T>& p, const ForwardBlock<T>& w, std::in
   for (std::int64_t j0 = 0; j0 < key_end; j0 += kBlockK) {
     const std::int64_t cols = std::min(kBlockK, key_end - j0);
     for (const RowBand band : tile_row_bands(p, i0, rows, j0, cols)) {  // the forward's bands, so its logits
-      const std::int64_t first = i0 + band.first, band_cols = causal_visible(p, first + band.rows - 1, j0, cols);
+      const std::int64_t first = i0 + band.first, band_cols = band.cols;
       float* s = w.s + band.first * kBlockK;
-      if (band_cols > 0) {
+      if (!band.empty()) {
         ScaledLogits(p, &p.q(b, head, first, 0), p.q.stride[2], band.rows, &p.k(b, p.kv_head(head), j0, 0),
                      p.k.stride[2], band_cols, s);
         if (p.softcap > 0) SoftcapTile(s, band.rows, band_cols, p.softcap, nullptr);
@@ -238,11 +238,10 @@ void ForwardQueryBlock(const AttentionParams<T>& p, const ForwardBlock<T>& w, st
         safe_block(p, w.v_head, p.d_v, b, kv, j0, cols, p.d_v, w.key_flags, kValueRow, w.v_copy, w.nonfinite);
     for (std::int64_t n = 0; n < heads; ++n) {
       for (const RowBand band : tile_row_bands(p, i0, rows, j0, cols)) {  // a diagonal tile in two bands
-        const std::int64_t band_cols = causal_visible(p, i0 + band.first + band.rows - 1, j0, cols);
-        if (band.rows == 0 || band_cols == 0) continue;  // no key of the tile for these rows
+        if (band.empty()) continue;
         ForwardTile(p, w.head_state(n, rows).rows_from(band.first),
                     q_rows[static_cast<std::size_t>(n)] + band.first * p.d_k, v_block, b, kv, head0 + n,
-                    i0 + band.first, band.rows, j0, band_cols);
+                    i0 + band.first, band.rows, j0, band.cols);
       }
     }
   }

@@ -60,18 +60,20 @@ std::int64_t causal_visible(const AttentionInputs<T>& p, std::int64_t i, std::in
 // rule (or a window's right bound) cuts diagonally, so that its first half of rows sees fewer keys than its
 // last row, is computed in two bands of rows, each as wide as its own last row sees (a diagonal 128 x 128
 // tile as 64 x 64 and 64 x 128: 18 us of products against 21 here, docs/PERFORMANCE.md); any other tile
-// whole (a second band of 0 rows). The forward and the backward band alike and compute each band's logits
-// by the same product, so the backward's recomputed P = exp(S - lse) sees the forward's S bit for bit.
+// whole (a second band of 0 rows). Each band's cols is what its last row sees of the tile: a band of 0
+// rows or 0 cols has nothing to compute. The forward and the backward band alike and compute each band's
+// logits by the same product, so the backward's recomputed P = exp(S - lse) sees the forward's S bit for bit.
 struct RowBand {
-  std::int64_t first, rows;  // tile rows [first, first + rows)
+  std::int64_t first, rows, cols;  // tile rows [first, first + rows), keys [j0, j0 + cols)
+  bool empty() const { return rows == 0 || cols == 0; }
 };
 template <class T>
 std::array<RowBand, 2> tile_row_bands(const AttentionInputs<T>& p, std::int64_t i0, std::int64_t rows, std::int64_t j0,
                                       std::int64_t cols) {
-  const std::int64_t half = rows / 2;
-  if (half < 16 || causal_visible(p, i0 + half - 1, j0, cols) == causal_visible(p, i0 + rows - 1, j0, cols))
-    return {RowBand{0, rows}, RowBand{rows, 0}};
-  return {RowBand{0, half}, RowBand{half, rows - half}};
+  const std::int64_t half = rows / 2, last_sees = causal_visible(p, i0 + rows - 1, j0, cols);
+  const std::int64_t half_sees = half > 0 ? causal_visible(p, i0 + half - 1, j0, cols) : last_sees;
+  if (half < 16 || half_sees == last_sees) return {RowBand{0, rows, last_sees}, RowBand{rows, 0, 0}};
+  return {RowBand{0, half, half_sees}, RowBand{half, rows - half, last_sees}};
 }
 
 // Applies the masks to a logits tile s [rows, cols] (row stride ld): forbidden -> -inf, additive added.

@@ -227,7 +227,7 @@ struct HeadroomPass {
 };
 
 // The one-pass form of ExpShiftedRowSum, against a reference m the row's logits may exceed by up to
-// `headroom` (m a row's finite running max, from earlier key blocks): row[j] = exp(row[j] - m) for j in
+// `headroom` (m a row's finite reference from earlier key blocks): row[j] = exp(row[j] - m) for j in
 // [0, visible), 0 for j in [visible, n), and their sum, vector by vector, without a pass for the row's
 // own max first. It stops at the first vector holding a visible row[j] - m > headroom (one that could
 // overflow) and leaves that vector and the rest of the row as they were; the entries before it are then

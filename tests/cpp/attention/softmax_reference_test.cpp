@@ -36,7 +36,7 @@ TEST_P(SoftmaxReference, RisingLogitsWithinTheRule) {
 }
 
 // A NaN or +inf logit first seen in a later key block (past a finite reference) makes exactly its own
-// row NaN (out and lse), as in the reference kernel; the other rows stay within the rule. Query row 7 of
+// row NaN (out and lse), as in the reference kernel; the other rows agree with the reference kernel's. Query row 7 of
 // head 1 and key 600 get entries of 1e30 in columns 2 and 3 (0 there in every other row and key): their
 // product overflows to +inf, or to inf - inf = NaN, for that row and key alone.
 TEST(SoftmaxReferenceNonFinite, LaterBlockNaNAndInfReachOnlyTheirRow) {

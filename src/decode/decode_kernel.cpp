@@ -77,6 +77,7 @@ void DecodeChunk(const DecodeParams<T, float>& p, const WorkItem& item, const Sl
     decode::block_rows(p, item.seq, item.kv_head, item.begin, kb, k_next, v_next);
     for (std::int64_t j = 0; j < kb; ++j)
       PrefetchRow(k_next[j], ahead.k_bytes, ahead.level), PrefetchRow(v_next[j], ahead.v_bytes, ahead.level);
+    if constexpr (kQuantized<T>) PrefetchBlockScales(p, item.seq, item.kv_head, item.begin, kb, ahead.level);
   }
   for (std::int64_t t0 = item.begin; t0 < item.end; t0 += kKeyBlock) {
     const std::int64_t kb = std::min(kKeyBlock, item.end - t0);
@@ -87,8 +88,11 @@ void DecodeChunk(const DecodeParams<T, float>& p, const WorkItem& item, const Sl
       const std::int64_t next_t0 = last_head ? t0 + kKeyBlock : t0, next_head = last_head ? 0 : kh + 1;
       ahead.count = std::max<std::int64_t>(0, std::min(kKeyBlock, item.end - next_t0));
       ahead.k = k_next, ahead.v = v_next;
-      if (ahead.count > 0)
+      if (ahead.count > 0) {
         decode::block_rows(p, item.seq, item.kv_head + next_head, next_t0, ahead.count, k_next, v_next);
+        if constexpr (kQuantized<T>)
+          PrefetchBlockScales(p, item.seq, item.kv_head + next_head, next_t0, ahead.count, ahead.level);
+      }
       float* acc_g = acc + kh * Rg * layout.ld;
       HWY_ALIGN float key_scales[kKeyBlock] = {}, value_scales[kKeyBlock] = {};  // quantized rows' scales
       if constexpr (kQuantized<T>) {

@@ -29,9 +29,12 @@ inline constexpr std::int64_t kMinChunkPositions = 256;
 // the partials stay small. A size of the problem, never the thread count: results must not depend on
 // the number of threads.
 inline constexpr std::int64_t kChunksPerSequence = 16;
-// Positions per block inside a chunk: the logits tile of a block is R x kKeyBlock floats, and its
-// K and V rows (32 x 512 B each at d = 128 in float32) stay in L1 between the two products.
-inline constexpr std::int64_t kKeyBlock = 32;
+// Positions per block inside a chunk: the logits tile of a block is R x kKeyBlock floats; its K rows are
+// read by the logits and its V rows by P V (64 x 512 B each at d = 128 in float32). Each block costs a
+// fixed share of bookkeeping (row pointers and scales, a max, a sum and a rescale per row); 64 positions
+// measured 5-8% faster than 32 for every cache dtype on the Zen 5 from a 1 GiB cache, 128 no faster
+// than 64 (docs/PERFORMANCE.md, issue 33).
+inline constexpr std::int64_t kKeyBlock = 64;
 // What the kernel reads, in order, and what it prefetches: a group-packed item holds every kv head of
 // its sequence and reads each block of positions head after head, so one block's reads walk through
 // each page's keys [h_kv, P, d] and values in address order. (One item per head jumped from a head's

@@ -2,8 +2,8 @@
 // query rows in tiles of 4 (2 below AVX-512) and the rows left over, keys in tiles of 4 and a block's
 // last partial tile, value columns in tiles of 4 vectors and the whole vectors and columns past them;
 // against a float64 attention over the dequantized cache (keys() / values()) written here; bitwise the
-// same at one and two threads and packed or per head. And every int8 and float8 e4m3 payload widened
-// exactly: a cache of one token decodes to its own values.
+// same at one and two threads and packed or per head, on every SIMD target. And every int8 and float8 e4m3 payload
+// widened exactly: a cache of one token decodes to its own values.
 //
 // Legend: h query heads, h_kv key/value heads, g = h / h_kv, Lq new queries, T tokens, d_k, d_v, P page.
 #include <gtest/gtest.h>
@@ -16,6 +16,7 @@
 
 #include "decode/decode_params.hpp"
 #include "decode/quantize.hpp"
+#include "hwy/targets.h"
 #include "mha/mha.hpp"
 
 namespace {
@@ -72,7 +73,21 @@ std::vector<float> decode(const std::vector<float>& q, const Shape& s, const Pag
   return {out.data_as<float>(), out.data_as<float>() + out.numel()};
 }
 
-TEST(DecodeTiles, RowKeyAndColumnTailsMatchFloat64OverEveryStorage) {
+// Runs once per SIMD target compiled in and supported by this CPU (AVX3, AVX2, SSE4 on an AVX-512
+// machine): each target reduces a tile's dot products by its own tree (decode_rows-inl.h), and the
+// bitwise checks below hold within each.
+class DecodeTilesEveryTarget : public ::testing::TestWithParam<std::int64_t> {
+ protected:
+  void SetUp() override { hwy::SetSupportedTargetsForTest(GetParam()); }
+  void TearDown() override { hwy::SetSupportedTargetsForTest(0); }
+};
+
+INSTANTIATE_TEST_SUITE_P(Targets, DecodeTilesEveryTarget, ::testing::ValuesIn(hwy::SupportedAndGeneratedTargets()),
+                         [](const ::testing::TestParamInfo<std::int64_t>& info) {
+                           return std::string(hwy::TargetName(info.param));
+                         });
+
+TEST_P(DecodeTilesEveryTarget, RowKeyAndColumnTailsMatchFloat64OverEveryStorage) {
   const Shape shapes[] = {
       {32, 8, 1, 128, 128, 16, {1, 3, 4, 5, 33, 70}},  // g = 4: one row tile; every key-tile tail
       {8, 1, 1, 144, 80, 7, {37, 64}},                 // g = 8: two row tiles; a d_k tail; d_v = 64 + 16

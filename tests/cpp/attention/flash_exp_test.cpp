@@ -13,7 +13,7 @@
 #include <string>
 
 #include "attention/flash_exp.hpp"
-#include "hwy/targets.h"
+#include "support/every_target.hpp"
 #include "support/kernel_compare.hpp"
 #include "support/test_util.hpp"
 
@@ -68,19 +68,9 @@ void for_each_exp_point(Check&& check) {
   for (float x = -87.0f; x >= -104.0f; x -= 1.0f / 64) check(x);
 }
 
-// Each test runs once per SIMD target compiled in and supported by this CPU (e.g. AVX3, AVX2, SSE4 on
-// an AVX-512 machine), so that a target the dispatch would not pick here, such as one without an FMA,
-// is checked too.
-class FlashExpEveryTarget : public ::testing::TestWithParam<std::int64_t> {
- protected:
-  void SetUp() override { hwy::SetSupportedTargetsForTest(GetParam()); }
-  void TearDown() override { hwy::SetSupportedTargetsForTest(0); }
-};
-
-INSTANTIATE_TEST_SUITE_P(Targets, FlashExpEveryTarget, ::testing::ValuesIn(hwy::SupportedAndGeneratedTargets()),
-                         [](const ::testing::TestParamInfo<std::int64_t>& info) {
-                           return std::string(hwy::TargetName(info.param));
-                         });
+// Each test runs once per SIMD target this CPU supports (support/every_target.hpp).
+class FlashExpEveryTarget : public mha_test::EveryTarget {};
+MHA_INSTANTIATE_EVERY_TARGET(FlashExpEveryTarget);
 
 TEST_P(FlashExpEveryTarget, WithinTwoUlpOfStdExpOverTheKernelsRange) {
   ExpSweep sweep;

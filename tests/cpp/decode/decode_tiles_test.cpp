@@ -16,8 +16,8 @@
 
 #include "decode/decode_params.hpp"
 #include "decode/quantize.hpp"
-#include "hwy/targets.h"
 #include "mha/mha.hpp"
+#include "support/every_target.hpp"
 
 namespace {
 
@@ -73,19 +73,10 @@ std::vector<float> decode(const std::vector<float>& q, const Shape& s, const Pag
   return {out.data_as<float>(), out.data_as<float>() + out.numel()};
 }
 
-// Runs once per SIMD target compiled in and supported by this CPU (AVX3, AVX2, SSE4 on an AVX-512
-// machine): each target reduces a tile's dot products by its own tree (decode_rows-inl.h), and the
-// bitwise checks below hold within each.
-class DecodeTilesEveryTarget : public ::testing::TestWithParam<std::int64_t> {
- protected:
-  void SetUp() override { hwy::SetSupportedTargetsForTest(GetParam()); }
-  void TearDown() override { hwy::SetSupportedTargetsForTest(0); }
-};
-
-INSTANTIATE_TEST_SUITE_P(Targets, DecodeTilesEveryTarget, ::testing::ValuesIn(hwy::SupportedAndGeneratedTargets()),
-                         [](const ::testing::TestParamInfo<std::int64_t>& info) {
-                           return std::string(hwy::TargetName(info.param));
-                         });
+// Runs once per SIMD target this CPU supports (support/every_target.hpp): each target reduces a tile's
+// dot products by its own tree (decode_rows-inl.h), and the bitwise checks below hold within each.
+class DecodeTilesEveryTarget : public mha_test::EveryTarget {};
+MHA_INSTANTIATE_EVERY_TARGET(DecodeTilesEveryTarget);
 
 TEST_P(DecodeTilesEveryTarget, RowKeyAndColumnTailsMatchFloat64OverEveryStorage) {
   const Shape shapes[] = {

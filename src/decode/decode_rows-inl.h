@@ -167,7 +167,7 @@ HWY_INLINE void PrefetchRow(const void* row, std::int64_t bytes, PrefetchLevel l
 
 // Quantized pages: the scales of positions [t0, t0 + kb) of kv head `head` of sequence s, asked for with
 // the block's rows. A page keeps its rows' scales after its keys and values (a line per 16 rows of a
-// head), so nothing else brings them near before the block reads them: from a 1 GiB int8 cache on the
+// head), so nothing else brings them near before the block reads them: from a 264 MiB int8 cache on the
 // Zen 5, 45% of the samples outside the two products waited on those loads (docs/PERFORMANCE.md).
 template <class T>
 HWY_INLINE void PrefetchBlockScales(const DecodeParams<T, float>& p, std::int64_t s, std::int64_t head, std::int64_t t0,

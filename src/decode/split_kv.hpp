@@ -31,9 +31,9 @@ inline constexpr std::int64_t kMinChunkPositions = 256;
 inline constexpr std::int64_t kChunksPerSequence = 16;
 // Positions per block inside a chunk: the logits tile of a block is R x kKeyBlock floats; its K rows are
 // read by the logits and its V rows by P V (64 x 512 B each at d = 128 in float32). Each block costs a
-// fixed share of bookkeeping (row pointers and scales, a max, a sum and a rescale per row); 64 positions
-// measured 5-8% faster than 32 for every cache dtype on the Zen 5 from a 1 GiB cache, 128 no faster
-// than 64 (docs/PERFORMANCE.md, issue 33).
+// fixed share of bookkeeping (row pointers and scales, a max, a sum and a rescale per row); on the Zen 5
+// 64 positions measured 2-3% faster than 32 for every cache dtype in the L2, 5-8% for float32 and bf16
+// from memory, and 128 no faster than 64 (docs/PERFORMANCE.md, issue 33).
 inline constexpr std::int64_t kKeyBlock = 64;
 // What the kernel reads, in order, and what it prefetches: a group-packed item holds every kv head of
 // its sequence and reads each block of positions head after head, so one block's reads walk through

@@ -28,6 +28,6 @@ inline std::string target_test_name(const ::testing::TestParamInfo<std::int64_t>
 
 }  // namespace mha_test
 
-#define MHA_INSTANTIATE_EVERY_TARGET(Fixture)                                                                 \
+#define MHA_INSTANTIATE_EVERY_TARGET(Fixture)                                                          \
   INSTANTIATE_TEST_SUITE_P(Targets, Fixture, ::testing::ValuesIn(hwy::SupportedAndGeneratedTargets()), \
                            mha_test::target_test_name)

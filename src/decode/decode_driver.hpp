@@ -48,17 +48,28 @@ hwy::AlignedFreeUniquePtr<E[]> allocate_aligned(std::int64_t count) {
   return p;
 }
 
-// Row pointers of positions [t0, t0 + kb) of sequence s, kv head `head`: one division per block, then
-// walking the pages.
+// Positions [t0, t0 + kb) of sequence s, page by page: f(page, row, rows, j) for each run of `rows`
+// positions t0 + j .. t0 + j + rows - 1 that lie in rows row .. row + rows - 1 of page `page` (an index
+// into k_pages / v_pages and the scale pages). One division per block.
+template <class T, class A, class F>
+void for_each_page_run(const DecodeParams<T, A>& p, std::int64_t s, std::int64_t t0, std::int64_t kb, F&& f) {
+  std::size_t page = static_cast<std::size_t>(p.first_page[static_cast<std::size_t>(s)] + t0 / p.page_size);
+  for (std::int64_t j = 0, row = t0 % p.page_size; j < kb; row = 0, ++page) {
+    const std::int64_t rows = std::min(p.page_size - row, kb - j);
+    f(page, row, rows, j);
+    j += rows;
+  }
+}
+
+// Row pointers of positions [t0, t0 + kb) of sequence s, kv head `head`.
 template <class T, class A>
 void block_rows(const DecodeParams<T, A>& p, std::int64_t s, std::int64_t head, std::int64_t t0, std::int64_t kb,
                 const T** k_rows, const T** v_rows) {
-  std::int64_t page = p.first_page[static_cast<std::size_t>(s)] + t0 / p.page_size, row = t0 % p.page_size;
-  for (std::int64_t j = 0; j < kb; ++j) {
-    k_rows[j] = p.k_pages[static_cast<std::size_t>(page)] + (head * p.page_size + row) * p.d_k;
-    v_rows[j] = p.v_pages[static_cast<std::size_t>(page)] + (head * p.page_size + row) * p.d_v;
-    if (++row == p.page_size) row = 0, ++page;
-  }
+  for_each_page_run(p, s, t0, kb, [&](std::size_t page, std::int64_t row, std::int64_t rows, std::int64_t j) {
+    const T* k = p.k_pages[page] + (head * p.page_size + row) * p.d_k;
+    const T* v = p.v_pages[page] + (head * p.page_size + row) * p.d_v;
+    for (std::int64_t i = 0; i < rows; ++i) k_rows[j + i] = k + i * p.d_k, v_rows[j + i] = v + i * p.d_v;
+  });
 }
 
 // The scales of a block's rows (quantized pages): key_scales[j], value_scales[j] of positions t0 + j of
@@ -66,12 +77,11 @@ void block_rows(const DecodeParams<T, A>& p, std::int64_t s, std::int64_t head, 
 template <class T, class A>
 void block_scales(const DecodeParams<T, A>& p, std::int64_t s, std::int64_t head, std::int64_t t0, std::int64_t kb,
                   float* key_scales, float* value_scales) {
-  std::int64_t page = p.first_page[static_cast<std::size_t>(s)] + t0 / p.page_size, row = t0 % p.page_size;
-  for (std::int64_t j = 0; j < kb; ++j) {
-    key_scales[j] = p.k_scale_pages[static_cast<std::size_t>(page)][head * p.page_size + row];
-    value_scales[j] = p.v_scale_pages[static_cast<std::size_t>(page)][head * p.page_size + row];
-    if (++row == p.page_size) row = 0, ++page;
-  }
+  for_each_page_run(p, s, t0, kb, [&](std::size_t page, std::int64_t row, std::int64_t rows, std::int64_t j) {
+    const float* k = p.k_scale_pages[page] + head * p.page_size + row;
+    const float* v = p.v_scale_pages[page] + head * p.page_size + row;
+    std::copy(k, k + rows, key_scales + j), std::copy(v, v + rows, value_scales + j);
+  });
 }
 
 // Runs the call: chunk(p, item, layout, slot, scratch) fills an item's slot (m, l and unnormalised O

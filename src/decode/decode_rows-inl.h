@@ -24,6 +24,7 @@
 
 #include "attention/online_softmax-inl.h"  // ExpKeepNaN
 #include "attention/online_softmax.hpp"
+#include "decode/decode_driver.hpp"  // for_each_page_run
 #include "decode/decode_params.hpp"
 #include "decode/prefetch_level.hpp"
 #include "decode/split_kv.hpp"
@@ -172,14 +173,11 @@ HWY_INLINE void PrefetchRow(const void* row, std::int64_t bytes, PrefetchLevel l
 template <class T>
 HWY_INLINE void PrefetchBlockScales(const DecodeParams<T, float>& p, std::int64_t s, std::int64_t head, std::int64_t t0,
                                     std::int64_t kb, PrefetchLevel level) {
-  std::int64_t page = p.first_page[static_cast<std::size_t>(s)] + t0 / p.page_size, row = t0 % p.page_size;
-  for (std::int64_t j = 0; j < kb; row = 0, ++page) {
-    const std::int64_t rows = std::min(p.page_size - row, kb - j);
+  decode::for_each_page_run(p, s, t0, kb, [&](std::size_t page, std::int64_t row, std::int64_t rows, std::int64_t) {
     const std::int64_t bytes = rows * static_cast<std::int64_t>(sizeof(float));
-    PrefetchRow(p.k_scale_pages[static_cast<std::size_t>(page)] + head * p.page_size + row, bytes, level);
-    PrefetchRow(p.v_scale_pages[static_cast<std::size_t>(page)] + head * p.page_size + row, bytes, level);
-    j += rows;
-  }
+    PrefetchRow(p.k_scale_pages[page] + head * p.page_size + row, bytes, level);
+    PrefetchRow(p.v_scale_pages[page] + head * p.page_size + row, bytes, level);
+  });
 }
 
 // The rows of the block read next, prefetched one key row and one value row per key of the current block.

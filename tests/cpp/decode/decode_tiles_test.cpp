@@ -2,8 +2,8 @@
 // query rows in tiles of 4 (2 below AVX-512) and the rows left over, keys in tiles of 4 and a block's
 // last partial tile, value columns in tiles of 4 vectors and the whole vectors and columns past them;
 // against a float64 attention over the dequantized cache (keys() / values()) written here; bitwise the
-// same at one and two threads and packed or per head, on every SIMD target. And every int8 and float8 e4m3 payload
-// widened exactly: a cache of one token decodes to its own values.
+// same at one and two threads and packed or per head, on every SIMD target. And every int8 and float8
+// e4m3 payload widened exactly: a cache of one token decodes to its own values.
 //
 // Legend: h query heads, h_kv key/value heads, g = h / h_kv, Lq new queries, T tokens, d_k, d_v, P page.
 #include <gtest/gtest.h>

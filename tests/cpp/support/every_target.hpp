@@ -1,6 +1,6 @@
 // A test fixture that runs each of its tests once per SIMD target compiled in and supported by this CPU
-// (e.g. AVX3, AVX2, SSE4, SSSE3 and scalar on an AVX-512 machine), so that the code a target the dispatch
-// would not pick here (one without FMA, one with narrower vectors) is checked too:
+// (e.g. AVX3, AVX2, SSE4, SSSE3 and scalar on an AVX-512 machine), so that the code of targets the
+// dispatch would not pick here (one without FMA, one with narrower vectors) is checked too:
 //
 //   class MyEveryTarget : public mha_test::EveryTarget {};
 //   MHA_INSTANTIATE_EVERY_TARGET(MyEveryTarget);

@@ -105,9 +105,9 @@ void DecodeChunk(const DecodeParams<T, float>& p, const WorkItem& item, const Sl
       if (p.has_variants())
         decode::apply_score_variants(p, item, kh * Rg, Rg, T_s, t0, kb, w.visible, w.visible_begin, w.s, kKeyBlock);
       BlockOnlineSoftmax(w.s, Rg, m + kh * Rg, l + kh * Rg, acc_g, layout.ld);
-      FlagWeightedKeys(w.s, Rg, kb, w.all_weighted);
+      const bool block_weighted = FlagWeightedKeys(w.s, Rg, kb, w.all_weighted);
       if constexpr (kQuantized<T>) ScaleWeightsByValueScales(w.s, Rg, value_scales);
-      BlockAccumulate(w.s, Rg, v_rows, kb, p.d_v, w.all_weighted, acc_g, layout.ld);
+      BlockAccumulate(w.s, Rg, v_rows, kb, p.d_v, block_weighted, w.all_weighted, acc_g, layout.ld);
     }
   }
 }

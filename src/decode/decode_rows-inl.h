@@ -91,18 +91,19 @@ inline constexpr int kTileRows = HWY_TARGET <= HWY_AVX3 ? 4 : 2;  // query rows 
 inline constexpr int kTileKeys = 4;                               // keys of a logits tile
 inline constexpr int kTileCols = 4;                               // vectors of value columns of a P V tile
 
-// The lane sums of the accumulators a [kRows x 4] (row r, key j at a[4 r + j]) into dots [kRows x 4]:
+// The lane sums of the accumulators a [kRows x 4] (row r, key j at a[4 r + j]) into dots [kRows, ld_dots]:
 // per 128-bit block, two interleaving adds leave [sum a_r0, sum a_r1, sum a_r2, sum a_r3] of the
 // block's lanes ((l0 + l2) + (l1 + l3)), and the blocks are added in order. Every (row, key) goes
 // through the same tree whichever tile holds it, so its sum does not depend on its neighbours.
 #if HWY_TARGET == HWY_SCALAR  // one lane: nothing to interleave
 template <int kRows, class D, class V>
-HWY_INLINE void ReduceDots(D /* one lane */, const V* a, float* HWY_RESTRICT dots) {
-  for (int i = 0; i < 4 * kRows; ++i) dots[i] = hn::GetLane(a[i]);
+HWY_INLINE void ReduceDots(D /* one lane */, const V* a, float* HWY_RESTRICT dots, std::int64_t ld_dots) {
+  for (int r = 0; r < kRows; ++r)
+    for (int j = 0; j < 4; ++j) dots[r * ld_dots + j] = hn::GetLane(a[4 * r + j]);
 }
 #else
 template <int kRows, class D, class V>
-HWY_INLINE void ReduceDots(D d, const V* a, float* HWY_RESTRICT dots) {
+HWY_INLINE void ReduceDots(D d, const V* a, float* HWY_RESTRICT dots, std::int64_t ld_dots) {
   const hn::Repartition<double, D> dd;  // pairs of floats moved as one 64-bit lane
   const hn::Full128<float> d4;
   const std::size_t N = hn::Lanes(d);
@@ -116,16 +117,16 @@ HWY_INLINE void ReduceDots(D d, const V* a, float* HWY_RESTRICT dots) {
               lanes);
     auto sum = hn::Load(d4, lanes);
     for (std::size_t block = 4; block < N; block += 4) sum = hn::Add(sum, hn::Load(d4, lanes + block));
-    hn::Store(sum, d4, dots + 4 * r);
+    hn::StoreU(sum, d4, dots + r * ld_dots);
   }
 }
 #endif
 
-// dots [kRows x 4] = q_r . k_j for query rows q [kRows, ld_q] and the 4 key rows k[j] [d_k]: each
-// (row, key) a vector sum over whole vectors, reduced (ReduceDots), plus its scalar tail.
+// dots [kRows, ld_dots] (4 columns) = q_r . k_j for query rows q [kRows, ld_q] and the 4 key rows k[j]
+// [d_k]: each (row, key) a vector sum over whole vectors, reduced (ReduceDots), plus its scalar tail.
 template <int kRows, class T>
 HWY_INLINE void DotTile(const float* HWY_RESTRICT q, std::int64_t ld_q, const T* const* k, std::int64_t d_k,
-                        float* HWY_RESTRICT dots) {
+                        float* HWY_RESTRICT dots, std::int64_t ld_dots) {
   const hn::ScalableTag<float> d;
   using V = hn::Vec<decltype(d)>;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d)), whole = d_k - d_k % N;
@@ -142,13 +143,13 @@ HWY_INLINE void DotTile(const float* HWY_RESTRICT q, std::int64_t ld_q, const T*
       a[4 * r + 3] = hn::MulAdd(qr, k3, a[4 * r + 3]);
     }
   }
-  ReduceDots<kRows>(d, a, dots);
+  ReduceDots<kRows>(d, a, dots, ld_dots);
   if (whole == d_k) return;
   for (int r = 0; r < kRows; ++r)
     for (int j = 0; j < 4; ++j) {
       float tail = 0.0f;
       for (std::int64_t c = whole; c < d_k; ++c) tail += q[r * ld_q + c] * WidenedScalar(k[j][c]);
-      dots[4 * r + j] += tail;
+      dots[r * ld_dots + j] += tail;
     }
 }
 
@@ -164,6 +165,17 @@ HWY_INLINE void PrefetchRow(const void* row, std::int64_t bytes, PrefetchLevel l
     for (std::int64_t b = 0; b < span; b += 64) __builtin_prefetch(first + b, 0, 3);
   else
     for (std::int64_t b = 0; b < span; b += 64) __builtin_prefetch(first + b, 0, 1);
+}
+
+// PrefetchRow for rows[0 .. n): as one span where they lie back to back (rows of one page, the usual
+// case), saving the per-row setup; row by row where a page boundary falls among them.
+template <class T>
+HWY_INLINE void PrefetchRows(const T* const* rows, std::int64_t n, std::int64_t bytes, PrefetchLevel level) {
+  if (n <= 0) return;
+  const auto* first = reinterpret_cast<const char*>(rows[0]);
+  if (reinterpret_cast<const char*>(rows[n - 1]) == first + (n - 1) * bytes)
+    return PrefetchRow(first, n * bytes, level);
+  for (std::int64_t j = 0; j < n; ++j) PrefetchRow(rows[j], bytes, level);
 }
 
 // Quantized pages: the scales of positions [t0, t0 + kb) of kv head `head` of sequence s, asked for with
@@ -190,30 +202,28 @@ struct RowsAhead {
   PrefetchLevel level = PrefetchLevel::L1;
 };
 
-// Logits rows [kRows] of s [., kKeyBlock] at keys j0 .. j0 + 3 from dots [kRows x 4]: dots times
-// key_scale[j], -inf where j >= limit[r].
-template <int kRows>
-HWY_INLINE void StoreLogits(const float* HWY_RESTRICT dots, const float* HWY_RESTRICT key_scale, std::int64_t j0,
-                            const std::int32_t* limit, float* HWY_RESTRICT s) {
-  const hn::CappedTag<float, 4> d4;
-  const hn::RebindToSigned<decltype(d4)> di4;
-  const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(d4));
-  const auto minus_inf = hn::Set(d4, -std::numeric_limits<float>::infinity());
-  for (std::int64_t i = 0; i < 4; i += L) {
-    const auto scale_j = hn::LoadU(d4, key_scale + j0 + i);
-    const auto j = hn::Iota(di4, static_cast<std::int32_t>(j0 + i));
-    for (int r = 0; r < kRows; ++r) {
-      const auto x = hn::Mul(hn::LoadU(d4, dots + 4 * r + i), scale_j);
-      const auto seen = hn::RebindMask(d4, hn::Lt(j, hn::Set(di4, limit[r])));
-      hn::StoreU(hn::IfThenElse(seen, x, minus_inf), d4, s + r * kKeyBlock + j0 + i);
+// s [R, kKeyBlock] from the dots in its columns j < kb: times scale_j[j], and -inf where a row may not
+// see key j (j >= visible[r]) and in the padding (j >= kb, whose columns hold no dot: only selected away).
+inline void ScaleAndMaskLogits(float* HWY_RESTRICT s, std::int64_t R, const float* HWY_RESTRICT scale_j,
+                               const std::int64_t* visible, std::int64_t kb) {
+  const hn::ScalableTag<float> d;
+  const hn::RebindToSigned<decltype(d)> di;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+  const auto minus_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
+  for (std::int64_t r = 0; r < R; ++r) {
+    const auto limit = hn::Set(di, static_cast<std::int32_t>(std::clamp<std::int64_t>(visible[r], 0, kb)));
+    float* row = s + r * kKeyBlock;
+    for (std::int64_t j = 0; j < kKeyBlock; j += N) {
+      const auto seen = hn::RebindMask(d, hn::Lt(hn::Iota(di, static_cast<std::int32_t>(j)), limit));
+      hn::Store(hn::IfThenElse(seen, hn::Mul(hn::Load(d, row + j), hn::Load(d, scale_j + j)), minus_inf), d, row + j);
     }
   }
 }
 
 // s [R, kKeyBlock] = scale q k_j for keys j < kb (quantized rows: scale key_scales[j] q k_j), -inf where
-// a row may not see key j (j >= visible[r]) and in the padding up to kKeyBlock. Tiles of kTileRows rows
-// x 4 keys (the keys past kb read key kb - 1 again; their logits are -inf). Meanwhile prefetches the
-// rows ahead.
+// a row may not see key j (j >= visible[r]) and in the padding up to kKeyBlock. The dots by tiles of
+// kTileRows rows x 4 keys (the keys past kb read key kb - 1 again; their logits become -inf), then scaled
+// and masked row by row. Meanwhile prefetches the rows ahead.
 template <class T>
 void BlockLogits(const float* HWY_RESTRICT q, std::int64_t ld_q, std::int64_t R, const T* const* k_rows,
                  std::int64_t kb, std::int64_t d_k, float scale, const float* key_scales, const std::int64_t* visible,
@@ -221,39 +231,22 @@ void BlockLogits(const float* HWY_RESTRICT q, std::int64_t ld_q, std::int64_t R,
   static_assert(kKeyBlock % kTileKeys == 0, "a block holds whole key tiles");
   HWY_ALIGN float scale_j[kKeyBlock];
   for (std::int64_t j = 0; j < kKeyBlock; ++j) scale_j[j] = key_scales && j < kb ? scale * key_scales[j] : scale;
-  std::int32_t limit[kTileRows];
-  float dots[4 * kTileRows];
-  for (std::int64_t j0 = 0; j0 < kKeyBlock; j0 += kTileKeys) {
-    if (j0 >= kb) {  // padding
-      for (std::int64_t r = 0; r < R; ++r)
-        for (std::int64_t j = j0; j < j0 + kTileKeys; ++j)
-          s[r * kKeyBlock + j] = -std::numeric_limits<float>::infinity();
-      continue;
-    }
+  for (std::int64_t j0 = 0; j0 < kb; j0 += kTileKeys) {
     const T* k[kTileKeys];
-    for (std::int64_t j = 0; j < kTileKeys; ++j) {
-      k[j] = k_rows[std::min(j0 + j, kb - 1)];
-      if (j0 + j < ahead.count) {
-        PrefetchRow(ahead.k[j0 + j], ahead.k_bytes, ahead.level);
-        PrefetchRow(ahead.v[j0 + j], ahead.v_bytes, ahead.level);
-      }
-    }
-    auto limits = [&](std::int64_t r0, int rows) {
-      for (int r = 0; r < rows; ++r)
-        limit[r] = static_cast<std::int32_t>(std::clamp<std::int64_t>(visible[r0 + r], 0, kb));
-    };
+    for (std::int64_t j = 0; j < kTileKeys; ++j) k[j] = k_rows[std::min(j0 + j, kb - 1)];
+    const std::int64_t ahead_here = std::min<std::int64_t>(kTileKeys, ahead.count - j0);  // may be <= 0
+    PrefetchRows(ahead.k + j0, ahead_here, ahead.k_bytes, ahead.level);
+    PrefetchRows(ahead.v + j0, ahead_here, ahead.v_bytes, ahead.level);
     std::int64_t r = 0;
-    for (; r + kTileRows <= R; r += kTileRows) {
-      DotTile<kTileRows>(q + r * ld_q, ld_q, k, d_k, dots);
-      limits(r, kTileRows);
-      StoreLogits<kTileRows>(dots, scale_j, j0, limit, s + r * kKeyBlock);
-    }
-    for (; r < R; ++r) {
-      DotTile<1>(q + r * ld_q, ld_q, k, d_k, dots);
-      limits(r, 1);
-      StoreLogits<1>(dots, scale_j, j0, limit, s + r * kKeyBlock);
-    }
+    for (; r + kTileRows <= R; r += kTileRows)
+      DotTile<kTileRows>(q + r * ld_q, ld_q, k, d_k, s + r * kKeyBlock + j0, kKeyBlock);
+    for (; r < R; ++r) DotTile<1>(q + r * ld_q, ld_q, k, d_k, s + r * kKeyBlock + j0, kKeyBlock);
   }
+  if (ahead.count > kb) {  // the rows ahead past this block's keys
+    PrefetchRows(ahead.k + kb, ahead.count - kb, ahead.k_bytes, ahead.level);
+    PrefetchRows(ahead.v + kb, ahead.count - kb, ahead.v_bytes, ahead.level);
+  }
+  ScaleAndMaskLogits(s, R, scale_j, visible, kb);
 }
 
 // The online softmax over one block: for each row, m' = max(m, max_j s_j) (NaN if any is NaN),
@@ -308,28 +301,32 @@ inline void ScaleWeightsByValueScales(float* HWY_RESTRICT p, std::int64_t R, con
     }
 }
 
-// all_weighted[j] = no row of p [R, kKeyBlock] has weight exactly 0 at key j, for j < kb.
-inline void FlagWeightedKeys(const float* HWY_RESTRICT p, std::int64_t R, std::int64_t kb, std::uint8_t* all_weighted) {
+// Whether every row of p [R, kKeyBlock] has a nonzero weight at every key j < kb (the usual case, found
+// with vectors); where not, all_weighted[j] = no row has weight exactly 0 at key j, for j < kb.
+inline bool FlagWeightedKeys(const float* HWY_RESTRICT p, std::int64_t R, std::int64_t kb, std::uint8_t* all_weighted) {
   const hn::ScalableTag<float> d;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
-  bool every = true;  // the usual case, found with vectors: every weight of the block nonzero
+  bool every = true;
   for (std::int64_t j = 0; j < kb && every; j += N) {
     const auto keys = hn::FirstN(d, static_cast<std::size_t>(kb - j));
     auto zero = hn::Eq(hn::Zero(d), hn::Set(d, 1.0f));  // all false
     for (std::int64_t r = 0; r < R; ++r) zero = hn::Or(zero, hn::Eq(hn::Load(d, p + r * kKeyBlock + j), hn::Zero(d)));
     every = hn::AllFalse(d, hn::And(zero, keys));
   }
+  if (every) return true;
   for (std::int64_t j = 0; j < kb; ++j) {
     bool all = true;
-    for (std::int64_t r = 0; r < R && !every; ++r) all = all && p[r * kKeyBlock + j] != 0.0f;
+    for (std::int64_t r = 0; r < R; ++r) all = all && p[r * kKeyBlock + j] != 0.0f;
     all_weighted[j] = all;
   }
+  return false;
 }
 
 // acc [rows, ld_acc] (rows <= 4) += P V over the keys of a block, columns [c, c + N): each row's sum
 // runs over the keys in order; a weight of exactly 0 adds nothing (its value is not read, so a NaN
-// there cannot reach the row). all_weighted[j]: no row of the item has weight 0 at key j; when every
-// key of the block is so (`block_weighted`, the usual case), the loop runs without a test per key.
+// there cannot reach the row). When every key of the block has weight in every row (`block_weighted`,
+// the usual case), the loop runs without a test per key; else all_weighted[j]: no row of the item has
+// weight 0 at key j.
 template <int kRows, class T>
 HWY_INLINE void AccumulateTile(const float* HWY_RESTRICT p, const T* const* v_rows, std::int64_t kb,
                                const std::uint8_t* all_weighted, bool block_weighted, std::int64_t c,
@@ -395,16 +392,16 @@ HWY_INLINE void AccumulateWeightedTile(const float* HWY_RESTRICT p, const T* con
 }
 
 // acc [R, ld_acc] += P [R, kKeyBlock] V_block [kb, d_v]: whole vectors of columns, by tiles of kTileRows
-// rows x kTileCols vectors when every key has weight in every row (the usual case), else by tiles of 4
-// rows x 1 vector that test each weight; then the columns past the last whole vector one by one. Each
-// acc element is summed over the keys in order whichever tile holds it.
+// rows x kTileCols vectors when every key has weight in every row (`block_weighted`, the usual case),
+// else by tiles of 4 rows x 1 vector that test each weight (all_weighted as FlagWeightedKeys leaves it);
+// then the columns past the last whole vector one by one. Each acc element is summed over the keys in
+// order whichever tile holds it.
 template <class T>
 void BlockAccumulate(const float* HWY_RESTRICT p, std::int64_t R, const T* const* v_rows, std::int64_t kb,
-                     std::int64_t d_v, const std::uint8_t* all_weighted, float* HWY_RESTRICT acc, std::int64_t ld_acc) {
+                     std::int64_t d_v, bool block_weighted, const std::uint8_t* all_weighted, float* HWY_RESTRICT acc,
+                     std::int64_t ld_acc) {
   const hn::ScalableTag<float> d;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d)), whole = d_v - d_v % N;
-  bool block_weighted = true;
-  for (std::int64_t j = 0; j < kb; ++j) block_weighted = block_weighted && all_weighted[j] != 0;
   std::int64_t c = 0;
   if (block_weighted) {
     const std::int64_t tiled = whole - whole % (kTileCols * N), tiled_rows = R - R % kTileRows;

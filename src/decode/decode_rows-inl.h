@@ -167,15 +167,30 @@ HWY_INLINE void PrefetchRow(const void* row, std::int64_t bytes, PrefetchLevel l
     for (std::int64_t b = 0; b < span; b += 64) __builtin_prefetch(first + b, 0, 1);
 }
 
-// PrefetchRow for rows[0 .. n): as one span where they lie back to back (rows of one page, the usual
-// case), saving the per-row setup; row by row where a page boundary falls among them.
+// PrefetchRow for the key rows k[0 .. n) and the value rows v[0 .. n), a key row's lines and then its
+// value row's. Rows of at most two lines (int8 and float8 rows of 128 values) that lie back to back on
+// each side (rows of one page, the usual case) are asked for by one walk over both spans, a key line and
+// a value line in turn: 2-3% faster for those from memory on a Zen 5, where the same walk made float32
+// and bfloat16 rows 8-14% slower than row by row (in-process A/B, 1 x 128k positions, 2026-12-05).
 template <class T>
-HWY_INLINE void PrefetchRows(const T* const* rows, std::int64_t n, std::int64_t bytes, PrefetchLevel level) {
+HWY_INLINE void PrefetchRowPairs(const T* const* k, const T* const* v, std::int64_t n, std::int64_t k_bytes,
+                                 std::int64_t v_bytes, PrefetchLevel level) {
   if (n <= 0) return;
-  const auto* first = reinterpret_cast<const char*>(rows[0]);
-  if (reinterpret_cast<const char*>(rows[n - 1]) == first + (n - 1) * bytes)
-    return PrefetchRow(first, n * bytes, level);
-  for (std::int64_t j = 0; j < n; ++j) PrefetchRow(rows[j], bytes, level);
+  const auto* k0 = reinterpret_cast<const char*>(k[0]);
+  const auto* v0 = reinterpret_cast<const char*>(v[0]);
+  const bool spans =
+      k_bytes == v_bytes && k_bytes <= 128 && reinterpret_cast<const char*>(k[n - 1]) == k0 + (n - 1) * k_bytes &&
+      reinterpret_cast<const char*>(v[n - 1]) == v0 + (n - 1) * v_bytes &&
+      (reinterpret_cast<std::uintptr_t>(k0) & 63) == 0 && (reinterpret_cast<std::uintptr_t>(v0) & 63) == 0;
+  if (!spans) {
+    for (std::int64_t j = 0; j < n; ++j) PrefetchRow(k[j], k_bytes, level), PrefetchRow(v[j], v_bytes, level);
+    return;
+  }
+  const std::int64_t bytes = n * k_bytes;
+  if (level == PrefetchLevel::L1)
+    for (std::int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(k0 + b, 0, 3), __builtin_prefetch(v0 + b, 0, 3);
+  else
+    for (std::int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(k0 + b, 0, 1), __builtin_prefetch(v0 + b, 0, 1);
 }
 
 // Quantized pages: the scales of positions [t0, t0 + kb) of kv head `head` of sequence s, asked for with
@@ -235,17 +250,14 @@ void BlockLogits(const float* HWY_RESTRICT q, std::int64_t ld_q, std::int64_t R,
     const T* k[kTileKeys];
     for (std::int64_t j = 0; j < kTileKeys; ++j) k[j] = k_rows[std::min(j0 + j, kb - 1)];
     const std::int64_t ahead_here = std::min<std::int64_t>(kTileKeys, ahead.count - j0);  // may be <= 0
-    PrefetchRows(ahead.k + j0, ahead_here, ahead.k_bytes, ahead.level);
-    PrefetchRows(ahead.v + j0, ahead_here, ahead.v_bytes, ahead.level);
+    PrefetchRowPairs(ahead.k + j0, ahead.v + j0, ahead_here, ahead.k_bytes, ahead.v_bytes, ahead.level);
     std::int64_t r = 0;
     for (; r + kTileRows <= R; r += kTileRows)
       DotTile<kTileRows>(q + r * ld_q, ld_q, k, d_k, s + r * kKeyBlock + j0, kKeyBlock);
     for (; r < R; ++r) DotTile<1>(q + r * ld_q, ld_q, k, d_k, s + r * kKeyBlock + j0, kKeyBlock);
   }
-  if (ahead.count > kb) {  // the rows ahead past this block's keys
-    PrefetchRows(ahead.k + kb, ahead.count - kb, ahead.k_bytes, ahead.level);
-    PrefetchRows(ahead.v + kb, ahead.count - kb, ahead.v_bytes, ahead.level);
-  }
+  if (ahead.count > kb)  // the rows ahead past this block's keys
+    PrefetchRowPairs(ahead.k + kb, ahead.v + kb, ahead.count - kb, ahead.k_bytes, ahead.v_bytes, ahead.level);
   ScaleAndMaskLogits(s, R, scale_j, visible, kb);
 }
 

@@ -10,10 +10,12 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "checked_arithmetic.hpp"
 #include "decode/quantize.hpp"
+#include "decode/quantize_rows.hpp"
 #include "dtype_dispatch.hpp"
 #include "mha/error.hpp"
 
@@ -69,6 +71,7 @@ std::int64_t aligned_up(std::int64_t bytes, std::int64_t alignment) {
 
 // Row `row` of every head of a quantized page, from token t of `view` [n, h_kv, width] (float32, float64
 // or bfloat16, any strides): payloads into `payload` [h_kv, P, width], scales into `scales` [h_kv, P].
+// Contiguous float32 and bfloat16 rows are quantized in vectors (quantize_rows.hpp: the same bits).
 void quantize_rows(KVStorage storage, const TensorView& view, std::int64_t t, std::int64_t P, std::int64_t row,
                    std::byte* payload, float* scales) {
   detail::dispatch_floating(view.dtype(), [&](auto element) {
@@ -76,11 +79,18 @@ void quantize_rows(KVStorage storage, const TensorView& view, std::int64_t t, st
     const std::int64_t width = view.size(2);
     for (std::int64_t head = 0; head < view.size(1); ++head) {
       const T* x = static_cast<const T*>(view.data()) + t * view.stride(0) + head * view.stride(1);
-      std::byte* q = payload + (head * P + row) * width;
-      scales[head * P + row] =
-          storage == KVStorage::Int8
-              ? detail::quantize_int8_row(x, width, reinterpret_cast<std::int8_t*>(q), view.stride(2))
-              : detail::quantize_e4m3_row(x, width, reinterpret_cast<std::uint8_t*>(q), view.stride(2));
+      auto* q_int8 = reinterpret_cast<std::int8_t*>(payload + (head * P + row) * width);
+      auto* q_e4m3 = reinterpret_cast<std::uint8_t*>(q_int8);
+      float& scale = scales[head * P + row];
+      if constexpr (!std::is_same_v<T, double>) {
+        if (view.stride(2) == 1) {
+          scale = storage == KVStorage::Int8 ? detail::quantize_int8_row_vectors(x, width, q_int8)
+                                             : detail::quantize_e4m3_row_vectors(x, width, q_e4m3);
+          continue;
+        }
+      }
+      scale = storage == KVStorage::Int8 ? detail::quantize_int8_row(x, width, q_int8, view.stride(2))
+                                         : detail::quantize_e4m3_row(x, width, q_e4m3, view.stride(2));
     }
   });
 }

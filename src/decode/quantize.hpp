@@ -110,13 +110,16 @@ float quantize_row(const T* x, std::int64_t d, Payload* q, std::int64_t stride, 
   return s;
 }
 
+// y = x / s rounded to an int8 payload: to nearest, ties to even, clamped to +-127.
+inline std::int8_t int8_from_double(double y) {
+  return static_cast<std::int8_t>(std::clamp(round_half_even(y), -kInt8PayloadMax, kInt8PayloadMax));
+}
+
 // A row x [d] of float, double or mha::bfloat16 (elements `stride` apart) quantized to int8 payloads
 // q [d]; returns the row's scale.
 template <class T>
 float quantize_int8_row(const T* x, std::int64_t d, std::int8_t* q, std::int64_t stride = 1) {
-  return quantize_row(x, d, q, stride, kInt8PayloadMax, [](double y) {
-    return static_cast<std::int8_t>(std::clamp(round_half_even(y), -kInt8PayloadMax, kInt8PayloadMax));
-  });
+  return quantize_row(x, d, q, stride, kInt8PayloadMax, int8_from_double);
 }
 
 // A row x [d] quantized to float8 e4m3 (fn) bit patterns q [d]; returns the row's scale.

@@ -238,7 +238,7 @@ void add_bench_command(CLI::App& app, mha_cli::BenchOptions& options) {
       ->capture_default_str();
   bench->add_flag("--decode", options.decode,
                   "The decode benchmark instead: a decode step over a paged KV cache (h 32, h_kv 8, d 128) against "
-                  "the machine's read bandwidth, float32 and bf16 caches, GQA-packed and per head");
+                  "the machine's read bandwidth, float32, bf16, int8 and float8 e4m3 caches, GQA-packed and per head");
   integer_in(bench->add_option("--contexts", options.decode_contexts, "--decode: tokens per sequence, comma-separated")
                  ->delimiter(','),
              1, kMaxBenchN)

@@ -26,6 +26,7 @@
 #include "attention/online_softmax.hpp"
 #include "decode/decode_driver.hpp"  // for_each_page_run
 #include "decode/decode_params.hpp"
+#include "decode/load_widened-inl.h"
 #include "decode/prefetch_level.hpp"
 #include "decode/split_kv.hpp"
 #include "hwy/highway.h"
@@ -37,20 +38,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 using decode::kKeyBlock;
 
-// N float lanes from p: float32 loaded, bfloat16 widened exactly (its bits are a float's upper half).
-template <class D>
-HWY_INLINE hn::Vec<D> LoadWidened(D d, const float* HWY_RESTRICT p) {
-  return hn::LoadU(d, p);
-}
-template <class D>
-HWY_INLINE hn::Vec<D> LoadWidened(D d, const bfloat16* HWY_RESTRICT p) {
-  const hn::RebindToUnsigned<D> du;
-  const hn::Rebind<std::uint16_t, D> du16;
-  const auto bits = hn::PromoteTo(du, hn::LoadU(du16, reinterpret_cast<const std::uint16_t*>(p)));
-  return hn::BitCast(d, hn::ShiftLeft<16>(bits));
-}
-
-// int8 widened exactly.
+// LoadWidened for float32 and bfloat16 rows: load_widened-inl.h. int8 widened exactly.
 template <class D>
 HWY_INLINE hn::Vec<D> LoadWidened(D d, const std::int8_t* HWY_RESTRICT p) {
   const hn::RebindToSigned<D> di;

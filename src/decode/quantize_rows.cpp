@@ -17,25 +17,13 @@
 #include <cmath>
 #include <limits>
 
+#include "decode/load_widened-inl.h"  // LoadWidened
 #include "decode/quantize.hpp"
 #include "hwy/highway.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace mha::detail::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
-
-// Lanes of x widened to float32 (bfloat16 exactly: its bits are a float's upper half).
-template <class D>
-HWY_INLINE hn::Vec<D> LoadFloat(D d, const float* HWY_RESTRICT x) {
-  return hn::LoadU(d, x);
-}
-template <class D>
-HWY_INLINE hn::Vec<D> LoadFloat(D d, const bfloat16* HWY_RESTRICT x) {
-  const hn::RebindToUnsigned<D> du;
-  const hn::Rebind<std::uint16_t, D> du16;
-  const auto bits = hn::PromoteTo(du, hn::LoadU(du16, reinterpret_cast<const std::uint16_t*>(x)));
-  return hn::BitCast(d, hn::ShiftLeft<16>(bits));
-}
 
 // max |x_c| of x [d] as a double, or NaN when an element is NaN or +-Inf (row_max_abs's result).
 template <class T>
@@ -45,7 +33,7 @@ double MaxAbs(const T* HWY_RESTRICT x, std::int64_t d) {
   auto max_abs = hn::Zero(df);
   auto finite = hn::Eq(max_abs, max_abs);  // all true
   for (std::int64_t c = 0; c < whole; c += N) {
-    const auto v = LoadFloat(df, x + c);
+    const auto v = LoadWidened(df, x + c);
     max_abs = hn::Max(max_abs, hn::Abs(v));
     finite = hn::And(finite, hn::IsFinite(v));
   }
@@ -95,7 +83,7 @@ float QuantizeRow(const T* HWY_RESTRICT x, std::int64_t d, Payload* HWY_RESTRICT
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(dd)), whole = d - d % N;
   const auto vs = hn::Set(dd, static_cast<double>(s));
   for (std::int64_t c = 0; c < whole; c += N) {
-    const auto y = hn::Div(hn::PromoteTo(dd, LoadFloat(df, x + c)), vs);
+    const auto y = hn::Div(hn::PromoteTo(dd, LoadWidened(df, x + c)), vs);
     if constexpr (kE4M3) StoreE4M3Payloads(dd, y, q + c);
     else StoreInt8Payloads(dd, y, q + c);
   }

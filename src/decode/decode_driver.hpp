@@ -101,9 +101,6 @@ void run_decode(const DecodeParams<T, A>& p, DecodeMode mode, Chunk chunk) {
   const std::int64_t ld_q = (p.d_k + 15) / 16 * 16;
   const std::int64_t per_thread = R * kKeyBlock + R * ld_q;  // s, then q
   const auto floats = allocate_aligned<A>(threads * per_thread);
-  // Zeroed once: the logits' padding columns past a short block's keys are loaded, then selected away
-  // (ScaleAndMaskLogits), so they must hold numbers before any block has written them.
-  std::fill_n(floats.get(), threads * per_thread, A(0));
   std::vector<std::int64_t> visible(static_cast<std::size_t>(threads * 2 * R));
   std::vector<const T*> rows(static_cast<std::size_t>(threads * 4 * kKeyBlock));
   std::vector<std::uint8_t> flags(static_cast<std::size_t>(threads * kKeyBlock));

@@ -75,8 +75,7 @@ void DecodeChunk(const DecodeParams<T, float>& p, const WorkItem& item, const Sl
   {  // the first block of the first kv head is asked for now; each block then asks for the next
     const std::int64_t kb = std::min(kKeyBlock, item.end - item.begin);
     decode::block_rows(p, item.seq, item.kv_head, item.begin, kb, k_next, v_next);
-    for (std::int64_t j = 0; j < kb; ++j)
-      PrefetchRow(k_next[j], ahead.k_bytes, ahead.level), PrefetchRow(v_next[j], ahead.v_bytes, ahead.level);
+    PrefetchRowPairs(k_next, v_next, kb, ahead.k_bytes, ahead.v_bytes, ahead.level);
     if constexpr (kQuantized<T>) PrefetchBlockScales(p, item.seq, item.kv_head, item.begin, kb, ahead.level);
   }
   for (std::int64_t t0 = item.begin; t0 < item.end; t0 += kKeyBlock) {

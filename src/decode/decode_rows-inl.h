@@ -206,7 +206,8 @@ struct RowsAhead {
 };
 
 // s [R, kKeyBlock] from the dots in its columns j < kb: times scale_j[j], and -inf where a row may not
-// see key j (j >= visible[r]) and in the padding (j >= kb, whose columns hold no dot: only selected away).
+// see key j (j >= visible[r]) and in the padding (j >= kb, whose columns are not read: they may hold
+// anything, numbers of an earlier block or memory never written).
 inline void ScaleAndMaskLogits(float* HWY_RESTRICT s, std::int64_t R, const float* HWY_RESTRICT scale_j,
                                const std::int64_t* visible, std::int64_t kb) {
   const hn::ScalableTag<float> d;
@@ -218,7 +219,8 @@ inline void ScaleAndMaskLogits(float* HWY_RESTRICT s, std::int64_t R, const floa
     float* row = s + r * kKeyBlock;
     for (std::int64_t j = 0; j < kKeyBlock; j += N) {
       const auto seen = hn::RebindMask(d, hn::Lt(hn::Iota(di, static_cast<std::int32_t>(j)), limit));
-      hn::Store(hn::IfThenElse(seen, hn::Mul(hn::Load(d, row + j), hn::Load(d, scale_j + j)), minus_inf), d, row + j);
+      const auto dots = hn::MaskedLoad(seen, d, row + j);
+      hn::Store(hn::IfThenElse(seen, hn::Mul(dots, hn::Load(d, scale_j + j)), minus_inf), d, row + j);
     }
   }
 }

@@ -72,18 +72,6 @@ void block_rows(const DecodeParams<T, A>& p, std::int64_t s, std::int64_t head, 
   });
 }
 
-// The scales of a block's rows (quantized pages): key_scales[j], value_scales[j] of positions t0 + j of
-// kv head `head` of sequence s, j < kb.
-template <class T, class A>
-void block_scales(const DecodeParams<T, A>& p, std::int64_t s, std::int64_t head, std::int64_t t0, std::int64_t kb,
-                  float* key_scales, float* value_scales) {
-  for_each_page_run(p, s, t0, kb, [&](std::size_t page, std::int64_t row, std::int64_t rows, std::int64_t j) {
-    const float* k = p.k_scale_pages[page] + head * p.page_size + row;
-    const float* v = p.v_scale_pages[page] + head * p.page_size + row;
-    std::copy(k, k + rows, key_scales + j), std::copy(v, v + rows, value_scales + j);
-  });
-}
-
 // Runs the call: chunk(p, item, layout, slot, scratch) fills an item's slot (m, l and unnormalised O
 // over its positions, see split_kv.hpp).
 template <class T, class A, class Chunk>

@@ -63,6 +63,10 @@ void DecodeChunk(const DecodeParams<T, float>& p, const WorkItem& item, const Sl
   std::fill(l, l + R, 0.0f);
   if (decode::before_every_window(p, T_s, item)) return;  // no weight anywhere: the merge skips it
   GatherQueryRows(p, item, R, w);
+  // Each key's logit scale (float pages: p.scale for all; quantized: times the row's, for each block) and
+  // each value row's scale (quantized pages).
+  HWY_ALIGN float logit_scales[kKeyBlock], value_scales[kKeyBlock];
+  std::fill(logit_scales, logit_scales + kKeyBlock, p.scale);
   // The rows of the block being computed and of the block read next: each block's rows are found once,
   // as the next block's (and prefetched then), and become the current ones on the next step.
   const T **k_rows = w.k_rows, **v_rows = w.v_rows, **k_next = w.k_ahead, **v_next = w.v_ahead;
@@ -93,14 +97,9 @@ void DecodeChunk(const DecodeParams<T, float>& p, const WorkItem& item, const Sl
           PrefetchBlockScales(p, item.seq, item.kv_head + next_head, next_t0, ahead.count, ahead.level);
       }
       float* acc_g = acc + kh * Rg * layout.ld;
-      HWY_ALIGN float key_scales[kKeyBlock] = {}, value_scales[kKeyBlock] = {};  // quantized rows' scales
-      if constexpr (kQuantized<T>) {
-        decode::block_scales(p, item.seq, item.kv_head + kh, t0, kb, key_scales, value_scales);
-        for (std::int64_t j = 0; j < kb; ++j)  // the rows are widened as x / kWidenedUnit (decode_rows-inl.h)
-          key_scales[j] *= kWidenedUnit<T>, value_scales[j] *= kWidenedUnit<T>;
-      }
-      BlockLogits(w.q + kh * Rg * w.ld_q, w.ld_q, Rg, k_rows, kb, p.d_k, p.scale, kQuantized<T> ? key_scales : nullptr,
-                  w.visible, ahead, w.s);
+      if constexpr (kQuantized<T>)
+        GatherBlockScales(p, item.seq, item.kv_head + kh, t0, kb, logit_scales, value_scales);
+      BlockLogits(w.q + kh * Rg * w.ld_q, w.ld_q, Rg, k_rows, kb, p.d_k, logit_scales, w.visible, ahead, w.s);
       if (p.has_variants())
         decode::apply_score_variants(p, item, kh * Rg, Rg, T_s, t0, kb, w.visible, w.visible_begin, w.s, kKeyBlock);
       BlockOnlineSoftmax(w.s, Rg, m + kh * Rg, l + kh * Rg, acc_g, layout.ld);

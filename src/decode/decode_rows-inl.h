@@ -195,6 +195,30 @@ HWY_INLINE void PrefetchBlockScales(const DecodeParams<T, float>& p, std::int64_
   });
 }
 
+// Quantized pages: the scales of positions [t0, t0 + kb) of kv head `head` of sequence s as the kernel
+// applies them, logit_scales[j] = scale (kWidenedUnit key_scale_j) and value_scales[j] = kWidenedUnit
+// value_scale_j (the rows are widened as x / kWidenedUnit); past kb, scale and 0. A page's run of rows
+// is copied by whole vectors (a page of 16 rows in one with AVX-512), then element by element.
+template <class T>
+HWY_INLINE void GatherBlockScales(const DecodeParams<T, float>& p, std::int64_t s, std::int64_t head, std::int64_t t0,
+                                  std::int64_t kb, float* HWY_RESTRICT logit_scales, float* HWY_RESTRICT value_scales) {
+  const hn::ScalableTag<float> d;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+  const float unit = kWidenedUnit<T>;
+  const auto vunit = hn::Set(d, unit), vscale = hn::Set(d, p.scale);
+  decode::for_each_page_run(p, s, t0, kb, [&](std::size_t page, std::int64_t row, std::int64_t rows, std::int64_t j) {
+    const float* k = p.k_scale_pages[page] + head * p.page_size + row;
+    const float* v = p.v_scale_pages[page] + head * p.page_size + row;
+    std::int64_t i = 0;
+    for (; i + N <= rows; i += N) {
+      hn::StoreU(hn::Mul(vscale, hn::Mul(vunit, hn::LoadU(d, k + i))), d, logit_scales + j + i);
+      hn::StoreU(hn::Mul(vunit, hn::LoadU(d, v + i)), d, value_scales + j + i);
+    }
+    for (; i < rows; ++i) logit_scales[j + i] = p.scale * (unit * k[i]), value_scales[j + i] = unit * v[i];
+  });
+  for (std::int64_t j = kb; j < kKeyBlock; ++j) logit_scales[j] = p.scale, value_scales[j] = 0.0f;
+}
+
 // The rows of the block read next, prefetched one key row and one value row per key of the current block.
 template <class T>
 struct RowsAhead {
@@ -225,17 +249,16 @@ inline void ScaleAndMaskLogits(float* HWY_RESTRICT s, std::int64_t R, const floa
   }
 }
 
-// s [R, kKeyBlock] = scale q k_j for keys j < kb (quantized rows: scale key_scales[j] q k_j), -inf where
-// a row may not see key j (j >= visible[r]) and in the padding up to kKeyBlock. The dots by tiles of
-// kTileRows rows x 4 keys (the keys past kb read key kb - 1 again; their logits become -inf), then scaled
-// and masked row by row. Meanwhile prefetches the rows ahead.
+// s [R, kKeyBlock] = logit_scales[j] q k_j for keys j < kb (logit_scales: the scale, times the key row's
+// own for quantized rows; GatherBlockScales), -inf where a row may not see key j (j >= visible[r]) and in
+// the padding up to kKeyBlock. The dots by tiles of kTileRows rows x 4 keys (the keys past kb read key
+// kb - 1 again; their logits become -inf), then scaled and masked row by row. Meanwhile prefetches the
+// rows ahead.
 template <class T>
 void BlockLogits(const float* HWY_RESTRICT q, std::int64_t ld_q, std::int64_t R, const T* const* k_rows,
-                 std::int64_t kb, std::int64_t d_k, float scale, const float* key_scales, const std::int64_t* visible,
+                 std::int64_t kb, std::int64_t d_k, const float* HWY_RESTRICT logit_scales, const std::int64_t* visible,
                  const RowsAhead<T>& ahead, float* HWY_RESTRICT s) {
   static_assert(kKeyBlock % kTileKeys == 0, "a block holds whole key tiles");
-  HWY_ALIGN float scale_j[kKeyBlock];
-  for (std::int64_t j = 0; j < kKeyBlock; ++j) scale_j[j] = key_scales && j < kb ? scale * key_scales[j] : scale;
   for (std::int64_t j0 = 0; j0 < kb; j0 += kTileKeys) {
     const T* k[kTileKeys];
     for (std::int64_t j = 0; j < kTileKeys; ++j) k[j] = k_rows[std::min(j0 + j, kb - 1)];
@@ -248,7 +271,7 @@ void BlockLogits(const float* HWY_RESTRICT q, std::int64_t ld_q, std::int64_t R,
   }
   if (ahead.count > kb)  // the rows ahead past this block's keys
     PrefetchRowPairs(ahead.k + kb, ahead.v + kb, ahead.count - kb, ahead.k_bytes, ahead.v_bytes, ahead.level);
-  ScaleAndMaskLogits(s, R, scale_j, visible, kb);
+  ScaleAndMaskLogits(s, R, logit_scales, visible, kb);
 }
 
 // The online softmax over one block: for each row, m' = max(m, max_j s_j) (NaN if any is NaN),

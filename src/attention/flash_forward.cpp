@@ -33,6 +33,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <vector>
 
@@ -48,6 +49,28 @@ HWY_BEFORE_NAMESPACE();
 namespace mha::detail::HWY_NAMESPACE {
 
 // ---- forward --------------------------------------------------------------------------------------
+
+// The K and V rows of the key block after the current one, asked for into the L2 a share at a time: the
+// online softmax of a tile asks, each of its rows, for that row's share of the lines, so that they come
+// while the tile's products run. At N = 16384 a head's K and V (8 MiB at d 64) no longer stay near, and
+// oneDNN's sgemm reads each block as it packs it, waiting on every line (docs/PERFORMANCE.md, issue 32).
+struct BlocksAhead {
+  const char* first[2] = {nullptr, nullptr};  // the first 64-byte line of the K rows, of the V rows
+  std::int64_t lines[2] = {0, 0};             // lines from each (0: nothing to ask for)
+
+  // Span x: the `size` bytes at `start`, every line they touch.
+  void set(int x, const void* start, std::int64_t size) {
+    const auto address = reinterpret_cast<std::uintptr_t>(start);
+    first[x] = reinterpret_cast<const char*>(address & ~std::uintptr_t{63});
+    lines[x] = (static_cast<std::int64_t>(address & 63) + size + 63) / 64;
+  }
+  // Asks for share r of `shares` of the lines.
+  void prefetch_share(std::int64_t r, std::int64_t shares) const {
+    for (int x = 0; x < 2; ++x)
+      for (std::int64_t line = lines[x] * r / shares; line < lines[x] * (r + 1) / shares; ++line)
+        __builtin_prefetch(first[x] + 64 * line, 0, 2);
+  }
+};
 
 // One thread's state for one block of query rows of each head of its item; T is the inputs' type (float or
 // bfloat16).
@@ -65,6 +88,7 @@ struct ForwardBlock {
   const std::uint8_t* key_flags;  // [S] of this (b, key/value head): kValueRow where v holds NaN or Inf
   const T* k_head;                // [S, d_k] of this (b, key/value head), adjacent rows (the caller's or a copy)
   const T* v_head;                // [S, d_v], likewise
+  BlocksAhead ahead;              // the next key block's rows, asked for during a tile's softmax
 
   // The state of the n-th head of the item, of `rows` rows (the logits tile is shared).
   ForwardBlock head_state(std::int64_t n, std::int64_t rows) const {
@@ -99,6 +123,7 @@ void OnlineSoftmaxTile(const AttentionInputs<T>& p, const ForwardBlock<T>& w, st
   constexpr ExpAccuracy kAccuracy = kExpAccuracyOf<T>;
   const std::int64_t padded_cols = round_up(cols, kRowAlign);
   for (std::int64_t r = 0; r < rows; ++r) {
+    w.ahead.prefetch_share(r, rows);
     float* row = w.s + r * kBlockK;
     const std::int64_t visible = causal_visible(p, i0 + r, j0, cols);
     // Entries [0, done) hold exp(S - m) (their sum in done_sum), the rest still S.
@@ -236,12 +261,19 @@ void ForwardQueryBlock(const AttentionParams<T>& p, const ForwardBlock<T>& w, st
     const std::int64_t cols = std::min(kBlockK, key_end - j0);
     const SafeBlock<T> v_block =
         safe_block(p, w.v_head, p.d_v, b, kv, j0, cols, p.d_v, w.key_flags, kValueRow, w.v_copy, w.nonfinite);
+    ForwardBlock<T> tile_w = w;  // the first tile of the block asks for the next block's rows
+    if (j0 + kBlockK < key_end) {
+      const std::int64_t next_cols = std::min(kBlockK, key_end - j0 - kBlockK);
+      tile_w.ahead.set(0, w.k_head + (j0 + kBlockK) * p.d_k, next_cols * p.d_k * std::int64_t{sizeof(T)});
+      tile_w.ahead.set(1, w.v_head + (j0 + kBlockK) * p.d_v, next_cols * p.d_v * std::int64_t{sizeof(T)});
+    }
     for (std::int64_t n = 0; n < heads; ++n) {
       for (const RowBand band : tile_row_bands(p, i0, rows, j0, cols)) {  // a diagonal tile in two bands
         if (band.empty()) continue;
-        ForwardTile(p, w.head_state(n, rows).rows_from(band.first),
+        ForwardTile(p, tile_w.head_state(n, rows).rows_from(band.first),
                     q_rows[static_cast<std::size_t>(n)] + band.first * p.d_k, v_block, b, kv, head0 + n,
                     i0 + band.first, band.rows, j0, band.cols);
+        tile_w.ahead = {};
       }
     }
   }

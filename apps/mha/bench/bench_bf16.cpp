@@ -234,12 +234,12 @@ void bench_layer(const BenchOptions& options, std::int64_t N, int threads, bool 
 
 int run_bench_bf16(const BenchOptions& options, const std::string& command) {
   const MachineInfo m = describe_machine();
-  fmt::print("mha bench --dtype bf16 ({})\nmachine: {} ({}), {} CPUs, {}; oneDNN {} ({})\n", m.date, m.cpu_model,
-             m.cpu_family_model, m.logical_cpus, m.simd, m.onednn_version, m.onednn_isa);
+  fmt::print("mha bench --dtype bf16 ({})\nmachine: {}, {} CPUs, {}; oneDNN {} ({})\n", m.date, cpu_name(m),
+             m.logical_cpus, m.simd, m.onednn_version, m.onednn_isa);
   const RepeatPolicy policy{1, 3, 20, 1.0, 6.0};
   const std::vector<std::int64_t> sizes = options.quick ? std::vector<std::int64_t>{1024} : options.sizes;
   nlohmann::json report = {{"command", command},
-                           {"machine", m.cpu_model + " (" + m.cpu_family_model + ")"},
+                           {"machine", cpu_name(m)},
                            {"onednn_isa", m.onednn_isa},
                            {"bf16_path", mha::detail::bf16_gemm_implementation()},
                            {"bf16_attention", mha::detail::fused_bf16_attention_kernel()},

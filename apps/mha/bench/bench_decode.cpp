@@ -232,14 +232,14 @@ int run_bench_decode(const BenchOptions& options, const std::string& command) {
   // The bandwidth rows (issue 33): caches past the last-level cache and of at least 2 GiB, so that neither
   // the cache nor its page tables fit; with --llc-mib (the tests' small caches), 4x the size set.
   const std::int64_t big = options.llc_mib > 0 ? 4 * llc : std::max<std::int64_t>(llc + 1, std::int64_t{2} << 30);
-  fmt::print("mha bench --decode ({})\nmachine: {} ({}), {} CPUs, {}{}; last-level cache {} MiB{}; load average {}\n",
-             m.date, m.cpu_model, m.cpu_family_model, m.logical_cpus, m.simd, m.virtual_machine ? ", virtual" : "",
-             llc >> 20, options.llc_mib > 0 ? " (set by --llc-mib)" : " (sysfs)", load_average());
+  fmt::print("mha bench --decode ({})\nmachine: {}, {} CPUs, {}{}; last-level cache {} MiB{}; load average {}\n",
+             m.date, cpu_name(m), m.logical_cpus, m.simd, m.virtual_machine ? ", virtual" : "", llc >> 20,
+             options.llc_mib > 0 ? " (set by --llc-mib)" : " (sysfs)", load_average());
   fmt::print("bandwidth rows (the targets' rows): caches >= {} MiB\n", big >> 20);
   const std::string prefetch = mha::detail::decode_prefetch_description();
   fmt::print("the kernel prefetches the block ahead into the {}\n", prefetch);
   nlohmann::json report = {{"command", command},
-                           {"machine", m.cpu_model + " (" + m.cpu_family_model + ")"},
+                           {"machine", cpu_name(m)},
                            {"date", m.date},
                            {"last_level_cache_bytes", llc},
                            {"bandwidth_rows_min_bytes", big},

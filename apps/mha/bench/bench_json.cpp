@@ -151,6 +151,7 @@ void to_json(json& j, const MachineInfo& m) {
   j = {{"cpu_model", m.cpu_model},
        {"cpu_family_model", m.cpu_family_model},
        {"cpu_mhz", m.cpu_mhz},
+       {"measured_ghz", m.measured_ghz},
        {"logical_cpus", m.logical_cpus},
        {"simd", m.simd},
        {"virtual_machine", m.virtual_machine},

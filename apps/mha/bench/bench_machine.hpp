@@ -10,6 +10,7 @@ struct MachineInfo {
   std::string cpu_model;          // /proc/cpuinfo "model name"
   std::string cpu_family_model;   // "family 25 model 1" (the model name alone can be as vague as "AMD EPYC")
   double cpu_mhz = 0;             // /proc/cpuinfo "cpu MHz" of the first CPU
+  double measured_ghz = 0;        // the clock a core ran at while describe_machine measured it; 0: not measured
   int logical_cpus = 0;           // online CPUs
   std::string simd;               // the widest of avx512f / avx2 / avx in the CPU flags
   bool virtual_machine = false;   // the "hypervisor" CPU flag
@@ -23,6 +24,11 @@ struct MachineInfo {
 };
 
 MachineInfo describe_machine();
+
+// The CPU as the reports name it: "AMD EPYC (family 26 model 2, runs at 3.38 GHz)". A virtual machine's
+// "cpu MHz" is often the host's nominal clock (a Zen 5 here reads 2096 MHz and runs at 3.3-3.4 GHz), and
+// the host may change the clock between runs, so the measured one is what figures compare against.
+std::string cpu_name(const MachineInfo& m);
 
 // /proc/loadavg's 1, 5 and 15 minute load averages, e.g. "0.52 0.61 0.70": how busy the machine was.
 std::string load_average();

@@ -50,9 +50,9 @@ std::string format_bytes(std::int64_t bytes) {
 void print_machine(const BenchResults& r) {
   const MachineInfo& m = r.machine;
   fmt::print("mha bench, {}\n", m.date);
-  fmt::print("machine: {} ({}, {:.0f} MHz, {}{}), {} logical CPUs, {} memory, {}\n", m.cpu_model, m.cpu_family_model,
-             m.cpu_mhz, m.simd, m.virtual_machine ? ", virtual machine" : "", m.logical_cpus,
-             format_bytes(m.memory_bytes), m.kernel);
+  fmt::print("machine: {} ({}, {:.0f} MHz{}, {}{}), {} logical CPUs, {} memory, {}\n", m.cpu_model, m.cpu_family_model,
+             m.cpu_mhz, m.measured_ghz > 0 ? fmt::format(" reported, runs at {:.2f} GHz", m.measured_ghz) : "", m.simd,
+             m.virtual_machine ? ", virtual machine" : "", m.logical_cpus, format_bytes(m.memory_bytes), m.kernel);
   fmt::print("software: mha {} (source tree {}), oneDNN {} (JIT for {}), {}\n", m.mha_version, r.source_revision,
              m.onednn_version, m.onednn_isa, m.compiler);
   fmt::print("command: {}\n", r.command);

@@ -401,7 +401,7 @@ json torch_config(const SdpaPython& py, const BenchOptions& o) {
 json open_report(const BenchOptions& o, const std::string& command) {
   const MachineInfo m = describe_machine();
   json report = {{"command", command},
-                 {"machine", m.cpu_model + " (" + m.cpu_family_model + ")"},
+                 {"machine", cpu_name(m)},
                  {"logical_cpus", m.logical_cpus},
                  {"simd", m.simd},
                  {"onednn_version", m.onednn_version},
@@ -412,11 +412,11 @@ json open_report(const BenchOptions& o, const std::string& command) {
                  {"load_start", load_average()},
                  {"rows", json::array()},
                  {"overhead", json::array()}};
-  fmt::print("mha bench --torch-sdpa ({})\nmachine: {} ({}), {} CPUs, {}{}; oneDNN {} ({}); source tree {}; load "
+  fmt::print("mha bench --torch-sdpa ({})\nmachine: {}, {} CPUs, {}{}; oneDNN {} ({}); source tree {}; load "
              "average {}\ncommand: {}\n",
-             m.date, m.cpu_model, m.cpu_family_model, m.logical_cpus, m.simd, m.virtual_machine ? ", virtual" : "",
-             m.onednn_version, m.onednn_isa, report["source_revision"].get<std::string>(),
-             report["load_start"].get<std::string>(), command);
+             m.date, cpu_name(m), m.logical_cpus, m.simd, m.virtual_machine ? ", virtual" : "", m.onednn_version,
+             m.onednn_isa, report["source_revision"].get<std::string>(), report["load_start"].get<std::string>(),
+             command);
   return report;
 }
 

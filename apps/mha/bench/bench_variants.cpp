@@ -234,7 +234,7 @@ int run_bench_variants(const BenchOptions& options, const std::string& command) 
   if (options.threads.empty()) throw std::invalid_argument("--threads must not be empty");
   const MachineInfo m = describe_machine();
   nlohmann::json report = {{"command", command},
-                           {"machine", m.cpu_model + " (" + m.cpu_family_model + ")"},
+                           {"machine", cpu_name(m)},
                            {"logical_cpus", m.logical_cpus},
                            {"simd", m.simd},
                            {"onednn_version", m.onednn_version},
@@ -243,11 +243,10 @@ int run_bench_variants(const BenchOptions& options, const std::string& command) 
                            {"source_revision", source_revision()},
                            {"load_start", load_average()}};
   const double steal_start = steal_seconds();
-  fmt::print("mha bench --variants ({})\nmachine: {} ({}), {} CPUs, {}{}; oneDNN {} ({}); source tree {}; load "
+  fmt::print("mha bench --variants ({})\nmachine: {}, {} CPUs, {}{}; oneDNN {} ({}); source tree {}; load "
              "average {}\n",
-             m.date, m.cpu_model, m.cpu_family_model, m.logical_cpus, m.simd, m.virtual_machine ? ", virtual" : "",
-             m.onednn_version, m.onednn_isa, report["source_revision"].get<std::string>(),
-             report["load_start"].get<std::string>());
+             m.date, cpu_name(m), m.logical_cpus, m.simd, m.virtual_machine ? ", virtual" : "", m.onednn_version,
+             m.onednn_isa, report["source_revision"].get<std::string>(), report["load_start"].get<std::string>());
   fmt::print("command: {}\nEach ratio: two calls timed alternately after a warm-up of each, medians of {}; \"of the "
              "mins\": the same ratio from each side's best call, a check on the medians\n",
              command,

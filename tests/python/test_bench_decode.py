@@ -8,6 +8,7 @@ from the machine: the machines drawn have 32 MiB, 260 MiB and 480 MiB of L3, and
 depend on which one runs the suite."""
 import json
 import pathlib
+import platform
 import re
 import subprocess
 
@@ -75,6 +76,18 @@ def test_prints_bandwidth_rows_and_targets(decode_run):
     assert re.search(r"the read bandwidth itself, 2 threads over 1, beside those rows: \d+\.\d\dx to \d+\.\d\dx",
                      stdout) is None  # no cache here exceeds the last-level cache: no scaling rows
     assert all(line.split("|")[0].split()[4].endswith("*") for line in row_lines)
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the clock is measured on x86 only")
+def test_names_the_measured_clock(decode_run):
+    """The machine line and the report name the clock a core ran at, measured (a virtual machine's "cpu MHz"
+    is often the host's nominal clock): a figure between 0.3 and 8 GHz, the same in both, whatever the
+    machine's actual speed."""
+    stdout, report = decode_run
+    printed = re.search(r"^machine: .+ \(family \d+ model \d+, runs at (\d+\.\d\d) GHz\), \d+ CPUs", stdout, re.M)
+    assert printed, stdout[:400]
+    assert 0.3 < float(printed.group(1)) < 8.0
+    assert report["machine"].endswith(f"runs at {printed.group(1)} GHz)")
 
 
 def test_skips_caches_over_the_cap(tmp_path):

@@ -44,6 +44,7 @@
 #include "attention/online_softmax.hpp"
 #include "hwy/highway.h"
 #include "parallel.hpp"
+#include "prefetch_lines.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace mha::detail::HWY_NAMESPACE {
@@ -55,20 +56,13 @@ namespace mha::detail::HWY_NAMESPACE {
 // while the tile's products run. At N = 16384 a head's K and V (8 MiB at d 64) no longer stay near, and
 // oneDNN's sgemm reads each block as it packs it, waiting on every line (docs/PERFORMANCE.md, issue 32).
 struct BlocksAhead {
-  const char* first[2] = {nullptr, nullptr};  // the first 64-byte line of the K rows, of the V rows
-  std::int64_t lines[2] = {0, 0};             // lines from each (0: nothing to ask for)
+  LineSpan spans[2];  // the K rows', the V rows' (no lines: nothing to ask for)
 
-  // Span x: the `size` bytes at `start`, every line they touch.
-  void set(int x, const void* start, std::int64_t size) {
-    const auto address = reinterpret_cast<std::uintptr_t>(start);
-    first[x] = reinterpret_cast<const char*>(address & ~std::uintptr_t{63});
-    lines[x] = (static_cast<std::int64_t>(address & 63) + size + 63) / 64;
-  }
   // Asks for share r of `shares` of the lines.
   void prefetch_share(std::int64_t r, std::int64_t shares) const {
-    for (int x = 0; x < 2; ++x)
-      for (std::int64_t line = lines[x] * r / shares; line < lines[x] * (r + 1) / shares; ++line)
-        __builtin_prefetch(first[x] + 64 * line, 0, 2);
+    for (const LineSpan& span : spans)
+      for (std::int64_t line = span.lines * r / shares; line < span.lines * (r + 1) / shares; ++line)
+        __builtin_prefetch(span.first + 64 * line, 0, 2);
   }
 };
 
@@ -264,8 +258,8 @@ void ForwardQueryBlock(const AttentionParams<T>& p, const ForwardBlock<T>& w, st
     ForwardBlock<T> tile_w = w;  // the first tile of the block asks for the next block's rows
     if (j0 + kBlockK < key_end) {
       const std::int64_t next_cols = std::min(kBlockK, key_end - j0 - kBlockK);
-      tile_w.ahead.set(0, w.k_head + (j0 + kBlockK) * p.d_k, next_cols * p.d_k * std::int64_t{sizeof(T)});
-      tile_w.ahead.set(1, w.v_head + (j0 + kBlockK) * p.d_v, next_cols * p.d_v * std::int64_t{sizeof(T)});
+      tile_w.ahead.spans[0] = line_span(w.k_head + (j0 + kBlockK) * p.d_k, next_cols * p.d_k * std::int64_t{sizeof(T)});
+      tile_w.ahead.spans[1] = line_span(w.v_head + (j0 + kBlockK) * p.d_v, next_cols * p.d_v * std::int64_t{sizeof(T)});
     }
     for (std::int64_t n = 0; n < heads; ++n) {
       for (const RowBand band : tile_row_bands(p, i0, rows, j0, cols)) {  // a diagonal tile in two bands

@@ -27,7 +27,6 @@
 #include "decode/decode_driver.hpp"  // for_each_page_run
 #include "decode/decode_params.hpp"
 #include "decode/load_widened-inl.h"
-#include "decode/prefetch_level.hpp"
 #include "decode/prefetch_rows-inl.h"
 #include "decode/split_kv.hpp"
 #include "hwy/highway.h"
@@ -166,10 +165,10 @@ HWY_INLINE void GatherBlockScales(const DecodeParams<T, float>& p, std::int64_t 
   for (std::int64_t j = kb; j < kKeyBlock; ++j) logit_scales[j] = p.scale, value_scales[j] = 0.0f;
 }
 
-// s [R, kKeyBlock] from the dots in its columns j < kb: times scale_j[j], and -inf where a row may not
+// s [R, kKeyBlock] from the dots in its columns j < kb: times logit_scales[j], and -inf where a row may not
 // see key j (j >= visible[r]) and in the padding (j >= kb, whose columns are not read: they may hold
 // anything, numbers of an earlier block or memory never written).
-inline void ScaleAndMaskLogits(float* HWY_RESTRICT s, std::int64_t R, const float* HWY_RESTRICT scale_j,
+inline void ScaleAndMaskLogits(float* HWY_RESTRICT s, std::int64_t R, const float* HWY_RESTRICT logit_scales,
                                const std::int64_t* visible, std::int64_t kb) {
   const hn::ScalableTag<float> d;
   const hn::RebindToSigned<decltype(d)> di;
@@ -181,7 +180,7 @@ inline void ScaleAndMaskLogits(float* HWY_RESTRICT s, std::int64_t R, const floa
     for (std::int64_t j = 0; j < kKeyBlock; j += N) {
       const auto seen = hn::RebindMask(d, hn::Lt(hn::Iota(di, static_cast<std::int32_t>(j)), limit));
       const auto dots = hn::MaskedLoad(seen, d, row + j);
-      hn::Store(hn::IfThenElse(seen, hn::Mul(dots, hn::Load(d, scale_j + j)), minus_inf), d, row + j);
+      hn::Store(hn::IfThenElse(seen, hn::Mul(dots, hn::Load(d, logit_scales + j)), minus_inf), d, row + j);
     }
   }
 }

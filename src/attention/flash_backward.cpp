@@ -48,17 +48,27 @@ namespace mha::detail::HWY_NAMESPACE {
 // dS = P * (f dP - D) for a tile: dp [rows, cols] holds dO V^T on entry and dS (without the logit
 // scale) on exit; f is the dropout factor (1 without dropout). In a row whose D is not finite (its dO
 // or its output holds NaN or Inf) P * (...) is NaN even where P is 0, so a forbidden key's dS is set
-// back to exactly 0 there: no gradient reaches a key the row does not attend to.
+// back to exactly 0 there: no gradient reaches a key the row does not attend to. With `rounded` (the
+// tile's P and dS final once a row is done: RoundsRowByRow), each row's P and dS are rounded to
+// bfloat16 into rounded->p and rounded->ds as it is done, still in the L1, where the caller would
+// otherwise round both tiles after, reading them back from the L2.
+struct RoundedTiles {
+  bfloat16 *p, *ds;  // [rows, kBlockK] each
+};
 template <class T>
 void SoftmaxBackwardTile(const AttentionInputs<T>& p, std::int64_t b, std::int64_t head, std::int64_t i0,
                          std::int64_t rows, std::int64_t j0, std::int64_t cols, const float* s, const float* D,
-                         float* dp) {
+                         float* dp, const RoundedTiles* rounded) {
   if (p.dropout_p > 0) apply_dropout(p, b, head, i0, rows, j0, cols, dp, kBlockK);
   const std::int64_t padded_cols = round_up(cols, kRowAlign);
   for (std::int64_t r = 0; r < rows; ++r) {
     std::fill(dp + r * kBlockK + cols, dp + r * kBlockK + padded_cols, 0.0f);
     SoftmaxBackwardRow(s + r * kBlockK, dp + r * kBlockK, padded_cols, D[r]);
     if (!std::isfinite(D[r])) ZeroForbiddenEntries(p, b, head, i0 + r, j0, cols, dp + r * kBlockK);
+    if (rounded) {
+      RoundRowsToBfloat16(s + r * kBlockK, kBlockK, 1, padded_cols, rounded->p + r * kBlockK, kBlockK);
+      RoundRowsToBfloat16(dp + r * kBlockK, kBlockK, 1, padded_cols, rounded->ds + r * kBlockK, kBlockK);
+    }
   }
 }
 
@@ -156,6 +166,13 @@ struct BackwardContext {
   }
 };
 
+// Whether SoftmaxBackwardTile can round P and dS to bfloat16 row by row: bfloat16 inputs, and no pass
+// changes them after it (dropout's copy of P, soft-capping's slope, the NaN of a non-finite v row).
+template <class T>
+bool RoundsRowByRow(const BackwardContext<T>& ctx, const KeyBlocks<T>& kv) {
+  return BackwardContext<T>::kRounds && ctx.p.dropout_p == 0 && ctx.p.softcap == 0 && kv.v.nonfinite_count == 0;
+}
+
 // S = scale Q_i K_j^T -> P (in t.s), and dP = dO_i V_j^T -> dS (in t.dp), for query rows i0.. and
 // keys j0... A key whose k holds NaN or Inf gets its exact P (0 for a -inf logit, else NaN); one whose
 // v does gets dS = NaN in the rows that attend to it (P != 0). Rows that do not attend to it are
@@ -172,7 +189,9 @@ void TileGradients(const BackwardContext<T>& ctx, const BackwardTiles<T>& t, std
                                     t.s, t.cap_slope);
   gemm_tile(rows, cols, p.d_v, plain(t.do_head + i0 * p.d_v, p.d_v), transposed(kv.v.data, kv.v.ld),
             overwrite(t.dp, kBlockK));
-  SoftmaxBackwardTile(p, b, head, i0, rows, j0, cols, t.s, ctx.D + row0, t.dp);
+  const RoundedTiles rounded{t.pd_rounded, t.ds_rounded};
+  SoftmaxBackwardTile(p, b, head, i0, rows, j0, cols, t.s, ctx.D + row0, t.dp,
+                      RoundsRowByRow(ctx, kv) ? &rounded : nullptr);
   if (p.softcap > 0)  // dS times d cap / d logit, where dS is not 0 (a NaN slope must not reach a forbidden key)
     for (std::int64_t r = 0; r < rows; ++r)
       for (std::int64_t c = 0; c < cols; ++c)
@@ -227,7 +246,7 @@ void TileAllGradients(const BackwardContext<T>& ctx, BackwardTiles<T>& t, std::i
       safe_query_rows(t.do_head, p.d_v, i0, rows, p.d_v, query_flags, kDoutRow, t.do_copy, t.nonfinite_do);
   const SafeBlock<T> q_rows =
       safe_query_rows(t.q_head, p.d_k, i0, rows, p.d_k, query_flags, kQueryRow, t.q_copy, t.nonfinite_q);
-  if constexpr (BackwardContext<T>::kRounds) {  // the tiles' bfloat16 copies for the three products
+  if (BackwardContext<T>::kRounds && !RoundsRowByRow(ctx, kv)) {  // the tiles' bfloat16 copies for the products
     RoundRowsToBfloat16(pd, kBlockK, rows, round_up(seen, kRowAlign), t.pd_rounded, kBlockK);
     RoundRowsToBfloat16(t.dp, kBlockK, rows, round_up(seen, kRowAlign), t.ds_rounded, kBlockK);
   }

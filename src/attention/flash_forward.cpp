@@ -99,51 +99,68 @@ struct ForwardBlock {
   }
 };
 
+// Whether the online softmax rounds each row of P to bfloat16 as it finishes it (the row still in the
+// L1), for the P V product: bfloat16 inputs without dropout, which changes P after the softmax. Otherwise
+// AccumulateValues rounds the whole tile after, a pass that reads it back from the L2 (the 128 x 256
+// float32 tile is larger than an L1): 7% of the bf16 training step with AMX (docs/PERFORMANCE.md).
+template <class T>
+bool RoundsInSoftmax(const AttentionInputs<T>& p) {
+  return std::is_same_v<T, bfloat16> && p.dropout_p == 0;
+}
+
 // How far a row's logits may exceed its reference m before the reference moves: P = exp(S - m) is then at
 // most e^8 (about 3000), far from float32's overflow.
 inline constexpr float kSoftmaxHeadroom = 8.0f;
 
-// The online softmax over one logits tile (data masks applied, cols <= kBlockK) of query rows i0..:
-// P = exp(S - m') in place (0 past each row's causal prefix and in the padding), l = a l + rowsum P,
-// acc = a acc, m = m' with a = exp(m - m'). m is each row's reference, not always its running max: a row
-// that already has a finite m exponentiates the tile against it in one pass and keeps it while no logit
-// exceeds it by more than kSoftmaxHeadroom (out = acc / l and lse = m + log l hold for any reference);
-// only a row's first tile with weight, or one with a logit past the headroom, finds the max and moves m
-// to it (the rule of online_softmax.hpp). Measured in docs/PERFORMANCE.md (issue 32): the max pass and
-// its dependent reduction before every row's exps cost more than the exps' own vector work hides.
+// The online softmax of row r of a logits tile (entries [0, visible) allowed, padded to padded_cols): P =
+// exp(S - m') in place, l = a l + rowsum P, acc = a acc, m = m' with a = exp(m - m'). m is the row's
+// reference, not always its running max: a row that already has a finite m exponentiates the tile against
+// it in one pass and keeps it while no logit exceeds it by more than kSoftmaxHeadroom (out = acc / l and lse
+// = m + log l hold for any reference); only a row's first tile with weight, or one with a logit past the
+// headroom, finds the max and moves m to it (the rule of online_softmax.hpp). Measured in
+// docs/PERFORMANCE.md (issue 32): the max pass and its dependent reduction before every row's exps cost
+// more than the exps' own vector work hides.
+template <ExpAccuracy kAccuracy, class T>
+void OnlineSoftmaxRow(const ForwardBlock<T>& w, std::int64_t r, std::int64_t visible, std::int64_t padded_cols) {
+  float* row = w.s + r * kBlockK;
+  // Entries [0, done) hold exp(S - m) (their sum in done_sum), the rest still S.
+  std::int64_t done = 0;
+  float done_sum = 0.0f;
+  if (std::isfinite(w.m[r])) {
+    const HeadroomPass pass = ExpRowSumWithinHeadroom<kAccuracy>(row, padded_cols, visible, w.m[r], kSoftmaxHeadroom);
+    if (pass.stopped_at == padded_cols) {  // the usual case: m stays
+      w.l[r] += pass.sum;
+      return;
+    }
+    done = pass.stopped_at, done_sum = pass.sum;
+  }
+  // The max of the entries left (see RowMax for a row holding a NaN; those done are below it), then the
+  // rule of online_softmax.hpp.
+  const OnlineSoftmaxStep<float> step =
+      online_softmax_step(w.m[r], RowMax(row + done, padded_cols - done, visible - done));
+  if (step.no_weight) {  // nothing allowed yet in this row
+    std::fill(row, row + padded_cols, 0.0f);
+    return;
+  }
+  if (done > 0) ScaleRow(row, done, step.rescale);  // exp(S - m) exp(m - m') = exp(S - m')
+  w.l[r] = (w.l[r] + done_sum) * step.rescale +
+           ExpShiftedRowSum<kAccuracy>(row + done, padded_cols - done, visible - done, step.m_new);
+  if (step.rescale != 1.0f) ScaleRow(w.acc + r * w.ld_acc, w.ld_acc, step.rescale);
+  w.m[r] = step.m_new;
+}
+
+// The online softmax over one logits tile (data masks applied, cols <= kBlockK) of query rows i0..: each row
+// by OnlineSoftmaxRow (0 past its causal prefix and in the padding), and its bfloat16 copy where
+// RoundsInSoftmax.
 template <class T>
 void OnlineSoftmaxTile(const AttentionInputs<T>& p, const ForwardBlock<T>& w, std::int64_t i0, std::int64_t rows,
                        std::int64_t j0, std::int64_t cols) {
-  constexpr ExpAccuracy kAccuracy = kExpAccuracyOf<T>;
   const std::int64_t padded_cols = round_up(cols, kRowAlign);
+  const bool round = RoundsInSoftmax(p);
   for (std::int64_t r = 0; r < rows; ++r) {
     w.ahead.prefetch_share(r, rows);
-    float* row = w.s + r * kBlockK;
-    const std::int64_t visible = causal_visible(p, i0 + r, j0, cols);
-    // Entries [0, done) hold exp(S - m) (their sum in done_sum), the rest still S.
-    std::int64_t done = 0;
-    float done_sum = 0.0f;
-    if (std::isfinite(w.m[r])) {
-      const HeadroomPass pass = ExpRowSumWithinHeadroom<kAccuracy>(row, padded_cols, visible, w.m[r], kSoftmaxHeadroom);
-      if (pass.stopped_at == padded_cols) {  // the usual case: m stays
-        w.l[r] += pass.sum;
-        continue;
-      }
-      done = pass.stopped_at, done_sum = pass.sum;
-    }
-    // The max of the entries left (see RowMax for a row holding a NaN; those done are below it), then the
-    // rule of online_softmax.hpp.
-    const OnlineSoftmaxStep<float> step =
-        online_softmax_step(w.m[r], RowMax(row + done, padded_cols - done, visible - done));
-    if (step.no_weight) {  // nothing allowed yet in this row
-      std::fill(row, row + padded_cols, 0.0f);
-      continue;
-    }
-    if (done > 0) ScaleRow(row, done, step.rescale);  // exp(S - m) exp(m - m') = exp(S - m')
-    w.l[r] = (w.l[r] + done_sum) * step.rescale +
-             ExpShiftedRowSum<kAccuracy>(row + done, padded_cols - done, visible - done, step.m_new);
-    if (step.rescale != 1.0f) ScaleRow(w.acc + r * w.ld_acc, w.ld_acc, step.rescale);
-    w.m[r] = step.m_new;
+    OnlineSoftmaxRow<kExpAccuracyOf<T>>(w, r, causal_visible(p, i0 + r, j0, cols), padded_cols);
+    if (round) RoundRowsToBfloat16(w.s + r * kBlockK, kBlockK, 1, padded_cols, w.p_rounded + r * kBlockK, kBlockK);
   }
 }
 
@@ -153,7 +170,7 @@ void OnlineSoftmaxTile(const AttentionInputs<T>& p, const ForwardBlock<T>& w, st
 template <class T>
 void AccumulateValues(const AttentionParams<T>& p, const ForwardBlock<T>& w, const SafeBlock<T>& v_block,
                       std::int64_t b, std::int64_t kv, std::int64_t rows, std::int64_t j0, std::int64_t cols) {
-  if constexpr (std::is_same_v<T, bfloat16>)
+  if (std::is_same_v<T, bfloat16> && !RoundsInSoftmax(p))  // (else rounded row by row)
     RoundRowsToBfloat16(w.s, kBlockK, rows, round_up(cols, kRowAlign), w.p_rounded, kBlockK);
   gemm_tile(rows, p.d_v, cols, tile_operand<T>(w.s, w.p_rounded), plain(v_block.data, v_block.ld),
             accumulate_into(w.acc, w.ld_acc));

@@ -6,7 +6,9 @@
 //   AMD Zen 4 (family 25): L2 2.9-3.1x faster for float32, 1.6-1.9x for bfloat16 (the L1's few miss
 //                           buffers, each held until its line arrives, kept few lines in flight);
 //   AMD Zen 5 (family 26): L1 1.14x faster for float32, 1.11x for bfloat16, 1.24x for int8 (medians);
-//   Intel Xeons (family 6): L1 reached 66-68% of the read bandwidth; L2 not measured.
+//   Intel Xeons (family 6): L1 reached 66-68% of the read bandwidth; on the model-167 Xeon with AMX the two
+//                           were equal (f32 95.8-96.9 ms against 95.7-96.9, int8 32.7 against 33.6-34.1, 1 x
+//                           128k, 2026-12-06): bound elsewhere (docs/PERFORMANCE.md, issue 33).
 // So L2 on AMD family 25 (Zen 3 shares it: not measured) and L1 everywhere else. MHA_DECODE_PREFETCH=l1|l2
 // forces one (for measuring a new machine; the result is the same bits either way).
 #pragma once

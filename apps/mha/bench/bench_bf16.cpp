@@ -176,6 +176,10 @@ double our_step_extra_mib(std::int64_t N, int threads, const std::string& dtype)
   return run.ok() ? static_cast<double>(run.peak_rss_first_bytes - run.baseline_rss_bytes) / (1 << 20) : 0.0;
 }
 
+// A PyTorch time in ms, or "not run" (--no-torch, or its process failed: the error is printed below).
+std::string torch_ms(double seconds) { return seconds > 0 ? fmt::format("{:.1f} ms", 1e3 * seconds) : "not run"; }
+std::string torch_mib(double mib) { return mib > 0 ? fmt::format("{:.0f} MiB", mib) : "not run"; }
+
 std::string percent(double part, double whole) { return whole > 0 ? fmt::format("{:.1f}%", 100 * part / whole) : "-"; }
 std::string ratio(double slow_s, double fast_s) {
   return slow_s > 0 && fast_s > 0 ? fmt::format("{:.2f}x", slow_s / fast_s) : "-";
@@ -193,16 +197,16 @@ void bench_layer(const BenchOptions& options, std::int64_t N, int threads, bool 
       for (int p = 0; p < 2; ++p)
         torch[t][p] = torch_layer(options, N, threads, p ? Pass::ForwardBackward : Pass::Forward,
                                   t ? "float32" : "bfloat16", policy, error);
-  fmt::print("  layer N {}: forward bf16 {:.1f} ms, float32 {:.1f} ms (bf16 {} as fast), PyTorch bf16 {:.1f} ms ({}), "
-             "PyTorch float32 {:.1f} ms ({})\n",
+  fmt::print("  layer N {}: forward bf16 {:.1f} ms, float32 {:.1f} ms (bf16 {} as fast), PyTorch bf16 {} ({}), "
+             "PyTorch float32 {} ({})\n",
              N, 1e3 * bf.forward.min_s, 1e3 * f32.forward.min_s, ratio(f32.forward.min_s, bf.forward.min_s),
-             1e3 * torch[0][0].seconds, ratio(torch[0][0].seconds, bf.forward.min_s), 1e3 * torch[1][0].seconds,
+             torch_ms(torch[0][0].seconds), ratio(torch[0][0].seconds, bf.forward.min_s), torch_ms(torch[1][0].seconds),
              ratio(torch[1][0].seconds, bf.forward.min_s));
-  fmt::print("  layer N {}: training step bf16 {:.1f} ms, float32 {:.1f} ms ({}), PyTorch bf16 {:.1f} ms ({}), "
-             "PyTorch float32 {:.1f} ms ({})\n",
+  fmt::print("  layer N {}: training step bf16 {:.1f} ms, float32 {:.1f} ms ({}), PyTorch bf16 {} ({}), "
+             "PyTorch float32 {} ({})\n",
              N, 1e3 * bf.backward.min_s, 1e3 * f32.backward.min_s, ratio(f32.backward.min_s, bf.backward.min_s),
-             1e3 * torch[0][1].seconds, ratio(torch[0][1].seconds, bf.backward.min_s), 1e3 * torch[1][1].seconds,
-             ratio(torch[1][1].seconds, bf.backward.min_s));
+             torch_ms(torch[0][1].seconds), ratio(torch[0][1].seconds, bf.backward.min_s),
+             torch_ms(torch[1][1].seconds), ratio(torch[1][1].seconds, bf.backward.min_s));
   if (!error.empty()) fmt::print("  PyTorch: {}\n", error);
   nlohmann::json row = {{"what", "layer"},
                         {"threads", threads},
@@ -219,9 +223,8 @@ void bench_layer(const BenchOptions& options, std::int64_t N, int threads, bool 
     const double ours_bf16 = our_step_extra_mib(N, threads, "bf16"),
                  ours_f32 = our_step_extra_mib(N, threads, "float32");
     fmt::print("  layer N {}: the training step's extra memory (peak resident set after its first call minus before "
-               "it, own process): ours bf16 {:.0f} MiB, float32 {:.0f} MiB; PyTorch bf16 {:.0f} MiB, float32 {:.0f} "
-               "MiB\n",
-               N, ours_bf16, ours_f32, torch[0][1].extra_mib, torch[1][1].extra_mib);
+               "it, own process): ours bf16 {:.0f} MiB, float32 {:.0f} MiB; PyTorch bf16 {}, float32 {}\n",
+               N, ours_bf16, ours_f32, torch_mib(torch[0][1].extra_mib), torch_mib(torch[1][1].extra_mib));
     row["step_extra_mib"] = {{"ours_bf16", ours_bf16},
                              {"ours_f32", ours_f32},
                              {"torch_bf16", torch[0][1].extra_mib},

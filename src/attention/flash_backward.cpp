@@ -45,6 +45,11 @@ namespace mha::detail::HWY_NAMESPACE {
 //                 dK_j += scale dS^T Q_i;  dQ_i(group of j) += scale dS K_j
 //   dQ_i = sum over the groups, in order
 
+// Where SoftmaxBackwardTile writes the bfloat16 copies of P and dS (BackwardTiles' pd_rounded, ds_rounded).
+struct RoundedTiles {
+  bfloat16 *p, *ds;  // [rows, kBlockK] each
+};
+
 // dS = P * (f dP - D) for a tile: dp [rows, cols] holds dO V^T on entry and dS (without the logit
 // scale) on exit; f is the dropout factor (1 without dropout). In a row whose D is not finite (its dO
 // or its output holds NaN or Inf) P * (...) is NaN even where P is 0, so a forbidden key's dS is set
@@ -52,9 +57,6 @@ namespace mha::detail::HWY_NAMESPACE {
 // tile's P and dS final once a row is done: RoundsRowByRow), each row's P and dS are rounded to
 // bfloat16 into rounded->p and rounded->ds as it is done, still in the L1, where the caller would
 // otherwise round both tiles after, reading them back from the L2.
-struct RoundedTiles {
-  bfloat16 *p, *ds;  // [rows, kBlockK] each
-};
 template <class T>
 void SoftmaxBackwardTile(const AttentionInputs<T>& p, std::int64_t b, std::int64_t head, std::int64_t i0,
                          std::int64_t rows, std::int64_t j0, std::int64_t cols, const float* s, const float* D,

@@ -102,7 +102,8 @@ struct ForwardBlock {
 // Whether the online softmax rounds each row of P to bfloat16 as it finishes it (the row still in the
 // L1), for the P V product: bfloat16 inputs without dropout, which changes P after the softmax. Otherwise
 // AccumulateValues rounds the whole tile after, a pass that reads it back from the L2 (the 128 x 256
-// float32 tile is larger than an L1): 7% of the bf16 training step with AMX (docs/PERFORMANCE.md).
+// float32 tile is larger than an L1). The tile passes, this one and the backward's, were 6-7% of the bf16
+// training step with AMX (docs/PERFORMANCE.md, issue 32).
 template <class T>
 bool RoundsInSoftmax(const AttentionInputs<T>& p) {
   return std::is_same_v<T, bfloat16> && p.dropout_p == 0;

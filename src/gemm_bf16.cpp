@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "attention/flash_config.hpp"
+#include "attention/query_block.hpp"
 #include "bf16_path.hpp"
 #include "gemm.hpp"
 #include "gemm_bf16_widened.hpp"
@@ -211,28 +212,29 @@ struct TileProduct {
 };
 
 // The operands of the forward's two tile products (flash_forward.cpp) for head width d, at the kernel's
-// own sizes and row strides: S = scale Q K^T [kBlockQ, kBlockK] (K = d, overwritten) and
-// acc += P V [kBlockQ, d] (K = kBlockK, accumulated); the backward's products have the same sizes.
+// own sizes and row strides: S = scale Q K^T [rows, kBlockK] (K = d, overwritten) and
+// acc += P V [rows, d] (K = kBlockK, accumulated), rows = query_block_rows(); the backward's products
+// have the same sizes.
 struct TileOperands {
-  std::int64_t d;
-  std::vector<bfloat16> q, k, p, v;  // q: [kBlockQ, d], k: [kBlockK, d], p: [kBlockQ, kBlockK], v: [kBlockK, d]
-  std::vector<float> s, acc;         // s: [kBlockQ, kBlockK], acc: [kBlockQ, d]
+  std::int64_t d, rows = query_block_rows();
+  std::vector<bfloat16> q, k, p, v;  // q: [rows, d], k: [kBlockK, d], p: [rows, kBlockK], v: [kBlockK, d]
+  std::vector<float> s, acc;         // s: [rows, kBlockK], acc: [rows, d]
 
   explicit TileOperands(std::int64_t width) : d(width) {
-    using flash::kBlockK, flash::kBlockQ;
+    using flash::kBlockK;
     // Values in [-1, 1) on a 1/8 grid: finite products, none subnormal, sums far from overflow.
     auto fill = [](std::vector<bfloat16>& x, std::int64_t size) {
       for (std::int64_t i = 0; i < size; ++i) x.push_back(bfloat16(static_cast<float>((i * 37) % 16 - 8) / 8.0f));
     };
-    fill(q, kBlockQ * d), fill(k, kBlockK * d), fill(p, kBlockQ * kBlockK), fill(v, kBlockK * d);
-    s.assign(static_cast<std::size_t>(kBlockQ * kBlockK), 0.0f);
-    acc.assign(static_cast<std::size_t>(kBlockQ * d), 0.0f);
+    fill(q, rows * d), fill(k, kBlockK * d), fill(p, rows * kBlockK), fill(v, kBlockK * d);
+    s.assign(static_cast<std::size_t>(rows * kBlockK), 0.0f);
+    acc.assign(static_cast<std::size_t>(rows * d), 0.0f);
   }
 
   std::vector<TileProduct> products() {
-    using flash::kBlockK, flash::kBlockQ;
-    return {{kBlockQ, kBlockK, d, plain(q.data(), d), transposed(k.data(), d), overwrite(s.data(), kBlockK), 0.125f},
-            {kBlockQ, d, kBlockK, plain(p.data(), kBlockK), plain(v.data(), d), accumulate_into(acc.data(), d), 1.0f}};
+    using flash::kBlockK;
+    return {{rows, kBlockK, d, plain(q.data(), d), transposed(k.data(), d), overwrite(s.data(), kBlockK), 0.125f},
+            {rows, d, kBlockK, plain(p.data(), kBlockK), plain(v.data(), d), accumulate_into(acc.data(), d), 1.0f}};
   }
 };
 

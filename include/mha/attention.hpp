@@ -124,7 +124,10 @@ struct AttentionResult {
 /// Dropout (dropout_p > 0) zeroes weight (b, h, i, j) when a hash of (dropout_seed, b, h,
 /// i + dropout_query_offset, j + dropout_key_offset) falls
 /// below dropout_p and scales the kept ones by 1 / (1 - dropout_p); the result does not depend on the
-/// number of threads. Throws mha::Error on any invalid argument.
+/// number of threads. The fused kernel's blocks hold 128 query rows, or 256 where a core has at least 2 MiB
+/// of L2 (faster there; MHA_QUERY_BLOCK=128|256 forces one): the backward's sums over query blocks, and so
+/// the last bits of dK and dV, differ between the two, both within the rules. Throws mha::Error on any
+/// invalid argument.
 AttentionResult scaled_dot_product_attention(const TensorView& q, const TensorView& k, const TensorView& v,
                                              const AttentionOptions& options = {});
 

@@ -25,6 +25,7 @@
 #include "attention/flash_tiles-inl.h"
 #include "attention/masks.hpp"
 #include "attention/nonfinite.hpp"
+#include "attention/query_block.hpp"
 #include "hwy/highway.h"
 #include "parallel.hpp"
 
@@ -77,13 +78,13 @@ void SoftmaxBackwardTile(const AttentionInputs<T>& p, std::int64_t b, std::int64
 // One thread's tiles and block copies; T is the inputs' type (float or bfloat16).
 template <class T>
 struct BackwardTiles {
-  float *s, *dp, *pd;                        // [kBlockQ, kBlockK] each
-  float* cap_slope;                          // [kBlockQ, kBlockK]: d cap / d logit (softcap only)
-  T *k_copy, *v_copy, *q_copy, *do_copy;     // [kBlockK, max(d_k, d_v)] x 2, [kBlockQ, max(d_k, d_v)] x 2
+  float *s, *dp, *pd;                        // [block_q, kBlockK] each
+  float* cap_slope;                          // [block_q, kBlockK]: d cap / d logit (softcap only)
+  T *k_copy, *v_copy, *q_copy, *do_copy;     // [kBlockK, max(d_k, d_v)] x 2, [block_q, max(d_k, d_v)] x 2
   float *dk_block, *dv_block;                // [kBlockK, d_k], [kBlockK, d_v]: a key block's dK and dV
-  bfloat16 *pd_rounded, *ds_rounded;         // [kBlockQ, kBlockK] each: dropout(P) and dS in bfloat16 (bfloat16 only)
+  bfloat16 *pd_rounded, *ds_rounded;         // [block_q, kBlockK] each: dropout(P) and dS in bfloat16 (bfloat16 only)
   std::int64_t *nonfinite_k, *nonfinite_v;   // [kBlockK] each
-  std::int64_t *nonfinite_q, *nonfinite_do;  // [kBlockQ] each
+  std::int64_t *nonfinite_q, *nonfinite_do;  // [block_q] each
   const T* q_head = nullptr;                 // [L, d_k] of the item's (b, head), adjacent (the caller's rows or a copy)
   const T* do_head = nullptr;                // [L, d_v], likewise
   float* dq_head = nullptr;      // [g, L, d_k]: group 0's dQ, where the output's rows are not adjacent (float32)
@@ -121,9 +122,10 @@ struct BackwardContext {
   T* elements;
   bfloat16* rounded;
   std::int64_t tile, kv_size, q_size, head_copy_size, dq_head_size;
-  std::int64_t* nonfinite_lists;  // kListsPerThread per thread
+  std::int64_t* nonfinite_lists;              // kListsPerThread per thread
+  std::int64_t block_q = query_block_rows();  // query rows per block
 
-  static constexpr std::int64_t kListsPerThread = 2 * kBlockK + 2 * kBlockQ;
+  static constexpr std::int64_t kListsPerThread = 2 * kBlockK + 2 * flash::kBlockQTall;
   static constexpr bool kRounds = std::is_same_v<T, bfloat16>;  // products in bfloat16
 
   std::int64_t tiles_per_thread() const { return p.softcap > 0 ? 4 : 3; }
@@ -144,7 +146,7 @@ struct BackwardContext {
     t.k_copy = e, t.v_copy = e + kv_size, t.q_copy = e + 2 * kv_size, t.do_copy = t.q_copy + q_size;
     t.pd_rounded = r, t.ds_rounded = r + (kRounds ? tile : 0);
     t.nonfinite_k = lists, t.nonfinite_v = lists + kBlockK;
-    t.nonfinite_q = lists + 2 * kBlockK, t.nonfinite_do = t.nonfinite_q + kBlockQ;
+    t.nonfinite_q = lists + 2 * kBlockK, t.nonfinite_do = t.nonfinite_q + flash::kBlockQTall;
     return t;
   }
   // Points t.q_head and t.do_head at the Q and dO rows of (b, head), copied adjacent where they are not
@@ -273,7 +275,7 @@ void KeyBlockGradients(const BackwardContext<T>& ctx, BackwardTiles<T>& t, std::
   // earlier query blocks see nothing here. A window's left bound: only when i <= j + left - query_shift.
   const std::int64_t right = right_extent(p), left = p.window_left;
   const std::int64_t first_query = right >= 0 ? std::max<std::int64_t>(0, j0 - right - p.query_shift) : 0;
-  const std::int64_t first_block = first_query / kBlockQ * kBlockQ;
+  const std::int64_t block_q = ctx.block_q, first_block = first_query / block_q * block_q;
   const std::int64_t query_end = left >= 0 ? std::clamp<std::int64_t>(j0 + cols + left - p.query_shift, 0, p.L) : p.L;
   // Keys past key_end (padding) and keys no query sees get exactly 0 (first_query >= L: the block lies
   // right of every query's reach, as a key chunk after the query chunk does with causal).
@@ -291,8 +293,8 @@ void KeyBlockGradients(const BackwardContext<T>& ctx, BackwardTiles<T>& t, std::
   for (std::int64_t m = 0, head = kv * p.group(); m < p.group(); ++m, ++head) {
     ctx.use_query_head(t, b, head);
     const std::uint8_t* query_flags = ctx.query_flags + (b * p.h + head) * p.L;
-    for (std::int64_t block = first_block; block < query_end; block += kBlockQ) {
-      for (const RowBand band : tile_row_bands(p, block, std::min(kBlockQ, p.L - block), j0, cols)) {
+    for (std::int64_t block = first_block; block < query_end; block += block_q) {
+      for (const RowBand band : tile_row_bands(p, block, std::min(block_q, p.L - block), j0, cols)) {
         // A diagonal tile in the forward's two bands (masks.hpp), each a tile of its own here. Causal: a
         // band's products shrink to the keys its last (most-seeing) row sees; the rest get nothing from it.
         if (band.empty()) continue;
@@ -365,9 +367,9 @@ void FlashBackward(const AttentionBackwardParams<T>& p) {
   const SerialIfSmall serial_if_small(5.0 * p.B * p.h * p.L * p.S * (p.d_k + p.d_v));
   const std::int64_t k_blocks = (p.S + kBlockK - 1) / kBlockK, groups = dq_groups(p, k_blocks);
   const int threads = omp_get_max_threads();
-  // Sized to need: tiles of at most min(kBlockQ, L) rows (row stride kBlockK), K/V blocks of at most
+  // Sized to need: tiles of at most min(block_q, L) rows (row stride kBlockK), K/V blocks of at most
   // min(kBlockK, S) keys.
-  const std::int64_t max_rows = std::min(kBlockQ, p.L), max_cols = std::min(kBlockK, p.S);
+  const std::int64_t block_q = query_block_rows(), max_rows = std::min(block_q, p.L), max_cols = std::min(kBlockK, p.S);
   const std::int64_t tile = max_rows * kBlockK, kv_size = round_up(max_cols * std::max(p.d_k, p.d_v), kRowAlign);
   const std::int64_t q_size = round_up(max_rows * std::max(p.d_k, p.d_v), kRowAlign);
   const std::int64_t head_copy_size =

@@ -16,7 +16,7 @@
 // key_lengths shortens the key range. Grouped-query attention (h_kv < h key/value heads): a work item
 // takes the query heads that share a key/value head (all g = h / h_kv of them, or a part when there are
 // few items) through each K/V block in turn, so a block is read from memory once per group and its
-// safe copy made once. Each head keeps its own kBlockQ-row tiles, the same as the backward's: stacking
+// safe copy made once. Each head keeps its own tiles of query_block_rows() rows, the same as the backward's: stacking
 // the group's rows into one taller product gave logits an ulp away from those the backward recomputes
 // (the sweep caught P = exp(S - lse) off by that much), and decoding, where stacking pays, has a kernel
 // of its own (src/decode).
@@ -42,6 +42,7 @@
 #include "attention/masks.hpp"
 #include "attention/nonfinite.hpp"
 #include "attention/online_softmax.hpp"
+#include "attention/query_block.hpp"
 #include "hwy/highway.h"
 #include "parallel.hpp"
 #include "prefetch_lines.hpp"
@@ -346,14 +347,14 @@ std::int64_t heads_per_item(const AttentionInputs<T>& p, std::int64_t q_blocks) 
 template <class T>
 void FlashForward(const AttentionParams<T>& p) {
   const SerialIfSmall serial_if_small(2.0 * p.B * p.h * p.L * p.S * (p.d_k + p.d_v));
-  const std::int64_t q_blocks = (p.L + kBlockQ - 1) / kBlockQ;
+  const std::int64_t block_q = query_block_rows(), q_blocks = (p.L + block_q - 1) / block_q;
   const std::int64_t heads = heads_per_item(p, q_blocks), parts = p.group() / heads;
   const std::int64_t ld_acc = round_up(p.d_v, kRowAlign);
   const int threads = omp_get_max_threads();
   // Per-thread workspace, allocated once per call: logits tile, accumulators, m, l (float32); V block and
   // Q copies (of T), the rounded probabilities (bfloat16 inputs). Sized to need: a block holds at most
-  // min(kBlockQ, L) query rows of each of its heads and min(kBlockK, S) keys.
-  const std::int64_t max_rows = std::min(kBlockQ, p.L), max_cols = std::min(kBlockK, p.S);
+  // min(block_q, L) query rows of each of its heads and min(kBlockK, S) keys.
+  const std::int64_t max_rows = std::min(block_q, p.L), max_cols = std::min(kBlockK, p.S);
   const std::int64_t s_size = max_rows * kBlockK, acc_size = heads * max_rows * ld_acc;
   const std::int64_t floats_per_thread = s_size + acc_size + round_up(2 * heads * max_rows, kRowAlign);
   const std::int64_t v_size = round_up(max_cols * p.d_v, kRowAlign);
@@ -373,7 +374,7 @@ void FlashForward(const AttentionParams<T>& p) {
     const std::int64_t head0 = kv * p.group() + (item / q_blocks) % parts * heads;
     // The last query blocks first: under causal they see the most keys, and the dynamic schedule
     // balances best when the longest items start first.
-    const std::int64_t i0 = (q_blocks - 1 - item % q_blocks) * kBlockQ, rows = std::min(kBlockQ, p.L - i0);
+    const std::int64_t i0 = (q_blocks - 1 - item % q_blocks) * block_q, rows = std::min(block_q, p.L - i0);
     const int thread = omp_get_thread_num();
     ForwardBlock<T> w;
     w.s = floats.get() + thread * floats_per_thread;

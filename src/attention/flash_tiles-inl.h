@@ -31,7 +31,6 @@ namespace mha::detail::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 using flash::kBlockK;
-using flash::kBlockQ;
 using flash::kRowAlign;
 using flash::round_up;
 

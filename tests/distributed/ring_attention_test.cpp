@@ -34,7 +34,7 @@ struct RingCase {
   double softcap = 0;                                // logit soft-capping
 };
 
-// Rows for the case whose shards span several kernel blocks (kBlockQ 128, kBlockK 256): 600 is 5 x 3
+// Rows for the case whose shards span several kernel blocks (128 or 256 query rows, kBlockK 256): 600 is 5 x 3
 // blocks in one process, 300 (under the sanitizers, 4x less work) 3 x 2 and still 2 query blocks per rank
 // on 2 ranks.
 constexpr std::int64_t kSeveralBlocks = mha_test::kUnderSanitizers ? 300 : 600;

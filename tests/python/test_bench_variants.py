@@ -66,9 +66,13 @@ def test_packed_rows_and_ratios(variants_run):
     assert packed["total"] == sum(lengths) and packed["max_length"] == max(lengths)
     assert packed["flop_ratio"] == pytest.approx(sum(x * x for x in lengths) / (SEQUENCES * max(lengths) ** 2))
     assert packed["heads"] == 8 and packed["head_dim"] == 64
-    # r_tiles: the logits of whole 128-row query tiles, each up to its last row's causal bound and the key length
+    # r_tiles: the logits of whole query tiles (128 or 256 rows, by the L2: src/attention/query_block.hpp), each up
+    # to its last row's causal bound and the key length
+    tall = packed["query_block_rows"]
+    assert tall in (128, 256)
+
     def tile_logits(rows, key_length):
-        return sum(min(128, rows - i0) * min(key_length, i0 + min(128, rows - i0)) for i0 in range(0, rows, 128))
+        return sum(min(tall, rows - i0) * min(key_length, i0 + min(tall, rows - i0)) for i0 in range(0, rows, tall))
     assert packed["tile_ratio"] == pytest.approx(
         sum(tile_logits(x, x) for x in lengths) / sum(tile_logits(max(lengths), x) for x in lengths))
     assert re.search(r"^  " + " ".join(str(x) for x in lengths) + "$", stdout, re.M)  # the lengths, printed

@@ -89,14 +89,15 @@ Bf16Roof bf16_products_roof(const Bf16Roof& matmul, const Roof& sgemm) {
 }
 
 // The rate of the fused forward's two products alone, in bfloat16 through the kernel's own entry
-// (gemm_tile), on one thread: one block of kTileRows queries streams N keys past, S = Q K_blk^T
-// [kTileRows, kTileKeys] (K = d) and acc += P V_blk [kTileRows, d] (K = kTileKeys), without the softmax
+// (gemm_tile), on one thread: one block of tile_rows() queries streams N keys past, S = Q K_blk^T
+// [tile_rows(), kTileKeys] (K = d) and acc += P V_blk [tile_rows(), d] (K = kTileKeys), without the softmax
 // and the rounding of P between them. The kernel's time beyond these products is the softmax's
 // element-wise work (exp, max, sum, the bfloat16 rounding of P) and the tiles' bookkeeping.
 double bf16_tile_products_gflops(std::int64_t d, const RepeatPolicy& policy) {
   using mha::bfloat16;
   namespace gemm = mha::detail;
-  constexpr std::int64_t keys = 4096, rows = kTileRows, block = kTileKeys;
+  constexpr std::int64_t keys = 4096, block = kTileKeys;
+  const std::int64_t rows = tile_rows();
   std::vector<bfloat16> q(rows * d, bfloat16(0.5f)), k(keys * d, bfloat16(0.25f)), v(keys * d, bfloat16(-0.5f));
   std::vector<bfloat16> p(rows * block, bfloat16(0.125f));
   std::vector<float> s(rows * block), acc(rows * d, 0.0f);
@@ -237,8 +238,10 @@ void bench_layer(const BenchOptions& options, std::int64_t N, int threads, bool 
 
 int run_bench_bf16(const BenchOptions& options, const std::string& command) {
   const MachineInfo m = describe_machine();
-  fmt::print("mha bench --dtype bf16 ({})\nmachine: {}, {} CPUs, {}; oneDNN {} ({})\n", m.date, cpu_name(m),
-             m.logical_cpus, m.simd, m.onednn_version, m.onednn_isa);
+  fmt::print(
+      "mha bench --dtype bf16 ({})\nmachine: {}, {} CPUs, {}; oneDNN {} ({}); fused kernel: query blocks of {}\n",
+      m.date, cpu_name(m), m.logical_cpus, m.simd, m.onednn_version, m.onednn_isa,
+      mha::detail::query_block_description());
   const RepeatPolicy policy{1, 3, 20, 1.0, 6.0};
   const std::vector<std::int64_t> sizes = options.quick ? std::vector<std::int64_t>{1024} : options.sizes;
   nlohmann::json report = {{"command", command},
@@ -246,6 +249,7 @@ int run_bench_bf16(const BenchOptions& options, const std::string& command) {
                            {"onednn_isa", m.onednn_isa},
                            {"bf16_path", mha::detail::bf16_gemm_implementation()},
                            {"bf16_attention", mha::detail::fused_bf16_attention_kernel()},
+                           {"query_block", mha::detail::query_block_description()},
                            {"date", m.date},
                            {"runs", nlohmann::json::array()}};
   for (const int threads : options.threads) {

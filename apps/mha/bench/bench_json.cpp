@@ -2,6 +2,7 @@
 // rates in GFLOP/s (from the best call, min_s), fractions of the roof in [0, 1].
 #include <nlohmann/json.hpp>
 
+#include "attention/query_block.hpp"
 #include "bench/bench_results.hpp"
 
 namespace mha_cli::bench {
@@ -174,6 +175,7 @@ json to_json(const BenchResults& r) {
         {"torch", r.torch_version},
         {"python", r.python_version},
         {"torch_blas", r.torch_blas}}},
+      {"query_block", mha::detail::query_block_description()},
       {"flop_counts",
        "attention forward 4*B*h*L*S*d, backward 2.5x that, causal half; projections 2*B*N*E*(4*E) forward, "
        "3x that forward+backward"},

@@ -72,7 +72,8 @@ Roof measure_roof(int threads) {
 }
 
 TileRate measure_tile_sgemm() {
-  constexpr std::int64_t keys = 4096, rows = kTileRows, block = kTileKeys, d = kTileWidth;
+  constexpr std::int64_t keys = 4096, block = kTileKeys, d = kTileWidth;
+  const std::int64_t rows = tile_rows();
   std::mt19937 rng(11);
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
   std::vector<float> q(rows * d), k(keys * d), v(keys * d), s(rows * block), acc(rows * d, 0.0f);

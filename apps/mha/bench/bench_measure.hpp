@@ -4,7 +4,8 @@
 #include <cstdint>
 #include <functional>
 
-#include "attention/flash_config.hpp"  // the fused kernel's tile sizes, which kTile* mirror
+#include "attention/flash_config.hpp"  // the fused kernel's tile sizes, which kTile* and tile_rows() mirror
+#include "attention/query_block.hpp"
 
 namespace mha_cli::bench {
 
@@ -42,15 +43,15 @@ inline constexpr std::int64_t kRoofSize = 2048;
 Roof measure_roof(int threads);
 
 // The rate of the products inside the fused kernel's forward, alone: one thread streams kTileKeys
-// keys past one block of kTileRows queries, computing S = Q K_blk^T [kTileRows, kTileKeys] (K = d = 64)
-// and acc += S V_blk [kTileRows, 64] (K = kTileKeys) through dnnl_sgemm, as FlashForward does, without the softmax
+// keys past one block of tile_rows() queries, computing S = Q K_blk^T [tile_rows(), kTileKeys] (K = d = 64)
+// and acc += S V_blk [tile_rows(), 64] (K = kTileKeys) through dnnl_sgemm, as FlashForward does, without the softmax
 // between them. The attention core cannot run faster than this; the gap between this and the roof
 // is what small-tile products cost. The tile sizes mirror src/attention/flash_config.hpp.
 struct TileRate {
   double gflops = 0;
   Timing timing;
 };
-inline constexpr std::int64_t kTileRows = mha::detail::flash::kBlockQ;
+inline std::int64_t tile_rows() { return mha::detail::query_block_rows(); }  // this process's query block
 inline constexpr std::int64_t kTileKeys = mha::detail::flash::kBlockK;
 inline constexpr std::int64_t kTileWidth = 64;  // d
 TileRate measure_tile_sgemm();

@@ -7,6 +7,7 @@
 
 #include <fmt/core.h>
 
+#include "attention/query_block.hpp"
 #include "bench/bench_grid.hpp"
 
 namespace mha_cli::bench {
@@ -55,6 +56,7 @@ void print_machine(const BenchResults& r) {
              m.virtual_machine ? ", virtual machine" : "", m.logical_cpus, format_bytes(m.memory_bytes), m.kernel);
   fmt::print("software: mha {} (source tree {}), oneDNN {} (JIT for {}), {}\n", m.mha_version, r.source_revision,
              m.onednn_version, m.onednn_isa, m.compiler);
+  fmt::print("fused kernel: query blocks of {}\n", mha::detail::query_block_description());
   fmt::print("command: {}\n", r.command);
   fmt::print("load average (1, 5, 15 min) at the start: {}\n", r.load_start);
   flush();

@@ -40,13 +40,13 @@ std::vector<std::int64_t> draw_lengths(std::int64_t n, std::int64_t lo, std::int
 }
 
 // The logits the fused forward computes for one sequence of `rows` query rows, causal, with key_length keys
-// (scaled_dot_product_attention's key_lengths): each block of kTileRows query rows (flash_config.hpp's kBlockQ)
+// (scaled_dot_product_attention's key_lengths): each block of tile_rows() query rows (query_block.hpp)
 // takes its products over the keys up to its last row's causal bound and the key length (masks.hpp's
 // key_range_end), a whole tile even where the diagonal crosses it.
 double forward_tile_logits(std::int64_t rows, std::int64_t key_length) {
   double logits = 0;
-  for (std::int64_t i0 = 0; i0 < rows; i0 += kTileRows) {
-    const std::int64_t block = std::min(kTileRows, rows - i0);
+  for (std::int64_t i0 = 0, height = tile_rows(); i0 < rows; i0 += height) {
+    const std::int64_t block = std::min(height, rows - i0);
     logits += static_cast<double>(block) * static_cast<double>(std::min(key_length, i0 + block));
   }
   return logits;
@@ -118,7 +118,7 @@ void print_packed_header(const BenchOptions& o, const PackedBatch& batch) {
              "each length; both compute whole {}-row tiles across the diagonal)\n",
              o.variants_sequences, kHeads, kHeadWidth, std::min(kShortest, o.variants_n), o.variants_n, kLengthsSeed,
              fmt::join(batch.lengths, " "), batch.total, batch.max_length, batch.flop_ratio, batch.tile_ratio,
-             kTileRows);
+             tile_rows());
   fmt::print("packed: mha::varlen_attention(_backward) on [total, h, d], one sequence after another; padded: "
              "scaled_dot_product_attention(_backward) on [n, max_L, h, d] viewed as [n, h, max_L, d], key_lengths; "
              "dense: the same without key_lengths (every padded logit, the work r counts); GFLOP/s: the packed "
@@ -179,7 +179,8 @@ std::vector<PackedRow> run_packed(const BenchOptions& o, nlohmann::json& report)
                            {"total", batch.total},
                            {"max_length", batch.max_length},
                            {"flop_ratio", batch.flop_ratio},
-                           {"tile_ratio", batch.tile_ratio}});
+                           {"tile_ratio", batch.tile_ratio},
+                           {"query_block_rows", tile_rows()}});
   flush_rows();
   return rows;
 }

@@ -186,7 +186,7 @@ TEST(Bfloat16AttentionSweep, CoversTheIssuesHeadDimsAndMasks) {
   int crossing = 0;
   for (const KernelCase& c : cases) {
     dims.insert(c.d_k), dims.insert(c.d_v), masks.insert(c.masks);
-    crossing += c.L > kBlockQ || c.S > kBlockK;
+    crossing += c.L > kBlockQShort || c.S > kBlockK;
   }
   for (unsigned m : kMaskCombos) EXPECT_TRUE(masks.count(m)) << "mask combination " << m;
   if (!kSanitized) {

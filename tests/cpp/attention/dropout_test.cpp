@@ -176,8 +176,8 @@ TEST_P(AttentionPerKernel, SeedIsIgnoredWhenDropoutIsZero) {
 // Without dropout the result does not depend on the thread count either (sizes large enough to be
 // split into several blocks of queries and keys).
 TEST_P(AttentionPerKernel, ResultIndependentOfThreadCount) {
-  constexpr std::int64_t L = 140, S = 300;
-  static_assert(L > mha::detail::flash::kBlockQ && S > mha::detail::flash::kBlockK, "several blocks each way");
+  constexpr std::int64_t L = 260, S = 300;
+  static_assert(L > mha::detail::flash::kBlockQTall && S > mha::detail::flash::kBlockK, "several blocks each way");
   ThreadCountGuard guard;
   Rng rng(24);
   Tensor q = random_tensor(DType::Float32, {2, 3, L, 13}, rng);

@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "attention/query_block.hpp"
 #include "support/bitwise.hpp"
 #include "support/kernel_compare.hpp"
 #include "support/test_util.hpp"
@@ -139,7 +140,8 @@ void expect_same_run(const KernelRun& got, const KernelRun& want, const std::str
 KernelCase one_head_determinism_case() {
   KernelCase c;
   c.seed = 4242;
-  c.B = 1, c.h = 1, c.L = kSanitized ? 40 : 2 * kBlockQ + 5, c.S = kSanitized ? 60 : 5 * kBlockK + 7;
+  c.B = 1, c.h = 1, c.L = kSanitized ? 40 : 2 * mha::detail::query_block_rows() + 5,
+  c.S = kSanitized ? 60 : 5 * kBlockK + 7;
   c.d_k = kSanitized ? 8 : 64, c.d_v = kSanitized ? 8 : 64;
   c.causal = true;
   c.amplitude = 2.0;

@@ -34,7 +34,7 @@ constexpr std::int64_t kMaxWork = kSanitized ? 40'000 : 5'000'000;
 static_assert(kSanitized || kMaxDim >= kBlockK + 1, "the sweep must reach past the fused kernel's key blocks");
 
 // Shapes chosen by hand: the extremes of the range and the awkward sides of the fused kernel's blocks
-// (kBlockQ queries, kBlockK keys).
+// (128 or 256 queries: query_block.hpp; kBlockK keys).
 std::vector<KernelCase> hand_picked_cases() {
   if (kSanitized) return {};
   struct Shape6 {
@@ -43,18 +43,20 @@ std::vector<KernelCase> hand_picked_cases() {
     bool causal;
   };
   const Shape6 shapes[] = {
-      {1, 1, 300, 300, 64, 64, 0u, true},                    // self-attention, several blocks
-      {1, 1, 300, 129, 59, 111, kCmpKeyPadding, true},       // causal with L > S: leading rows empty
-      {1, 1, kBlockQ + 1, 300, 111, 59, kCmpLengths, true},  // causal with L < S
-      {300, 1, 3, 5, 5, 1, kCmpBool3d, false},               // many batches
-      {1, 300, 2, 7, 16, 5, kCmpFloat3d, true},              // many heads
-      {2, 1, kBlockQ / 2 + 1, kBlockK + 1, 256, 1, kCmpKeyPadding | kCmpFloat2d, false},
+      {1, 1, 300, 300, 64, 64, 0u, true},                         // self-attention, several blocks
+      {1, 1, 300, 129, 59, 111, kCmpKeyPadding, true},            // causal with L > S: leading rows empty
+      {1, 1, kBlockQShort + 1, 300, 111, 59, kCmpLengths, true},  // causal with L < S
+      {300, 1, 3, 5, 5, 1, kCmpBool3d, false},                    // many batches
+      {1, 300, 2, 7, 16, 5, kCmpFloat3d, true},                   // many heads
+      {2, 1, kBlockQShort / 2 + 1, kBlockK + 1, 256, 1, kCmpKeyPadding | kCmpFloat2d, false},
       {1, 1, 1, 300, 1, 256, kCmpLengths | kCmpBool2d, false},  // one query, many keys
       {1, 1, 300, 1, 256, 1, kCmpKeyPadding, true},             // one key: only the last row sees it
-      {2, 1, kBlockQ, kBlockK, 64, 64, kCmpKeyPadding | kCmpLengths | kCmpBool2d, true},  // exact blocks
-      {1, 1, 2 * kBlockQ + 1, kBlockK - 1, 80, 48, kCmpLengths | kCmpFloat3d, false},
+      {2, 1, kBlockQShort, kBlockK, 64, 64, kCmpKeyPadding | kCmpLengths | kCmpBool2d, true},  // exact blocks
+      {1, 1, 2 * kBlockQShort + 1, kBlockK - 1, 80, 48, kCmpLengths | kCmpFloat3d, false},
       // several blocks both ways, the last ones partial
-      {1, 1, 2 * kBlockQ + 3, kBlockK + 37, 48, 40, kCmpKeyPadding | kCmpBool3d, true},
+      {1, 1, 2 * kBlockQShort + 3, kBlockK + 37, 48, 40, kCmpKeyPadding | kCmpBool3d, true},
+      // two tall blocks and a partial third (three short ones past them), causal across all
+      {1, 1, 2 * kBlockQTall + 3, kBlockK + 5, 16, 8, kCmpLengths | kCmpFloat3d, true},
   };
   std::vector<KernelCase> cases;
   int index = 10000;
@@ -115,7 +117,7 @@ TEST(FlashVsReferenceSweep, CoversTheRequiredConfigurations) {
     causal_l_gt_s += c.causal && c.L > c.S;
     causal_l_lt_s += c.causal && c.L < c.S;
     dk_ne_dv += c.d_k != c.d_v;
-    odd_sizes += c.L % kBlockQ != 0 && c.S % kBlockK != 0 && c.L > kBlockQ && c.S > kBlockK;
+    odd_sizes += c.L % kBlockQShort != 0 && c.S % kBlockK != 0 && c.L > kBlockQShort && c.S > kBlockK;
     weights += c.need_weights;
     dropout += c.dropout_p > 0;
     interleaved += c.layout == Layout::Interleaved;

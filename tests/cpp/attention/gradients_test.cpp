@@ -116,7 +116,7 @@ constexpr std::int64_t kBackwardMaxWork = kSanitized ? 20'000 : 2'500'000;
 std::vector<KernelCase> backward_cases() {
   std::vector<KernelCase> cases = random_kernel_cases(kBackwardCases, 4048, kBackwardMaxDim, kBackwardMaxWork);
   if (kSanitized) return cases;
-  // Several query and key blocks (kBlockQ queries, kBlockK keys) with causal L != S, padding across block
+  // Several query and key blocks (128 or 256 queries, kBlockK keys) with causal L != S, padding across block
   // edges, a whole padded block.
   struct Shape7 {
     std::int64_t B, h, L, S, d_k, d_v;
@@ -127,8 +127,8 @@ std::vector<KernelCase> backward_cases() {
   const Shape7 shapes[] = {
       {1, 1, 300, 130, 32, 48, 0u, true, 0.0},
       {1, 1, 130, 300, 48, 32, kCmpKeyPadding, true, 0.0},
-      {2, 1, 2 * kBlockQ + 1, kBlockK + 1, 16, 16, kCmpLengths, true, 0.1},
-      {1, 2, kBlockQ + 1, 260, 59, 5, kCmpKeyPadding | kCmpFloat2d, false, 0.0},
+      {2, 1, 2 * kBlockQShort + 1, kBlockK + 1, 16, 16, kCmpLengths, true, 0.1},
+      {1, 2, kBlockQShort + 1, 260, 59, 5, kCmpKeyPadding | kCmpFloat2d, false, 0.0},
       {1, 1, 200, 129, 111, 80, kCmpLengths | kCmpBool3d, true, 0.5},
       {2, 2, 200, 1, 32, 96, 0u, false, 0.0},  // one key: dq and dk are exactly 0 in exact arithmetic
   };

@@ -120,7 +120,7 @@ struct GroupedShape {
 const GroupedShape kShapes[] = {
     {"decode_one_row_8_per_group", 2, 8, 1, 1, 300, 64, 64, kCmpLengths, true, Layout::Interleaved},
     {"one_kv_head_for_160_heads", 1, 160, 1, 3, 40, 16, 8, kCmpKeyPadding, false, Layout::Contiguous},
-    {"three_per_group_blocks", 2, 12, 4, kBlockQ + 1, kBlockK + 1, 32, 24, kCmpBool3d, true, Layout::Interleaved},
+    {"three_per_group_blocks", 2, 12, 4, kBlockQShort + 1, kBlockK + 1, 32, 24, kCmpBool3d, true, Layout::Interleaved},
     {"causal_L_gt_S", 1, 6, 3, 300, 5, 8, 8, kCmpFloat3d, true, Layout::PaddedRows},
     {"odd_rows_per_head", 1, 5, 1, 77, 260, 59, 111, kCmpKeyPadding | kCmpFloat2d, false, Layout::Contiguous},
 };

@@ -1,6 +1,6 @@
 // scaled_dot_product_attention (every kernel) against the tests' fp64 oracle over a sweep of
 // shapes (B, h in 1..3; L, S in 1..40, mostly L != S; d_k != d_v; odd widths 1, 5, 13; and a few
-// shapes past the fused kernel's blocks of kBlockQ queries and kBlockK keys) and of masks,
+// shapes past the fused kernel's blocks of 128 or 256 queries and kBlockK keys) and of masks,
 // alone and combined, in float64 (to ~1e-12) and float32 (to ~1e-5). Each case checks out, weights
 // and lse, and that out does not change when weights and lse are not requested.
 #include <gtest/gtest.h>
@@ -18,7 +18,7 @@ namespace mha_test {
 namespace {
 
 using mha::detail::flash::kBlockK;
-using mha::detail::flash::kBlockQ;
+using mha::detail::flash::kBlockQShort;
 
 enum MaskBits : unsigned {
   kKeyPadding = 1u << 0,  // bool [B, S]
@@ -83,9 +83,9 @@ std::vector<SweepCase> sweep_cases() {
   // few combinations; one of them under sanitizers.
   const std::vector<SweepShape> large =
       kUnderSanitizers
-          ? std::vector<SweepShape>{{1, 1, kBlockQ + 1, kBlockK + 1, 5, 3}}
+          ? std::vector<SweepShape>{{1, 1, kBlockQShort + 1, kBlockK + 1, 5, 3}}
           : std::vector<SweepShape>{
-                {1, 2, 150, 270, 64, 32}, {2, 1, 200, 130, 16, 24}, {1, 1, kBlockQ + 1, kBlockK + 1, 13, 7}};
+                {1, 2, 150, 270, 64, 32}, {2, 1, 200, 130, 16, 24}, {1, 1, kBlockQShort + 1, kBlockK + 1, 13, 7}};
   const unsigned some_combos[] = {0u, kCausal, kCausal | kKeyPadding, kLengths | kFloat3d, kBool2d | kCausal};
   std::vector<SweepCase> cases;
   for (DType dtype : {DType::Float64, DType::Float32}) {

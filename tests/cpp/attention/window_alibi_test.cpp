@@ -96,13 +96,14 @@ struct WindowShape {
   bool causal, alibi;
 };
 
-// kBlockQ = 128 query rows and kBlockK = 256 keys per block (flash_config.hpp).
+// kBlockQShort = 128 (or kBlockQTall = 256, query_block.hpp) query rows and kBlockK = 256 keys per block
+// (flash_config.hpp).
 const WindowShape kWindowShapes[] = {
     // row 256 (a query block's first) sees key 255 only, the last of the block before its own
     {"left_1_at_block_edges", 2 * kBlockK, 2 * kBlockK, 1, -1, 2, 2, false, false},
-    {"left_one_block_causal", 3 * kBlockQ + 7, 3 * kBlockQ + 7, kBlockK, 0, 2, 1, true, true},
+    {"left_one_block_causal", 3 * kBlockQShort + 7, 3 * kBlockQShort + 7, kBlockK, 0, 2, 1, true, true},
     {"diagonal_only", 300, 300, 0, 0, 1, 1, false, false},
-    {"narrow_both_sides_alibi", 2 * kBlockQ + 1, 700, 5, 5, 4, 2, false, true},
+    {"narrow_both_sides_alibi", 2 * kBlockQShort + 1, 700, 5, 5, 4, 2, false, true},
     {"right_only_cross", 150, 2 * kBlockK + 3, -1, 3, 3, 3, false, false},
     {"wider_than_the_sequence", 200, 260, 1000, 1000, 2, 1, true, true},
     {"left_block_minus_one", 2 * kBlockK + 5, 2 * kBlockK + 5, kBlockK - 1, 2, 1, 1, false, false},

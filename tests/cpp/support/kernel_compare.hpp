@@ -26,7 +26,8 @@ namespace mha_test {
 
 // The fused kernel's block sizes, for sizes on and next to its block boundaries.
 using mha::detail::flash::kBlockK;
-using mha::detail::flash::kBlockQ;
+using mha::detail::flash::kBlockQShort;
+using mha::detail::flash::kBlockQTall;
 using mha::detail::flash::kRowAlign;
 
 // The suite runs again in an ASan + UBSan Debug build; there it runs a small subset.
@@ -136,21 +137,22 @@ inline std::string case_name(const KernelCase& c) {
 inline void PrintTo(const KernelCase& c, std::ostream* os) { *os << case_name(c); }
 
 // Sizes that sit on and next to the fused kernel's block boundaries (src/attention/flash_config.hpp:
-// kBlockQ query rows, kBlockK keys, rows aligned to kRowAlign floats), in and past a half-full query
+// 128 query rows where the L2 is small and 256 = kBlockK where it is large (query_block.hpp), kBlockK keys, rows
+// aligned to kRowAlign floats), in and past a half-full short query
 // block, and the ends of the sweeps' range (1..300). random_kernel_cases() draws those up to its max_dim.
 inline constexpr std::int64_t kBoundarySizes[] = {1,
                                                   2,
                                                   kRowAlign - 1,
                                                   kRowAlign,
                                                   kRowAlign + 1,
-                                                  kBlockQ / 2 - 1,
-                                                  kBlockQ / 2,
-                                                  kBlockQ / 2 + 1,
-                                                  kBlockQ - 1,
-                                                  kBlockQ,
-                                                  kBlockQ + 1,
-                                                  kBlockQ + kBlockQ / 2 - 1,
-                                                  kBlockQ + kBlockQ / 2,
+                                                  kBlockQShort / 2 - 1,
+                                                  kBlockQShort / 2,
+                                                  kBlockQShort / 2 + 1,
+                                                  kBlockQShort - 1,
+                                                  kBlockQShort,
+                                                  kBlockQShort + 1,
+                                                  kBlockQShort + kBlockQShort / 2 - 1,
+                                                  kBlockQShort + kBlockQShort / 2,
                                                   kBlockK - 1,
                                                   kBlockK,
                                                   kBlockK + 1,

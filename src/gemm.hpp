@@ -111,7 +111,8 @@ void gemm_tile(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<float> 
 
 // bfloat16 operands, float32 accumulation (gemm_bf16.cpp). gemm<bfloat16> rounds each product's C to
 // bfloat16 once (when accumulating, the old C is added in float32 before that rounding); these
-// overloads keep C in float32, as the kernels' tiles and sums of several products need.
+// overloads keep C in float32, as the kernels' tiles and sums of several products need. Where oneDNN's
+// matmul is its AMX kernel, gemm_tile copies a transposed A plain first (faster there: gemm_bf16.cpp).
 void gemm(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<bfloat16> A, GemmInput<bfloat16> B,
           GemmOutput<float> C, float alpha = 1);
 void gemm_tile(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<bfloat16> A, GemmInput<bfloat16> B,

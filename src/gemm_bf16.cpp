@@ -33,6 +33,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "attention/bf16_transpose.hpp"
 #include "attention/flash_config.hpp"
 #include "attention/query_block.hpp"
 #include "bf16_path.hpp"
@@ -374,11 +375,45 @@ void gemm(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<bfloat16> A,
   gemm_bf16_blocks(M, N, K, A, B, C, alpha);
 }
 
+// ---- a tile's transposed first operand, made plain where oneDNN runs on AMX ----
+
+// Whether oneDNN's bf16 matmul here is its AMX kernel. There a tile product whose first operand is transposed
+// runs 1.3-2.4x slower than on the same operand stored plain (one thread, the backward's dV += P^T dO at
+// 256 x 64 x 256: 18.8 us against 7.8 us; d 128: 24.9 against 16.3; docs/PERFORMANCE.md, issue 32), more
+// than transposing it first costs (4.8 us for 256 x 256, bf16_transpose.hpp). With AVX512-BF16 alone
+// (brg:avx512_core_bf16) the transposed operand was about 12% slower, and transposing it changed the
+// backward's time by less than the machine's noise: there operands are passed as they are.
+bool matmul_on_amx() {
+  static const bool amx = onednn_matmul_name().find("amx") != std::string::npos;
+  return amx;
+}
+
+struct FreeDeleter {
+  void operator()(bfloat16* p) const { std::free(p); }
+};
+
+// A (stored [K, M], row stride A.ld, read transposed) copied plain into this thread's scratch
+// [M, round_up(K, 32)], 64-byte aligned; A itself where the scratch cannot be had (the product then reads
+// it transposed, as before).
+GemmInput<bfloat16> plain_copy(std::int64_t M, std::int64_t K, GemmInput<bfloat16> A) {
+  thread_local std::unique_ptr<bfloat16[], FreeDeleter> scratch;
+  thread_local std::int64_t capacity = 0;  // elements
+  const std::int64_t ld = flash::round_up(K, 32), size = M * ld;
+  if (size > capacity) {
+    scratch.reset(static_cast<bfloat16*>(std::aligned_alloc(64, static_cast<std::size_t>(size) * sizeof(bfloat16))));
+    capacity = scratch ? size : 0;
+    if (!scratch) return A;
+  }
+  transpose_bf16(A.data, A.ld, K, M, scratch.get(), ld);
+  return plain(static_cast<const bfloat16*>(scratch.get()), ld);
+}
+
 void gemm_tile(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<bfloat16> A, GemmInput<bfloat16> B,
                GemmOutput<float> C, float alpha) {
   if (M == 0 || N == 0) return;
   if (K == 0) return zero_unless_accumulating(M, N, C);
   if (runs_widened(M, N, K)) return widened_tile(M, N, K, A, B, C, alpha);
+  if (A.transposed && matmul_on_amx()) A = plain_copy(M, K, A);
   const dnnl_status_t status = matmul_on_this_thread(M, N, K, A, B, C.data, C.ld, false, C.accumulate, alpha);
   if (status == dnnl_success) return;
   // As gemm_tile for float32: a refused tile is a broken internal invariant; stop loudly.

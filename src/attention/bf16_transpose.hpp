@@ -1,0 +1,18 @@
+// A bfloat16 tile transposed: the first operand of the backward's dV += P^T dO and dK += dS^T Q, which
+// oneDNN's AMX matmul runs 1.3-2.4x slower read transposed than plain (gemm_bf16.cpp's plain_copy).
+// One thread, 256 x 256: 4.8 us with AVX-512 (Intel Xeon with AMX, 2026-12-06).
+#pragma once
+
+#include <cstdint>
+
+#include "mha/bfloat16.hpp"
+
+namespace mha::detail {
+
+// dst[c * ldd + r] = src[r * lds + c] for r in [0, rows), c in [0, cols): blocks of 32 x 32 by AVX-512 shuffles
+// where the CPU has AVX512-BW (every CPU the bf16 kernel runs on), else element by element. Reads nothing
+// outside the source tile and writes nothing outside the transposed one; src and dst do not overlap.
+void transpose_bf16(const bfloat16* src, std::int64_t lds, std::int64_t rows, std::int64_t cols, bfloat16* dst,
+                    std::int64_t ldd);
+
+}  // namespace mha::detail

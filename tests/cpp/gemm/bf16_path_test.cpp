@@ -246,7 +246,7 @@ void expect_within_float32_rounding(const TileCase& c, const TileOperands& o, co
 }
 
 // The kernels' tiles (flash_forward.cpp, flash_backward.cpp) at d = 64 and 128: S = scale Q K^T, acc += P V,
-// dV = P^T dO (overwritten on the first query block, accumulated after), dQ += scale dS K.
+// dV = P^T dO (overwritten on the first query block, accumulated after), dQ += scale dS K, dK += scale dS^T Q.
 std::vector<TileCase> tile_cases() {
   std::vector<TileCase> all;
   for (const std::int64_t d : {64, 128}) {
@@ -255,6 +255,10 @@ std::vector<TileCase> tile_cases() {
     all.push_back({"dV = P^T dO", 256, d, 128, true, false, false, 1.0f});
     all.push_back({"dV += P^T dO", 256, d, 128, true, false, true, 1.0f});
     all.push_back({"dQ += scale dS K", 128, d, 256, false, false, true, 0.125f});
+    // A diagonal band's and a last block's shapes: with AMX, gemm_tile copies the transposed operand plain
+    // (bf16_transpose.hpp), here off its 32 x 32 blocks
+    all.push_back({"dK += scale dS^T Q, a band", 200, d, 77, true, false, true, 0.125f});
+    all.push_back({"dV = P^T dO, ragged", 257, d, 131, true, false, false, 1.0f});
   }
   return all;
 }

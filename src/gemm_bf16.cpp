@@ -25,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <string>
 #include <system_error>
@@ -40,6 +41,7 @@
 #include "gemm.hpp"
 #include "gemm_bf16_widened.hpp"
 #include "gemm_blocks.hpp"
+#include "hwy/aligned_allocator.h"
 #include "mha/error.hpp"
 #include "parallel.hpp"
 
@@ -218,24 +220,35 @@ struct TileProduct {
 // have the same sizes.
 struct TileOperands {
   std::int64_t d, rows = query_block_rows();
-  std::vector<bfloat16> q, k, p, v;  // q: [rows, d], k: [kBlockK, d], p: [rows, kBlockK], v: [kBlockK, d]
-  std::vector<float> s, acc;         // s: [rows, kBlockK], acc: [rows, d]
+  // Aligned to 64 bytes as the kernel's tiles and copies are (hwy's allocator): from malloc these sizes start
+  // 16 bytes past a line, and with AMX the logits product then ran 1.7x slower (docs/PERFORMANCE.md, issue 32).
+  hwy::AlignedFreeUniquePtr<bfloat16[]> q, k, p,
+      v;                                      // q: [rows, d], k: [kBlockK, d], p: [rows, kBlockK], v: [kBlockK, d]
+  hwy::AlignedFreeUniquePtr<float[]> s, acc;  // s: [rows, kBlockK], acc: [rows, d]
 
   explicit TileOperands(std::int64_t width) : d(width) {
     using flash::kBlockK;
     // Values in [-1, 1) on a 1/8 grid: finite products, none subnormal, sums far from overflow.
-    auto fill = [](std::vector<bfloat16>& x, std::int64_t size) {
-      for (std::int64_t i = 0; i < size; ++i) x.push_back(bfloat16(static_cast<float>((i * 37) % 16 - 8) / 8.0f));
+    auto grid = [](std::int64_t size) {
+      auto x = hwy::AllocateAligned<bfloat16>(static_cast<std::size_t>(size));
+      if (!x) throw std::bad_alloc();
+      for (std::int64_t i = 0; i < size; ++i) x[i] = bfloat16(static_cast<float>((i * 37) % 16 - 8) / 8.0f);
+      return x;
     };
-    fill(q, rows * d), fill(k, kBlockK * d), fill(p, rows * kBlockK), fill(v, kBlockK * d);
-    s.assign(static_cast<std::size_t>(rows * kBlockK), 0.0f);
-    acc.assign(static_cast<std::size_t>(rows * d), 0.0f);
+    auto zeros = [](std::int64_t size) {
+      auto x = hwy::AllocateAligned<float>(static_cast<std::size_t>(size));
+      if (!x) throw std::bad_alloc();
+      std::fill(x.get(), x.get() + size, 0.0f);
+      return x;
+    };
+    q = grid(rows * d), k = grid(kBlockK * d), p = grid(rows * kBlockK), v = grid(kBlockK * d);
+    s = zeros(rows * kBlockK), acc = zeros(rows * d);
   }
 
   std::vector<TileProduct> products() {
     using flash::kBlockK;
-    return {{rows, kBlockK, d, plain(q.data(), d), transposed(k.data(), d), overwrite(s.data(), kBlockK), 0.125f},
-            {rows, d, kBlockK, plain(p.data(), kBlockK), plain(v.data(), d), accumulate_into(acc.data(), d), 1.0f}};
+    return {{rows, kBlockK, d, plain(q.get(), d), transposed(k.get(), d), overwrite(s.get(), kBlockK), 0.125f},
+            {rows, d, kBlockK, plain(p.get(), kBlockK), plain(v.get(), d), accumulate_into(acc.get(), d), 1.0f}};
   }
 };
 

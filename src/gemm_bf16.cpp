@@ -222,9 +222,9 @@ struct TileOperands {
   std::int64_t d, rows = query_block_rows();
   // Aligned to 64 bytes as the kernel's tiles and copies are (hwy's allocator): from malloc these sizes start
   // 16 bytes past a line, and with AMX the logits product then ran 1.7x slower (docs/PERFORMANCE.md, issue 32).
-  hwy::AlignedFreeUniquePtr<bfloat16[]> q, k, p,
-      v;                                      // q: [rows, d], k: [kBlockK, d], p: [rows, kBlockK], v: [kBlockK, d]
-  hwy::AlignedFreeUniquePtr<float[]> s, acc;  // s: [rows, kBlockK], acc: [rows, d]
+  // q: [rows, d], k: [kBlockK, d], p: [rows, kBlockK], v: [kBlockK, d]; s: [rows, kBlockK], acc: [rows, d].
+  hwy::AlignedFreeUniquePtr<bfloat16[]> q, k, p, v;
+  hwy::AlignedFreeUniquePtr<float[]> s, acc;
 
   explicit TileOperands(std::int64_t width) : d(width) {
     using flash::kBlockK;
@@ -391,7 +391,7 @@ void gemm(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<bfloat16> A,
 // ---- a tile's transposed first operand, made plain where oneDNN runs on AMX ----
 
 // Whether oneDNN's bf16 matmul here is its AMX kernel. There a tile product whose first operand is transposed
-// runs 1.3-2.4x slower than on the same operand stored plain (one thread, the backward's dV += P^T dO at
+// runs 1.5-2.4x slower than on the same operand stored plain (one thread, the backward's dV += P^T dO at
 // 256 x 64 x 256: 18.8 us against 7.8 us; d 128: 24.9 against 16.3; docs/PERFORMANCE.md, issue 32), more
 // than transposing it first costs (4.8 us for 256 x 256, bf16_transpose.hpp). With AVX512-BF16 alone
 // (brg:avx512_core_bf16) the transposed operand was about 12% slower, and transposing it changed the
@@ -401,19 +401,15 @@ bool matmul_on_amx() {
   return amx;
 }
 
-struct FreeDeleter {
-  void operator()(bfloat16* p) const { std::free(p); }
-};
-
 // A (stored [K, M], row stride A.ld, read transposed) copied plain into this thread's scratch
-// [M, round_up(K, 32)], 64-byte aligned; A itself where the scratch cannot be had (the product then reads
-// it transposed, as before).
+// [M, round_up(K, 32)], aligned (hwy's allocator); A itself where the scratch cannot be had (the product
+// then reads it transposed, as elsewhere).
 GemmInput<bfloat16> plain_copy(std::int64_t M, std::int64_t K, GemmInput<bfloat16> A) {
-  thread_local std::unique_ptr<bfloat16[], FreeDeleter> scratch;
+  thread_local hwy::AlignedFreeUniquePtr<bfloat16[]> scratch;
   thread_local std::int64_t capacity = 0;  // elements
   const std::int64_t ld = flash::round_up(K, 32), size = M * ld;
   if (size > capacity) {
-    scratch.reset(static_cast<bfloat16*>(std::aligned_alloc(64, static_cast<std::size_t>(size) * sizeof(bfloat16))));
+    scratch = hwy::AllocateAligned<bfloat16>(static_cast<std::size_t>(size));
     capacity = scratch ? size : 0;
     if (!scratch) return A;
   }

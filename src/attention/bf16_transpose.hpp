@@ -1,5 +1,5 @@
 // A bfloat16 tile transposed: the first operand of the backward's dV += P^T dO and dK += dS^T Q, which
-// oneDNN's AMX matmul runs 1.3-2.4x slower read transposed than plain (gemm_bf16.cpp's plain_copy).
+// oneDNN's AMX matmul runs 1.5-2.4x slower read transposed than plain (gemm_bf16.cpp's plain_copy).
 // One thread, 256 x 256: 4.8 us with AVX-512 (Intel Xeon with AMX, 2026-12-06).
 #pragma once
 

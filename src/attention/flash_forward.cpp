@@ -16,13 +16,12 @@
 // key_lengths shortens the key range. Grouped-query attention (h_kv < h key/value heads): a work item
 // takes the query heads that share a key/value head (all g = h / h_kv of them, or a part when there are
 // few items) through each K/V block in turn, so a block is read from memory once per group and its
-// safe copy made once. Each head keeps its own tiles of query_block_rows() rows, the same as the backward's: stacking
-// the group's rows into one taller product gave logits an ulp away from those the backward recomputes
-// (the sweep caught P = exp(S - lse) off by that much), and decoding, where stacking pays, has a kernel
-// of its own (src/decode).
-// Keys outside the range are never read; masked keys inside it get -inf logits
-// (masks.hpp), and K/V rows of padded keys or holding NaN/Inf are zeroed in a copy of the block
-// (nonfinite.hpp), so a NaN or Inf stored at a masked position cannot leak through the block products.
+// safe copy made once. Each head keeps its own tiles of query_block_rows() rows, the same as the
+// backward's: stacking the group's rows into one taller product gave logits an ulp away from those the backward
+// recomputes (the sweep caught P = exp(S - lse) off by that much), and decoding, where stacking pays, has a kernel of
+// its own (src/decode). Keys outside the range are never read; masked keys inside it get -inf logits (masks.hpp), and
+// K/V rows of padded keys or holding NaN/Inf are zeroed in a copy of the block (nonfinite.hpp), so a NaN or Inf stored
+// at a masked position cannot leak through the block products.
 #include "attention/flash.hpp"
 
 #undef HWY_TARGET_INCLUDE
@@ -102,9 +101,9 @@ struct ForwardBlock {
 
 // Whether the online softmax rounds each row of P to bfloat16 as it finishes it (the row still in the
 // L1), for the P V product: bfloat16 inputs without dropout, which changes P after the softmax. Otherwise
-// AccumulateValues rounds the whole tile after, a pass that reads it back from the L2 (the 128 x 256
-// float32 tile is larger than an L1). The tile passes, this one and the backward's, were 6-7% of the bf16
-// training step with AMX (docs/PERFORMANCE.md, issue 32).
+// AccumulateValues rounds the whole tile after, a pass that reads it back from the L2 (a float32 tile of
+// 128 or 256 rows x 256 keys, 128-256 KiB, is larger than an L1). The tile passes, this one and the backward's, were
+// 6-7% of the bf16 training step with AMX (docs/PERFORMANCE.md, issue 32).
 template <class T>
 bool RoundsInSoftmax(const AttentionInputs<T>& p) {
   return std::is_same_v<T, bfloat16> && p.dropout_p == 0;

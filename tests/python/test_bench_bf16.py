@@ -2,15 +2,12 @@
 that ran, a core line per head width and the layer's lines come out, and the PyTorch figures that were
 not measured read "not run", never a time of 0.0 ms. Nothing here reads a time's value, only that each
 row has one: performance is measured, not timed in tests. Takes a few seconds."""
-import json
-import pathlib
 import re
-import subprocess
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-MHA = ROOT / "build" / "mha"
+from bench_run import MHA, run_bench
+
 
 pytestmark = pytest.mark.skipif(not MHA.exists(), reason="build/mha is not built")
 
@@ -18,10 +15,7 @@ pytestmark = pytest.mark.skipif(not MHA.exists(), reason="build/mha is not built
 @pytest.fixture(scope="module")
 def bf16_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench_bf16")
-    args = [str(MHA), "bench", "--dtype", "bf16", "--threads", "1", "--sizes", "256", "--no-torch", "--out", str(out)]
-    result = subprocess.run(args, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:])
-    return result.stdout, json.loads((out / "bench-bf16.json").read_text())
+    return run_bench(["--dtype", "bf16", "--threads", "1", "--sizes", "256", "--no-torch"], out, "bench-bf16.json")
 
 
 def test_names_the_path_and_prints_every_row(bf16_run):

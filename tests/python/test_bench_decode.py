@@ -7,15 +7,14 @@ Which caches count as over the last-level cache is set with --llc-mib in every r
 from the machine: the machines drawn have 32 MiB, 260 MiB and 480 MiB of L3, and no verdict here may
 depend on which one runs the suite."""
 import json
-import pathlib
 import platform
 import re
 import subprocess
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-MHA = ROOT / "build" / "mha"
+from bench_run import MHA, run_bench
+
 
 pytestmark = pytest.mark.skipif(not MHA.exists(), reason="build/mha is not built")
 
@@ -23,11 +22,9 @@ pytestmark = pytest.mark.skipif(not MHA.exists(), reason="build/mha is not built
 @pytest.fixture(scope="module")
 def decode_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    args = [str(MHA), "bench", "--decode", "--contexts", "100,300", "--batches", "1,2", "--threads", "1,2",
-            "--bandwidth-mib", "16", "--max-cache-gib", "0.005", "--llc-mib", "64", "--out", str(out)]
-    result = subprocess.run(args, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:])
-    return result.stdout, json.loads((out / "bench-decode.json").read_text())
+    args = ["--decode", "--contexts", "100,300", "--batches", "1,2", "--threads", "1,2", "--bandwidth-mib", "16",
+            "--max-cache-gib", "0.005", "--llc-mib", "64"]
+    return run_bench(args, out, "bench-decode.json")
 
 
 def printed_row(run):

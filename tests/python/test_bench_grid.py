@@ -2,15 +2,13 @@
 table, bench.json's "grid" section and the grid's targets come out, PyTorch's side included when torch and
 the oneDNN shim are there. Performance is measured, not timed in tests: nothing here reads a time's value,
 only that each cell has one. Takes a few seconds (mostly two Python start-ups importing torch)."""
-import json
 import pathlib
 import re
-import subprocess
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-MHA = ROOT / "build" / "mha"
+from bench_run import MHA, ROOT, run_bench
+
 SHIM = ROOT / "build" / "libmha_onednn_blas.so"
 SHAPES = "1:16:64,2:8:128:2"  # B:N:E (h = E / 64 = 1) and B:N:E:h
 EXPECTED = {(1, 16, 64, 1), (2, 8, 128, 2)}
@@ -30,12 +28,9 @@ def torch_available():
 def grid_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     with_torch = torch_available()
-    args = [str(MHA), "bench", "--grid-only", "--grid-shapes", SHAPES, "--threads", "1,2", "--out", str(out)]
-    if not with_torch:
-        args.append("--no-torch")
-    result = subprocess.run(args, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:])
-    return result.stdout, json.loads((out / "bench.json").read_text()), with_torch, out
+    args = ["--grid-only", "--grid-shapes", SHAPES, "--threads", "1,2"] + ([] if with_torch else ["--no-torch"])
+    stdout, report = run_bench(args, out, "bench.json")
+    return stdout, report, with_torch, out
 
 
 def test_grid_prints_a_row_per_shape_and_thread_count(grid_run):

@@ -4,16 +4,14 @@ bench-torch-sdpa.json, each printed ratio is the ratio of the printed figures, a
 the JSON. Performance is measured, not judged, here: no time or ratio's value is asserted, except what follows
 from the shapes alone: torch's forward holds the [1, 8, N, N] float32 logits, so its measured peak is at least
 their size, and mha's fused forward stays below it. Takes about 10-15 s on 2 busy cores."""
-import json
 import math
-import pathlib
 import re
 import subprocess
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-MHA = ROOT / "build" / "mha"
+from bench_run import MHA, ROOT, run_bench
+
 OPS = ROOT / "build" / "python" / "mha" / "libmha_torch_ops.so"
 
 pytestmark = pytest.mark.skipif(not (MHA.exists() and OPS.exists()),
@@ -25,17 +23,14 @@ CASES = [(dtype, causal, pass_) for dtype in ("float32", "bf16") for causal in (
 NUMBER = r"(\d+\.\d+)"
 
 
-def run_bench(out, *extra):
-    args = [str(MHA), "bench", "--torch-sdpa", "--sizes", str(N), "--threads", "1", "--repeats", "1", "--out",
-            str(out), *extra]
-    result = subprocess.run(args, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:])
-    return result.stdout, json.loads((out / "bench-torch-sdpa.json").read_text())
+def run_sdpa_bench(out, *extra):
+    args = ["--torch-sdpa", "--sizes", str(N), "--threads", "1", "--repeats", "1", *extra]
+    return run_bench(args, out, "bench-torch-sdpa.json")
 
 
 @pytest.fixture(scope="module")
 def sdpa_run(tmp_path_factory):
-    return run_bench(tmp_path_factory.mktemp("bench"))
+    return run_sdpa_bench(tmp_path_factory.mktemp("bench"))
 
 
 def table_rows(stdout, title):
@@ -162,7 +157,7 @@ def test_targets(sdpa_run):
 
 
 def test_memory_limit_skips_torch(tmp_path):
-    stdout, report = run_bench(tmp_path, "--torch-memory-limit", "0")
+    stdout, report = run_sdpa_bench(tmp_path, "--torch-memory-limit", "0")
     assert stdout.count("memory: torch not run: would need") == 8
     for r in report["rows"]:
         assert "torch_peak_bytes" not in r and r["mha_peak_bytes"] >= 0 and r["torch_over_mha_time"] > 0

@@ -2,16 +2,14 @@
 threads): every table row, every ratio and every target line comes out, on stdout and in bench-variants.json,
 with positive finite figures. Performance is measured, not timed in tests: nothing here judges a time or a
 ratio's value (nor whether a target is met), only that each is there and is a number. Takes a few seconds."""
-import json
 import math
-import pathlib
 import re
 import subprocess
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-MHA = ROOT / "build" / "mha"
+from bench_run import MHA, run_bench
+
 
 pytestmark = pytest.mark.skipif(not MHA.exists(), reason="build/mha is not built")
 
@@ -22,11 +20,8 @@ NUMBER = r"(\d+\.\d+)"
 @pytest.fixture(scope="module")
 def variants_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    args = [str(MHA), "bench", "--variants", "--variants-n", str(N), "--sequences", str(SEQUENCES), "--repeats", "1",
-            "--threads", "1,2", "--out", str(out)]
-    result = subprocess.run(args, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:])
-    return result.stdout, json.loads((out / "bench-variants.json").read_text())
+    args = ["--variants", "--variants-n", str(N), "--sequences", str(SEQUENCES), "--repeats", "1", "--threads", "1,2"]
+    return run_bench(args, out, "bench-variants.json")
 
 
 def positive(text):

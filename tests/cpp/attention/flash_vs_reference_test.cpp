@@ -55,7 +55,7 @@ std::vector<KernelCase> hand_picked_cases() {
       {1, 1, 2 * kBlockQShort + 1, kBlockK - 1, 80, 48, kCmpLengths | kCmpFloat3d, false},
       // several blocks both ways, the last ones partial
       {1, 1, 2 * kBlockQShort + 3, kBlockK + 37, 48, 40, kCmpKeyPadding | kCmpBool3d, true},
-      // two tall blocks and a partial third (three short ones past them), causal across all
+      // two tall blocks and 3 rows (four short ones and 3 rows), causal across all
       {1, 1, 2 * kBlockQTall + 3, kBlockK + 5, 16, 8, kCmpLengths | kCmpFloat3d, true},
   };
   std::vector<KernelCase> cases;

@@ -19,7 +19,7 @@ constexpr std::int64_t kKiB = 1024, kMiB = 1024 * kKiB;
 TEST(QueryBlockRows, FollowTheL2OfEachMachineMeasured) {
   EXPECT_EQ(choose_query_block_rows(512 * kKiB, std::nullopt), 128);  // Zen 3
   EXPECT_EQ(choose_query_block_rows(1 * kMiB, std::nullopt), 128);    // Zen 5
-  EXPECT_EQ(choose_query_block_rows(2 * kMiB, std::nullopt), 256);    // Xeon, family 6 models 143-207
+  EXPECT_EQ(choose_query_block_rows(2 * kMiB, std::nullopt), 256);    // the Xeons drawn (family 6 models 167, 207)
   EXPECT_EQ(choose_query_block_rows(2 * kMiB - 1, std::nullopt), 128);
   EXPECT_EQ(choose_query_block_rows(0, std::nullopt), 128);  // unknown
 }

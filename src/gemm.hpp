@@ -118,6 +118,10 @@ void gemm(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<bfloat16> A,
 void gemm_tile(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<bfloat16> A, GemmInput<bfloat16> B,
                GemmOutput<float> C, float alpha = 1);
 
+// Whether that gemm_tile copies a transposed A plain before its product (oneDNN's AMX matmul): a caller that
+// makes A itself can then write it transposed in the first place.
+bool gemm_tile_copies_transposed_bf16();
+
 // The path that runs this process's bfloat16 products (those of M N K >= 65536 multiply-adds; smaller
 // ones always run on sgemm, gemm_bf16.cpp says why), decided once, at the first call of either function
 // below or the first such product: MHA_BF16_GEMM=onednn|sgemm forces one; otherwise, where oneDNN has a

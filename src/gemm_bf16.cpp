@@ -430,6 +430,8 @@ void gemm_tile(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<bfloat1
   std::abort();
 }
 
+bool gemm_tile_copies_transposed_bf16() { return matmul_on_amx(); }
+
 Bf16Path bf16_gemm_path() { return bf16_path_choice().path; }
 
 std::string bf16_gemm_implementation() { return bf16_path_choice().description; }

@@ -10,9 +10,17 @@
 namespace mha::detail {
 
 // dst[c * ldd + r] = src[r * lds + c] for r in [0, rows), c in [0, cols): blocks of 32 x 32 by AVX-512 shuffles
-// where the CPU has AVX512-BW (every CPU the bf16 kernel runs on), else element by element. Reads nothing
-// outside the source tile and writes nothing outside the transposed one; src and dst do not overlap.
+// where the CPU has AVX-512BW and AVX512-BF16 (every CPU with AMX, where it is used), else element by element.
+// Reads nothing outside the source tile and writes nothing outside the transposed one; src and dst do not
+// overlap.
 void transpose_bf16(const bfloat16* src, std::int64_t lds, std::int64_t rows, std::int64_t cols, bfloat16* dst,
                     std::int64_t ldd);
+
+// The same from a float32 tile, each element rounded to bfloat16 as round_rows_with_bf16_conversion rounds it
+// (bf16_rounding.hpp: nearest even, subnormals flushed to zero, NaN quiet) on its way: the bits of rounding
+// the rows first and transposing after, in one pass. The backward's P, which its products read only
+// transposed where oneDNN runs on AMX.
+void transpose_rounding_to_bf16(const float* src, std::int64_t lds, std::int64_t rows, std::int64_t cols, bfloat16* dst,
+                                std::int64_t ldd);
 
 }  // namespace mha::detail

@@ -20,7 +20,9 @@
 #include <type_traits>
 #include <vector>
 
+#include "attention/bf16_transpose.hpp"
 #include "attention/dropout.hpp"
+#include "attention/flash_backward_context.hpp"
 #include "attention/flash_backward_rows-inl.h"
 #include "attention/flash_tiles-inl.h"
 #include "attention/masks.hpp"
@@ -46,7 +48,8 @@ namespace mha::detail::HWY_NAMESPACE {
 //                 dK_j += scale dS^T Q_i;  dQ_i(group of j) += scale dS K_j
 //   dQ_i = sum over the groups, in order
 
-// Where SoftmaxBackwardTile writes the bfloat16 copies of P and dS (BackwardTiles' pd_rounded, ds_rounded).
+// Where SoftmaxBackwardTile writes the bfloat16 copies of P and dS (BackwardTiles' pd_rounded, ds_rounded);
+// p null where P is rounded as it is transposed, later (BackwardContext::writes_transposed_p).
 struct RoundedTiles {
   bfloat16 *p, *ds;  // [rows, kBlockK] each
 };
@@ -69,112 +72,10 @@ void SoftmaxBackwardTile(const AttentionInputs<T>& p, std::int64_t b, std::int64
     SoftmaxBackwardRow(s + r * kBlockK, dp + r * kBlockK, padded_cols, D[r]);
     if (!std::isfinite(D[r])) ZeroForbiddenEntries(p, b, head, i0 + r, j0, cols, dp + r * kBlockK);
     if (rounded) {
-      RoundRowsToBfloat16(s + r * kBlockK, kBlockK, 1, padded_cols, rounded->p + r * kBlockK, kBlockK);
+      if (rounded->p) RoundRowsToBfloat16(s + r * kBlockK, kBlockK, 1, padded_cols, rounded->p + r * kBlockK, kBlockK);
       RoundRowsToBfloat16(dp + r * kBlockK, kBlockK, 1, padded_cols, rounded->ds + r * kBlockK, kBlockK);
     }
   }
-}
-
-// One thread's tiles and block copies; T is the inputs' type (float or bfloat16).
-template <class T>
-struct BackwardTiles {
-  float *s, *dp, *pd;                        // [block_q, kBlockK] each
-  float* cap_slope;                          // [block_q, kBlockK]: d cap / d logit (softcap only)
-  T *k_copy, *v_copy, *q_copy, *do_copy;     // [kBlockK, max(d_k, d_v)] x 2, [block_q, max(d_k, d_v)] x 2
-  float *dk_block, *dv_block;                // [kBlockK, d_k], [kBlockK, d_v]: a key block's dK and dV
-  bfloat16 *pd_rounded, *ds_rounded;         // [block_q, kBlockK] each: dropout(P) and dS in bfloat16 (bfloat16 only)
-  std::int64_t *nonfinite_k, *nonfinite_v;   // [kBlockK] each
-  std::int64_t *nonfinite_q, *nonfinite_do;  // [block_q] each
-  const T* q_head = nullptr;                 // [L, d_k] of the item's (b, head), adjacent (the caller's rows or a copy)
-  const T* do_head = nullptr;                // [L, d_v], likewise
-  float* dq_head = nullptr;      // [g, L, d_k]: group 0's dQ, where the output's rows are not adjacent (float32)
-  std::int64_t query_head = -1;  // the (b * h + head) q_head and do_head point at, -1 for none yet
-};
-
-// The K and V blocks of keys j0.., safe for whole-block products (nonfinite.hpp).
-template <class T>
-struct KeyBlocks {
-  SafeBlock<T> k, v;
-};
-
-// Where one work item adds its share of dQ for one (b, head): rows [L, d_k], row stride ld.
-struct DqTarget {
-  float* data;
-  std::int64_t ld;
-};
-
-// What the backward's work items share: the parameters, D = rowsum(dO * O) and the lse gathered
-// contiguous ([B*h*L] each), the non-finite flags of the query rows ([B*h*L]: kQueryRow, kDoutRow) and
-// of the key rows ([B*h*S]: kKeyRow, kValueRow), and the per-thread workspace.
-//
-// Per thread, in `floats`: the three tiles (four with softcap), then dK and dV of a key block (kv_size each) and group
-// 0's dQ rows where the output's are not adjacent (dq_head_size); in `elements` (of T): the K, V block and Q, dO block
-// copies, then the Q and dO rows of a head where they are not adjacent (head_copy_size); in `rounded` (bfloat16 inputs
-// only): the two rounded tiles.
-template <class T>
-struct BackwardContext {
-  const AttentionBackwardParams<T>& p;
-  const float* D;
-  const float* lse;
-  const std::uint8_t* query_flags;
-  const std::uint8_t* key_flags;
-  float* floats;
-  T* elements;
-  bfloat16* rounded;
-  std::int64_t tile, kv_size, q_size, head_copy_size, dq_head_size;
-  std::int64_t* nonfinite_lists;              // kListsPerThread per thread
-  std::int64_t block_q = query_block_rows();  // query rows per block
-
-  static constexpr std::int64_t kListsPerThread = 2 * kBlockK + 2 * flash::kBlockQTall;
-  static constexpr bool kRounds = std::is_same_v<T, bfloat16>;  // products in bfloat16
-
-  std::int64_t tiles_per_thread() const { return p.softcap > 0 ? 4 : 3; }
-  std::int64_t floats_per_thread() const { return tiles_per_thread() * tile + 2 * kv_size + dq_head_size; }
-  std::int64_t elements_per_thread() const { return 2 * kv_size + 2 * q_size + head_copy_size; }
-  std::int64_t rounded_per_thread() const { return kRounds ? 2 * tile : 0; }
-
-  BackwardTiles<T> tiles() const {
-    const int thread = omp_get_thread_num();
-    float* f = floats + thread * floats_per_thread();
-    T* e = elements + thread * elements_per_thread();
-    bfloat16* r = rounded + thread * rounded_per_thread();
-    std::int64_t* lists = nonfinite_lists + thread * kListsPerThread;
-    BackwardTiles<T> t;
-    t.s = f, t.dp = f + tile, t.pd = f + 2 * tile, t.cap_slope = f + 3 * tile;
-    t.dk_block = f + tiles_per_thread() * tile, t.dv_block = t.dk_block + kv_size;
-    t.dq_head = t.dv_block + kv_size;
-    t.k_copy = e, t.v_copy = e + kv_size, t.q_copy = e + 2 * kv_size, t.do_copy = t.q_copy + q_size;
-    t.pd_rounded = r, t.ds_rounded = r + (kRounds ? tile : 0);
-    t.nonfinite_k = lists, t.nonfinite_v = lists + kBlockK;
-    t.nonfinite_q = lists + 2 * kBlockK, t.nonfinite_do = t.nonfinite_q + flash::kBlockQTall;
-    return t;
-  }
-  // Points t.q_head and t.do_head at the Q and dO rows of (b, head), copied adjacent where they are not
-  // (the layer's [B, L, h, d] layout): once per work item without grouping, for all its tiles; once per
-  // key block and head of the group with it.
-  void use_query_head(BackwardTiles<T>& t, std::int64_t b, std::int64_t head) const {
-    if (t.query_head == b * p.h + head) return;
-    t.query_head = b * p.h + head;
-    T* q_copy = elements + omp_get_thread_num() * elements_per_thread() + 2 * kv_size + 2 * q_size;
-    T* do_copy = q_copy + (p.q.stride[2] != p.d_k ? p.L * p.d_k : 0);
-    t.q_head = adjacent_rows(p.q.pointer(b, head, 0, 0), p.q.stride[2], p.L, p.d_k, q_copy);
-    t.do_head = adjacent_rows(p.dout.pointer(b, head, 0, 0), p.dout.stride[2], p.L, p.d_v, do_copy);
-  }
-  KeyBlocks<T> key_blocks(const BackwardTiles<T>& t, std::int64_t b, std::int64_t kv, std::int64_t j0,
-                          std::int64_t cols) const {
-    const std::uint8_t* flags = key_flags + (b * p.h_kv + kv) * p.S;
-    return {safe_block(p, p.k.pointer(b, kv, 0, 0), p.k.stride[2], b, kv, j0, cols, p.d_k, flags, kKeyRow, t.k_copy,
-                       t.nonfinite_k),
-            safe_block(p, p.v.pointer(b, kv, 0, 0), p.v.stride[2], b, kv, j0, cols, p.d_v, flags, kValueRow, t.v_copy,
-                       t.nonfinite_v)};
-  }
-};
-
-// Whether SoftmaxBackwardTile can round P and dS to bfloat16 row by row: bfloat16 inputs, and no pass
-// changes them after it (dropout's copy of P, soft-capping's slope, the NaN of a non-finite v row).
-template <class T>
-bool RoundsRowByRow(const BackwardContext<T>& ctx, const KeyBlocks<T>& kv) {
-  return BackwardContext<T>::kRounds && ctx.p.dropout_p == 0 && ctx.p.softcap == 0 && kv.v.nonfinite_count == 0;
 }
 
 // S = scale Q_i K_j^T -> P (in t.s), and dP = dO_i V_j^T -> dS (in t.dp), for query rows i0.. and
@@ -193,7 +94,7 @@ void TileGradients(const BackwardContext<T>& ctx, const BackwardTiles<T>& t, std
                                     t.s, t.cap_slope);
   gemm_tile(rows, cols, p.d_v, plain(t.do_head + i0 * p.d_v, p.d_v), transposed(kv.v.data, kv.v.ld),
             overwrite(t.dp, kBlockK));
-  const RoundedTiles rounded{t.pd_rounded, t.ds_rounded};
+  const RoundedTiles rounded{ctx.writes_transposed_p ? nullptr : t.pd_rounded, t.ds_rounded};
   SoftmaxBackwardTile(p, b, head, i0, rows, j0, cols, t.s, ctx.D + row0, t.dp,
                       RoundsRowByRow(ctx, kv) ? &rounded : nullptr);
   if (p.softcap > 0)  // dS times d cap / d logit, where dS is not 0 (a NaN slope must not reach a forbidden key)
@@ -229,6 +130,22 @@ void AddQueryGradients(const BackwardContext<T>& ctx, const BackwardTiles<T>& t,
   }
 }
 
+// dV's first operand: dropout(P) [rows, seen] (pd, float32) read transposed, in the products' type: P^T
+// rounded to bfloat16 as it is transposed into t.pd_rounded where ctx.writes_transposed_p, else the tile (or
+// its rounded copy) read transposed by gemm_tile.
+template <class T>
+auto dropout_p_transposed(const BackwardContext<T>& ctx, const BackwardTiles<T>& t, const float* pd, std::int64_t rows,
+                          std::int64_t seen) {
+  if constexpr (BackwardContext<T>::kRounds) {
+    if (ctx.writes_transposed_p) {
+      const std::int64_t ld = round_up(rows, 32);  // as gemm_tile's own plain copy (gemm_bf16.cpp)
+      transpose_rounding_to_bf16(pd, kBlockK, rows, seen, t.pd_rounded, ld);
+      return plain(static_cast<const bfloat16*>(t.pd_rounded), ld);
+    }
+  }
+  return transposed_tile<T>(pd, t.pd_rounded);
+}
+
 // The five products of one tile (query rows [i0, i0 + rows) of `head`, keys [j0, j0 + seen)): dV_j and dK_j of
 // the key block (the first tile of the block overwrites them), and dQ_i's share into dq.
 template <class T>
@@ -251,10 +168,11 @@ void TileAllGradients(const BackwardContext<T>& ctx, BackwardTiles<T>& t, std::i
   const SafeBlock<T> q_rows =
       safe_query_rows(t.q_head, p.d_k, i0, rows, p.d_k, query_flags, kQueryRow, t.q_copy, t.nonfinite_q);
   if (BackwardContext<T>::kRounds && !RoundsRowByRow(ctx, kv)) {  // the tiles' bfloat16 copies for the products
-    RoundRowsToBfloat16(pd, kBlockK, rows, round_up(seen, kRowAlign), t.pd_rounded, kBlockK);
+    if (!ctx.writes_transposed_p)
+      RoundRowsToBfloat16(pd, kBlockK, rows, round_up(seen, kRowAlign), t.pd_rounded, kBlockK);
     RoundRowsToBfloat16(t.dp, kBlockK, rows, round_up(seen, kRowAlign), t.ds_rounded, kBlockK);
   }
-  gemm_tile(seen, p.d_v, rows, transposed_tile<T>(pd, t.pd_rounded), plain(dout_rows.data, dout_rows.ld),
+  gemm_tile(seen, p.d_v, rows, dropout_p_transposed(ctx, t, pd, rows, seen), plain(dout_rows.data, dout_rows.ld),
             first ? overwrite(t.dv_block, p.d_v) : accumulate_into(t.dv_block, p.d_v));
   gemm_tile(seen, p.d_k, rows, transposed_tile<T>(t.dp, t.ds_rounded), plain(q_rows.data, q_rows.ld),
             first ? overwrite(t.dk_block, p.d_k) : accumulate_into(t.dk_block, p.d_k), p.scale);

@@ -96,6 +96,18 @@ def test_skips_caches_over_the_cap(tmp_path):
     assert [r[:3] for r in skipped] == [["f32", "4", "300"]]  # 9.8 MB; the bf16 cache, 4.9 MB, runs
 
 
+def test_loaded_read_bandwidth_printed_as_in_the_json(decode_run):
+    """Each thread count's read bandwidth with four multiply-adds per loaded vector (the float32 kernel's
+    least arithmetic at h / h_kv = 4) is printed under the plain one, as the JSON has it."""
+    stdout, report = decode_run
+    loaded = re.findall(r"four multiply-adds per loaded vector .*?: ([0-9.]+) GB/s \(([0-9.]+) of it\)", stdout)
+    assert len(loaded) == len(report["read_bandwidth"]) == 2, stdout[:800]
+    for (rate, share), b in zip(loaded, report["read_bandwidth"]):
+        with_fmas = b["with_four_multiply_adds_bytes_per_s"]
+        assert with_fmas > 0
+        assert rate == f"{with_fmas * 1e-9:.1f}" and share == f"{with_fmas / b['bytes_per_s']:.2f}"
+
+
 def test_json_has_every_row(decode_run):
     _, report = decode_run
     assert report["heads"] == 32 and report["kv_heads"] == 8 and report["head_dim"] == 128

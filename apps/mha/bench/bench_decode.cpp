@@ -5,6 +5,9 @@
 //               thread count (read_bandwidth.hpp): once at the start, then again just before and just after
 //               each group of rows (one dtype, batch and context), since on a shared machine it moves by
 //               2x within minutes; a row is compared with the better of its group's two
+//   loaded      at the start, the same buffer read with four multiply-adds per loaded vector (the float32
+//               kernel's least arithmetic at h / h_kv = 4): what a core streams while computing that much,
+//               the bound of a float32 row where it is below the plain bandwidth (docs/PERFORMANCE.md)
 //   decode      mha::decode_attention, h 32, h_kv 8, d_k = d_v 128, one new query per sequence, for each
 //               context length (tokens per sequence) and batch (sequences per step), float32, bf16, int8 and
 //               float8 e4m3 caches (the quantized ones read their rows' scales too, counted in the bytes)
@@ -49,6 +52,8 @@ using mha::Tensor;
 using Mode = mha::detail::DecodeMode;
 
 constexpr std::int64_t kHeads = 32, kKvHeads = 8, kDim = 128;
+static_assert(kHeads / kKvHeads == 4,
+              "the loaded read bandwidth (read_bandwidth.hpp) does h / h_kv = 4 multiply-adds a vector");
 constexpr std::int64_t kFillTokens = 1024;  // the cache is filled by appending blocks of this many tokens
 
 // A block of tokens x h_kv x d values in [-1, 1) from a 64-bit LCG (cheap: the cache holds gigabytes).
@@ -256,8 +261,14 @@ int run_bench_decode(const BenchOptions& options, const std::string& command) {
     const ReadBandwidth bw = probe.measure(7);
     fmt::print("read bandwidth, {} thread(s), {} MiB buffer: {:.1f} GB/s (best of 7 passes)\n", threads,
                bw.buffer_bytes >> 20, bw.bytes_per_s * 1e-9);
-    report["read_bandwidth"].push_back(
-        {{"threads", threads}, {"bytes_per_s", bw.bytes_per_s}, {"buffer_bytes", bw.buffer_bytes}});
+    const ReadBandwidth loaded = probe.measure(7, ReadBandwidthProbe::Work::FourMultiplyAdds);
+    fmt::print("  the same, four multiply-adds per loaded vector (the float32 kernel's least arithmetic here): "
+               "{:.1f} GB/s ({:.2f} of it)\n",
+               loaded.bytes_per_s * 1e-9, loaded.bytes_per_s / bw.bytes_per_s);
+    report["read_bandwidth"].push_back({{"threads", threads},
+                                        {"bytes_per_s", bw.bytes_per_s},
+                                        {"buffer_bytes", bw.buffer_bytes},
+                                        {"with_four_multiply_adds_bytes_per_s", loaded.bytes_per_s}});
   }
   // The read bandwidth at each thread count, best of 3 passes (a group's bracket).
   auto bandwidths = [&] {

@@ -20,10 +20,15 @@ struct ReadBandwidth {
 // A buffer of `bytes` to sum again and again: allocated and filled once (as a mha::Tensor, so on the same
 // huge-page storage as a PagedKVCache's pool), then each measure() sums it `reps` times with
 // mha::num_threads() threads, each reading one contiguous part with Highway's widest vectors.
+//
+// Work::FourMultiplyAdds reads it while doing the float32 decode kernel's least arithmetic at h / h_kv = 4
+// (four multiply-adds per loaded vector, nothing else): what a core streams while it computes that much,
+// which on some machines is well below what it streams summing (docs/PERFORMANCE.md, issue 33).
 class ReadBandwidthProbe {
  public:
+  enum class Work { Sum, FourMultiplyAdds };
   explicit ReadBandwidthProbe(std::int64_t bytes);
-  ReadBandwidth measure(int reps) const;
+  ReadBandwidth measure(int reps, Work work = Work::Sum) const;
 
  private:
   mha::Tensor buffer_;

@@ -60,14 +60,17 @@ struct RoundedTiles {
 // back to exactly 0 there: no gradient reaches a key the row does not attend to. With `rounded` (the
 // tile's P and dS final once a row is done: RoundsRowByRow), each row's P and dS are rounded to
 // bfloat16 into rounded->p and rounded->ds as it is done, still in the L1, where the caller would
-// otherwise round both tiles after, reading them back from the L2.
+// otherwise round both tiles after, reading them back from the L2. With `lse` (the rows' log-sum-exp), s holds
+// the tile's masked logits on entry, and each row becomes P (ProbabilityRow) just before its dS, while in the
+// L1: one pass over the tile fewer than ProbabilitiesFromLse before the dP product; without, s holds P.
 template <class T>
 void SoftmaxBackwardTile(const AttentionInputs<T>& p, std::int64_t b, std::int64_t head, std::int64_t i0,
-                         std::int64_t rows, std::int64_t j0, std::int64_t cols, const float* s, const float* D,
-                         float* dp, const RoundedTiles* rounded) {
+                         std::int64_t rows, std::int64_t j0, std::int64_t cols, float* s, const float* lse,
+                         const float* D, float* dp, const RoundedTiles* rounded) {
   if (p.dropout_p > 0) apply_dropout(p, b, head, i0, rows, j0, cols, dp, kBlockK);
   const std::int64_t padded_cols = round_up(cols, kRowAlign);
   for (std::int64_t r = 0; r < rows; ++r) {
+    if (lse) ProbabilityRow(p, b, head, i0 + r, j0, cols, lse[r], s + r * kBlockK);
     std::fill(dp + r * kBlockK + cols, dp + r * kBlockK + padded_cols, 0.0f);
     SoftmaxBackwardRow(s + r * kBlockK, dp + r * kBlockK, padded_cols, D[r]);
     if (!std::isfinite(D[r])) ZeroForbiddenEntries(p, b, head, i0 + r, j0, cols, dp + r * kBlockK);
@@ -89,13 +92,19 @@ void TileGradients(const BackwardContext<T>& ctx, const BackwardTiles<T>& t, std
   const std::int64_t row0 = (b * p.h + head) * p.L + i0;
   ScaledLogits(p, t.q_head + i0 * p.d_k, p.d_k, rows, kv.k.data, kv.k.ld, cols, t.s);
   if (p.softcap > 0) SoftcapTile(t.s, rows, cols, p.softcap, t.cap_slope);
-  ProbabilitiesFromLse(p, b, head, i0, rows, j0, cols, ctx.lse + row0, t.s);
-  ExactProbabilitiesOfNonfiniteKeys(p, b, head, i0, rows, j0, cols, t.nonfinite_k, kv.k.nonfinite_count, ctx.lse + row0,
-                                    t.s, t.cap_slope);
+  // P row by row in SoftmaxBackwardTile, unless a key's exact probabilities need the whole tile's first.
+  const bool p_by_row = kv.k.nonfinite_count == 0;
+  if (p_by_row) {
+    if (needs_data_masks(p)) apply_masks(p, b, head, i0, rows, j0, cols, t.s, kBlockK);
+  } else {
+    ProbabilitiesFromLse(p, b, head, i0, rows, j0, cols, ctx.lse + row0, t.s);
+    ExactProbabilitiesOfNonfiniteKeys(p, b, head, i0, rows, j0, cols, t.nonfinite_k, kv.k.nonfinite_count,
+                                      ctx.lse + row0, t.s, t.cap_slope);
+  }
   gemm_tile(rows, cols, p.d_v, plain(t.do_head + i0 * p.d_v, p.d_v), transposed(kv.v.data, kv.v.ld),
             overwrite(t.dp, kBlockK));
   const RoundedTiles rounded{ctx.writes_transposed_p ? nullptr : t.pd_rounded, t.ds_rounded};
-  SoftmaxBackwardTile(p, b, head, i0, rows, j0, cols, t.s, ctx.D + row0, t.dp,
+  SoftmaxBackwardTile(p, b, head, i0, rows, j0, cols, t.s, p_by_row ? ctx.lse + row0 : nullptr, ctx.D + row0, t.dp,
                       RoundsRowByRow(ctx, kv) ? &rounded : nullptr);
   if (p.softcap > 0)  // dS times d cap / d logit, where dS is not 0 (a NaN slope must not reach a forbidden key)
     for (std::int64_t r = 0; r < rows; ++r)

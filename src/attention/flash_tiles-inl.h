@@ -82,19 +82,23 @@ inline void SoftcapTile(float* HWY_RESTRICT s, std::int64_t rows, std::int64_t c
     }
 }
 
+// One row of ProbabilitiesFromLse, its masks applied: row [cols] (query row i of the tile at keys j0..)
+// becomes P = exp(S - lse) (0 for a row that attended to nothing), padded with zeros to a whole vector.
+template <class T>
+HWY_INLINE void ProbabilityRow(const AttentionInputs<T>& p, std::int64_t b, std::int64_t head, std::int64_t i,
+                               std::int64_t j0, std::int64_t cols, float lse, float* HWY_RESTRICT row) {
+  const std::int64_t visible = lse == kMinusInf ? 0 : causal_visible(p, i, j0, cols);
+  ExpShiftedRow<kExpAccuracyOf<T>>(row, round_up(cols, kRowAlign), visible, lse);
+  if (std::isnan(lse)) ZeroForbiddenEntries(p, b, head, i, j0, cols, row);
+}
+
 // Probabilities of a tile: s [rows, cols] (row stride kBlockK) holds scale * Q K^T (soft-capped); masks are applied
-// and each row becomes P = exp(S - lse) (0 for a row that attended to nothing), padded with zeros.
+// and each row becomes P (ProbabilityRow).
 template <class T>
 void ProbabilitiesFromLse(const AttentionInputs<T>& p, std::int64_t b, std::int64_t head, std::int64_t i0,
                           std::int64_t rows, std::int64_t j0, std::int64_t cols, const float* lse, float* s) {
-  const std::int64_t padded_cols = round_up(cols, kRowAlign);
   if (needs_data_masks(p)) apply_masks(p, b, head, i0, rows, j0, cols, s, kBlockK);
-  for (std::int64_t r = 0; r < rows; ++r) {
-    float* row = s + r * kBlockK;
-    const std::int64_t visible = lse[r] == kMinusInf ? 0 : causal_visible(p, i0 + r, j0, cols);
-    ExpShiftedRow<kExpAccuracyOf<T>>(row, padded_cols, visible, lse[r]);
-    if (std::isnan(lse[r])) ZeroForbiddenEntries(p, b, head, i0 + r, j0, cols, row);
-  }
+  for (std::int64_t r = 0; r < rows; ++r) ProbabilityRow(p, b, head, i0 + r, j0, cols, lse[r], s + r * kBlockK);
 }
 
 // Whether row[0, n) holds only finite floats.

@@ -222,7 +222,7 @@ void KeyBlockGradients(const BackwardContext<T>& ctx, BackwardTiles<T>& t, std::
     const std::uint8_t* query_flags = ctx.query_flags + (b * p.h + head) * p.L;
     for (std::int64_t block = first_block; block < query_end; block += block_q) {
       for (const RowBand band : tile_row_bands(p, block, std::min(block_q, p.L - block), j0, cols)) {
-        // A diagonal tile in the forward's two bands (masks.hpp), each a tile of its own here. Causal: a
+        // A diagonal tile in the forward's bands (masks.hpp), each a tile of its own here. Causal: a
         // band's products shrink to the keys its last (most-seeing) row sees; the rest get nothing from it.
         if (band.empty()) continue;
         const std::int64_t i0 = block + band.first, rows = band.rows, seen = band.cols;

@@ -280,7 +280,7 @@ void ForwardQueryBlock(const AttentionParams<T>& p, const ForwardBlock<T>& w, st
       tile_w.ahead.spans[1] = line_span(w.v_head + (j0 + kBlockK) * p.d_v, next_cols * p.d_v * std::int64_t{sizeof(T)});
     }
     for (std::int64_t n = 0; n < heads; ++n) {
-      for (const RowBand band : tile_row_bands(p, i0, rows, j0, cols)) {  // a diagonal tile in two bands
+      for (const RowBand band : tile_row_bands(p, i0, rows, j0, cols)) {  // a diagonal tile in bands (masks.hpp)
         if (band.empty()) continue;
         ForwardTile(p, tile_w.head_state(n, rows).rows_from(band.first),
                     q_rows[static_cast<std::size_t>(n)] + band.first * p.d_k, v_block, b, kv, head0 + n,

@@ -57,23 +57,38 @@ std::int64_t causal_visible(const AttentionInputs<T>& p, std::int64_t i, std::in
 }
 
 // The row bands of a logits tile of query rows [i0, i0 + rows) and keys [j0, j0 + cols): a tile the causal
-// rule (or a window's right bound) cuts diagonally, so that its first half of rows sees fewer keys than its
-// last row, is computed in two bands of rows, each as wide as its own last row sees (a diagonal 128 x 128
-// tile as 64 x 64 and 64 x 128: 18 us of products against 21 here, docs/PERFORMANCE.md); any other tile
-// whole (a second band of 0 rows). Each band's cols is what its last row sees of the tile: a band of 0
-// rows or 0 cols has nothing to compute. The forward and the backward band alike and compute each band's
-// logits by the same product, so the backward's recomputed P = exp(S - lse) sees the forward's S bit for bit.
+// rule (or a window's right bound) cuts diagonally, so that its first rows see fewer keys than its last
+// row, is computed in bands of rows, each as wide as its own last row sees: two bands of rows / 2 for a
+// tile of fewer than 192 rows (a diagonal 128 x 128 tile as 64 x 64 and 64 x 128: 18 us of products
+// against 21 whole, docs/PERFORMANCE.md), rows / 64 bands (at most kMaxRowBands) for taller ones; adjacent
+// bands that see as much are merged, and a tile of fewer than 32 rows, or one no band of which sees less
+// than its last row, is computed whole. Each band's cols is what its last row sees of the tile; unused
+// entries are bands of 0 rows. A band of 0 rows or 0 cols has nothing to compute. The forward and the
+// backward band alike and compute each band's logits by the same product, so the backward's recomputed
+// P = exp(S - lse) sees the forward's S bit for bit.
 struct RowBand {
   std::int64_t first, rows, cols;  // tile rows [first, first + rows), keys [j0, j0 + cols)
   bool empty() const { return rows == 0 || cols == 0; }
 };
+inline constexpr std::size_t kMaxRowBands = 4;
 template <class T>
-std::array<RowBand, 2> tile_row_bands(const AttentionInputs<T>& p, std::int64_t i0, std::int64_t rows, std::int64_t j0,
-                                      std::int64_t cols) {
-  const std::int64_t half = rows / 2, last_sees = causal_visible(p, i0 + rows - 1, j0, cols);
-  const std::int64_t half_sees = half > 0 ? causal_visible(p, i0 + half - 1, j0, cols) : last_sees;
-  if (half < 16 || half_sees == last_sees) return {RowBand{0, rows, last_sees}, RowBand{rows, 0, 0}};
-  return {RowBand{0, half, half_sees}, RowBand{half, rows - half, last_sees}};
+std::array<RowBand, kMaxRowBands> tile_row_bands(const AttentionInputs<T>& p, std::int64_t i0, std::int64_t rows,
+                                                 std::int64_t j0, std::int64_t cols) {
+  std::array<RowBand, kMaxRowBands> bands{};
+  for (RowBand& band : bands) band = RowBand{rows, 0, 0};
+  const std::int64_t n = rows < 32 ? 1 : std::clamp<std::int64_t>(rows / 64, 2, kMaxRowBands);
+  std::size_t used = 0;
+  std::int64_t first = 0;
+  for (std::int64_t k = 1; k <= n; ++k) {
+    const std::int64_t end = rows * k / n, sees = causal_visible(p, i0 + end - 1, j0, cols);
+    if (used > 0 && bands[used - 1].cols == sees) {  // sees as much as the band before it: one band
+      bands[used - 1].rows = end - bands[used - 1].first;
+    } else {
+      bands[used++] = RowBand{first, end - first, sees};
+    }
+    first = end;
+  }
+  return bands;
 }
 
 // Applies the masks to a logits tile s [rows, cols] (row stride ld): forbidden -> -inf, additive added.

@@ -159,6 +159,14 @@ def test_integers_are_read_as_decimal():
     assert json.loads(result.stdout)["n"] == 10
 
 
+def test_bench_one_core_refuses_bf16():
+    # The core workload is float32 only: a bf16 request is refused, not run as float32 under a bf16 label.
+    result = mha("bench-one", "--impl", "core", "--n", "10", "--dtype", "bf16", "--warmup", "0", "--min-reps", "1",
+                 "--max-reps", "1", "--min-time", "0", "--max-time", "0")
+    assert result.returncode != 0 and result.stdout == ""
+    assert "--impl core runs float32 only" in result.stderr, result.stderr
+
+
 # Issue 30: "010" is 8 to CLI11 (base 0), C and the shell, 10 to Python: README promises it is refused,
 # not read either way. Where a refusal failed, the run stops at once (no checkpoint, no weights) or is a
 # two-step demo.

@@ -27,6 +27,8 @@ int run_bench_one(const BenchOneOptions& o) {
   std::unique_ptr<CoreWorkload> core;
   std::unique_ptr<LayerWorkload> layer;
   if (o.impl == "core") {
+    if (o.dtype != "float32")  // the bf16 core is measured by `mha bench --dtype bf16` (bench_bf16.cpp)
+      throw std::invalid_argument("--dtype " + o.dtype + ": --impl core runs float32 only; bf16 runs with --impl mha");
     core = std::make_unique<CoreWorkload>(o.batch, o.heads, o.n, o.d_model / o.heads, o.causal,
                                           pass == Pass::ForwardBackward);  // q, k, v [B, h, N, d]
     call = [&] {

@@ -402,12 +402,12 @@ bool matmul_on_amx() {
 }
 
 // A (stored [K, M], row stride A.ld, read transposed) copied plain into this thread's scratch
-// [M, round_up(K, 32)], aligned (hwy's allocator); A itself where the scratch cannot be had (the product
+// [M, transposed_row_stride(K)], aligned (hwy's allocator); A itself where the scratch cannot be had (the product
 // then reads it transposed, as elsewhere).
 GemmInput<bfloat16> plain_copy(std::int64_t M, std::int64_t K, GemmInput<bfloat16> A) {
   thread_local hwy::AlignedFreeUniquePtr<bfloat16[]> scratch;
   thread_local std::int64_t capacity = 0;  // elements
-  const std::int64_t ld = flash::round_up(K, 32), size = M * ld;
+  const std::int64_t ld = transposed_row_stride(K), size = M * ld;
   if (size > capacity) {
     scratch = hwy::AllocateAligned<bfloat16>(static_cast<std::size_t>(size));
     capacity = scratch ? size : 0;

@@ -5,6 +5,7 @@
 #include "attention/bf16_transpose.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -128,14 +129,10 @@ bool transpose_by_blocks(const E* src, std::int64_t lds, std::int64_t rows, std:
 #endif
 }
 
-// vcvtneps2bf16's rounding of one float, by hand: nearest even, subnormals to a zero of their sign, NaN
-// quiet (its sign kept).
+// vcvtneps2bf16's rounding of one float: bfloat16's own (nearest even, NaN quiet), but a subnormal input
+// flushed to a zero of its sign first.
 bfloat16 round_as_the_instruction(float x) {
-  std::uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  if ((u & 0x7f800000u) == 0) return bfloat16::from_bits(static_cast<std::uint16_t>((u >> 16) & 0x8000u));
-  if ((u & 0x7fffffffu) > 0x7f800000u) return bfloat16::from_bits(static_cast<std::uint16_t>((u >> 16) | 0x0040u));
-  return bfloat16::from_bits(static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16));
+  return bfloat16(std::fpclassify(x) == FP_SUBNORMAL ? std::copysign(0.0f, x) : x);
 }
 
 }  // namespace

@@ -16,6 +16,11 @@ namespace mha::detail {
 void transpose_bf16(const bfloat16* src, std::int64_t lds, std::int64_t rows, std::int64_t cols, bfloat16* dst,
                     std::int64_t ldd);
 
+// The row stride of a tile's transposed copy whose rows hold `rows` source rows: whole 32-element blocks
+// (64 bytes, an AMX tile row). gemm_bf16.cpp's plain copies and the backward's P^T use it, so both hand
+// oneDNN the same operand layout.
+constexpr std::int64_t transposed_row_stride(std::int64_t rows) { return (rows + 31) / 32 * 32; }
+
 // The same from a float32 tile, each element rounded to bfloat16 as round_rows_with_bf16_conversion rounds it
 // (bf16_rounding.hpp: nearest even, subnormals flushed to zero, NaN quiet) on its way: the bits of rounding
 // the rows first and transposing after, in one pass. The backward's P, which its products read only

@@ -147,7 +147,7 @@ auto dropout_p_transposed(const BackwardContext<T>& ctx, const BackwardTiles<T>&
                           std::int64_t seen) {
   if constexpr (BackwardContext<T>::kRounds) {
     if (ctx.writes_transposed_p) {
-      const std::int64_t ld = round_up(rows, 32);  // as gemm_tile's own plain copy (gemm_bf16.cpp)
+      const std::int64_t ld = transposed_row_stride(rows);  // as gemm_tile's own plain copy (gemm_bf16.cpp)
       transpose_rounding_to_bf16(pd, kBlockK, rows, seen, t.pd_rounded, ld);
       return plain(static_cast<const bfloat16*>(t.pd_rounded), ld);
     }

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "attention/bf16_transpose.hpp"
 #include "attention/flash_config.hpp"
 #include "attention/nonfinite.hpp"
 #include "attention/params.hpp"
@@ -70,7 +71,7 @@ struct BackwardContext {
   static constexpr bool kRounds = std::is_same_v<T, bfloat16>;  // products in bfloat16
 
   // Whether dV += dropout(P)^T dO reads P^T written by the backward itself, rounded to bfloat16 as it is
-  // transposed (transpose_rounding_to_bf16), into pd_rounded [seen, round_up(rows, 32)]: where gemm_tile would
+  // transposed (transpose_rounding_to_bf16), into pd_rounded [seen, transposed_row_stride(rows)]: where gemm_tile would
   // copy the transposed operand plain anyway (AMX). The same bits as rounding P's rows and leaving the
   // transpose to gemm_tile, with one pass fewer over P.
   bool writes_transposed_p = kRounds && gemm_tile_copies_transposed_bf16();
@@ -78,8 +79,8 @@ struct BackwardContext {
   std::int64_t tiles_per_thread() const { return p.softcap > 0 ? 4 : 3; }
   std::int64_t floats_per_thread() const { return tiles_per_thread() * tile + 2 * kv_size + dq_head_size; }
   std::int64_t elements_per_thread() const { return 2 * kv_size + 2 * q_size + head_copy_size; }
-  // A rounded tile: [rows, kBlockK], or P^T [kBlockK, round_up(rows, 32)] (writes_transposed_p).
-  std::int64_t rounded_tile() const { return flash::round_up(tile / flash::kBlockK, 32) * flash::kBlockK; }
+  // A rounded tile: [rows, kBlockK], or P^T [kBlockK, transposed_row_stride(rows)] (writes_transposed_p).
+  std::int64_t rounded_tile() const { return transposed_row_stride(tile / flash::kBlockK) * flash::kBlockK; }
   std::int64_t rounded_per_thread() const { return kRounds ? 2 * rounded_tile() : 0; }
 
   BackwardTiles<T> tiles() const {

@@ -74,8 +74,8 @@ inline constexpr std::size_t kMaxRowBands = 4;
 template <class T>
 std::array<RowBand, kMaxRowBands> tile_row_bands(const AttentionInputs<T>& p, std::int64_t i0, std::int64_t rows,
                                                  std::int64_t j0, std::int64_t cols) {
-  std::array<RowBand, kMaxRowBands> bands{};
-  for (RowBand& band : bands) band = RowBand{rows, 0, 0};
+  std::array<RowBand, kMaxRowBands> bands;
+  bands.fill(RowBand{rows, 0, 0});
   const std::int64_t n = rows < 32 ? 1 : std::clamp<std::int64_t>(rows / 64, 2, kMaxRowBands);
   std::size_t used = 0;
   std::int64_t first = 0;

@@ -42,7 +42,8 @@ std::vector<std::int64_t> draw_lengths(std::int64_t n, std::int64_t lo, std::int
 // The logits the fused forward computes for one sequence of `rows` query rows, causal, with key_length keys
 // (scaled_dot_product_attention's key_lengths): each block of tile_rows() query rows (query_block.hpp)
 // takes its products over the keys up to its last row's causal bound and the key length (masks.hpp's
-// key_range_end), a whole tile even where the diagonal crosses it.
+// key_range_end), counted as a whole tile even where the diagonal crosses it (the kernel computes such a
+// tile in row bands, masks.hpp's tile_row_bands, a little less; the count is the same model for both sides).
 double forward_tile_logits(std::int64_t rows, std::int64_t key_length) {
   double logits = 0;
   for (std::int64_t i0 = 0, height = tile_rows(); i0 < rows; i0 += height) {
@@ -115,7 +116,7 @@ void print_packed_header(const BenchOptions& o, const PackedBatch& batch) {
   fmt::print("\n== Packed against padded: {} sequences, h {}, d {}, float32, causal; lengths log-uniform over [{}, {}] "
              "(seed {}):\n  {}\n  total {}, max_L {}; r = sum L_i^2 / (n max_L^2) = {:.4f}; r_tiles = the logits the "
              "packed forward computes / those the padded one computes = {:.4f} (the padded kernel skips the keys past "
-             "each length; both compute whole {}-row tiles across the diagonal)\n",
+             "each length; both counted as whole {}-row tiles across the diagonal)\n",
              o.variants_sequences, kHeads, kHeadWidth, std::min(kShortest, o.variants_n), o.variants_n, kLengthsSeed,
              fmt::join(batch.lengths, " "), batch.total, batch.max_length, batch.flop_ratio, batch.tile_ratio,
              tile_rows());

@@ -48,8 +48,9 @@ void check_bands(const AttentionInputs<float>& p, std::int64_t right, std::int64
   }
   ASSERT_EQ(covered, rows);
   ASSERT_LE(used, static_cast<std::int64_t>(kMaxRowBands));
-  if (sees(i0, p.query_shift, right, j0, cols) == sees(i0 + rows - 1, p.query_shift, right, j0, cols))
+  if (sees(i0, p.query_shift, right, j0, cols) == sees(i0 + rows - 1, p.query_shift, right, j0, cols)) {
     ASSERT_EQ(used, 1) << "no row sees less than the last: one band";
+  }
 }
 
 TEST(RowBands, CoverTheTileAndFollowTheDiagonalOnRandomTiles) {

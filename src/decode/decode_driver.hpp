@@ -15,8 +15,10 @@
 #include <cstdint>
 #include <limits>
 #include <new>
+#include <type_traits>
 #include <vector>
 
+#include "decode/amx_int8.hpp"
 #include "decode/decode_params.hpp"
 #include "decode/split_kv.hpp"
 #include "hwy/aligned_allocator.h"
@@ -39,7 +41,18 @@ struct ChunkScratch {
   const T** k_ahead = nullptr;           // key rows
   const T** v_ahead = nullptr;           // value rows
   std::uint8_t* all_weighted = nullptr;  // [kKeyBlock]: no row has weight exactly 0 at key j
+  void* tiles = nullptr;                 // int8 pages on AMX tiles: amx::scratch_bytes (else nullptr)
 };
+
+// The bytes of one thread's tile scratch for items of `kv_heads` x `rows_per_head` rows: int8 pages where
+// amx_int8.hpp's tiles run this call, else 0 (the vector kernel).
+template <class T, class A>
+std::int64_t tile_scratch_bytes(const DecodeParams<T, A>& p, std::int64_t kv_heads, std::int64_t rows_per_head) {
+  if constexpr (std::is_same_v<T, std::int8_t>)
+    if (amx::int8_tiles().tiles && amx::fits(p.d_k, p.d_v))
+      return amx::scratch_bytes(kv_heads, rows_per_head, p.d_k, p.d_v);
+  return 0;
+}
 
 template <class E>
 hwy::AlignedFreeUniquePtr<E[]> allocate_aligned(std::int64_t count) {
@@ -92,6 +105,8 @@ void run_decode(const DecodeParams<T, A>& p, DecodeMode mode, Chunk chunk) {
   std::vector<std::int64_t> visible(static_cast<std::size_t>(threads * 2 * R));
   std::vector<const T*> rows(static_cast<std::size_t>(threads * 4 * kKeyBlock));
   std::vector<std::uint8_t> flags(static_cast<std::size_t>(threads * kKeyBlock));
+  const std::int64_t kv_heads = packed ? p.h_kv : 1, tile_bytes = tile_scratch_bytes(p, kv_heads, R / kv_heads);
+  const auto tiles = allocate_aligned<std::int8_t>(threads * tile_bytes);
 #pragma omp parallel for schedule(dynamic, 1)
   for (std::int64_t i = 0; i < items; ++i) {
     const int t = omp_get_thread_num();
@@ -106,6 +121,7 @@ void run_decode(const DecodeParams<T, A>& p, DecodeMode mode, Chunk chunk) {
     w.k_ahead = w.v_rows + kKeyBlock;
     w.v_ahead = w.k_ahead + kKeyBlock;
     w.all_weighted = flags.data() + t * kKeyBlock;
+    w.tiles = tile_bytes > 0 ? tiles.get() + t * tile_bytes : nullptr;
     chunk(p, plan.items[static_cast<std::size_t>(i)], layout, partials.get() + i * layout.size(), w);
   }
 

@@ -1,4 +1,4 @@
-// The decode kernel for float32 and bfloat16 caches: split-KV (flash-decoding, Dao et al. 2023) with
+// The decode kernel for float32, bfloat16, int8 and float8 caches: split-KV (flash-decoding, Dao et al. 2023) with
 // the query heads of a group packed together, so each key/value byte is read once per group.
 //
 // One work item: positions [begin, end) of one sequence, all its kv heads (one in the per-head mode),
@@ -12,7 +12,8 @@
 // blocks are read in address order and the next one is prefetched while one is computed (split_kv.hpp
 // says why). Every row is computed as it would be alone, so the packed and per-head results agree
 // bitwise. Both products and the softmax are float32 in Highway vectors (bfloat16 rows widened as they
-// are loaded), dispatched once per call to the best SIMD target of the machine.
+// are loaded), dispatched once per call to the best SIMD target of the machine; int8 pages' products run
+// on AMX tiles where the CPU has them (int8_tiles-inl.h, amx_int8.hpp), the softmax as for the others.
 //
 // Legend: n sequences, Lq new queries per sequence, h query heads, h_kv key/value heads, g = h / h_kv,
 // R rows of an item, d_k, d_v, T the sequence's length.
@@ -24,10 +25,12 @@
 
 #include <algorithm>
 #include <limits>
+#include <type_traits>
 #include <utility>
 
 #include "decode/decode_driver.hpp"
 #include "decode/decode_rows-inl.h"
+#include "decode/int8_tiles-inl.h"
 #include "hwy/highway.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -63,6 +66,11 @@ void DecodeChunk(const DecodeParams<T, float>& p, const WorkItem& item, const Sl
   std::fill(l, l + R, 0.0f);
   if (decode::before_every_window(p, T_s, item)) return;  // no weight anywhere: the merge skips it
   GatherQueryRows(p, item, R, w);
+  // int8 pages on AMX tiles where the driver gave this call their scratch (int8_tiles-inl.h).
+  [[maybe_unused]] Int8TileRows tiles;
+  constexpr bool kMayTile = std::is_same_v<T, std::int8_t>;
+  const bool tiled = kMayTile && w.tiles != nullptr;
+  if (tiled) tiles.Start(w.q, w.ld_q, Rg, item.kv_heads, p.d_k, p.d_v, w.tiles);
   // Each key's logit scale (float pages: p.scale for all; quantized: times the row's, for each block) and
   // each value row's scale (quantized pages).
   HWY_ALIGN float logit_scales[kKeyBlock], value_scales[kKeyBlock];
@@ -99,13 +107,18 @@ void DecodeChunk(const DecodeParams<T, float>& p, const WorkItem& item, const Sl
       float* acc_g = acc + kh * Rg * layout.ld;
       if constexpr (kQuantized<T>)
         GatherBlockScales(p, item.seq, item.kv_head + kh, t0, kb, logit_scales, value_scales);
-      BlockLogits(w.q + kh * Rg * w.ld_q, w.ld_q, Rg, k_rows, kb, p.d_k, logit_scales, w.visible, ahead, w.s);
+      if constexpr (kMayTile)
+        if (tiled) tiles.BlockLogits(kh, k_rows, kb, logit_scales, w.visible, ahead, w.s);
+      if (!tiled)
+        BlockLogits(w.q + kh * Rg * w.ld_q, w.ld_q, Rg, k_rows, kb, p.d_k, logit_scales, w.visible, ahead, w.s);
       if (p.has_variants())
         decode::apply_score_variants(p, item, kh * Rg, Rg, T_s, t0, kb, w.visible, w.visible_begin, w.s, kKeyBlock);
       BlockOnlineSoftmax(w.s, Rg, m + kh * Rg, l + kh * Rg, acc_g, layout.ld);
       const bool block_weighted = FlagWeightedKeys(w.s, Rg, kb, w.all_weighted);
       if constexpr (kQuantized<T>) ScaleWeightsByValueScales(w.s, Rg, value_scales);
-      BlockAccumulate(w.s, Rg, v_rows, kb, p.d_v, block_weighted, w.all_weighted, acc_g, layout.ld);
+      if constexpr (kMayTile)
+        if (tiled) tiles.BlockAccumulate(w.s, v_rows, kb, block_weighted, w.all_weighted, acc_g, layout.ld);
+      if (!tiled) BlockAccumulate(w.s, Rg, v_rows, kb, p.d_v, block_weighted, w.all_weighted, acc_g, layout.ld);
     }
   }
 }

@@ -7,6 +7,7 @@ Which caches count as over the last-level cache is set with --llc-mib in every r
 from the machine: the machines drawn have 32 MiB, 260 MiB and 480 MiB of L3, and no verdict here may
 depend on which one runs the suite."""
 import json
+import os
 import platform
 import re
 import subprocess
@@ -131,6 +132,10 @@ def test_json_has_every_row(decode_run):
     # the prefetch level and why: the processor's choice, or MHA_DECODE_PREFETCH's when the environment sets it
     assert re.fullmatch(r"L[12] \(prefetcht[02]; (chosen for .* family \d+|forced by MHA_DECODE_PREFETCH=l[12])\)",
                         report["prefetch_level"])
+    # the int8 pages' product path and why (src/decode/amx_int8.hpp), as the process chose it
+    assert re.fullmatch(r"(AMX tiles|vectors) \(.+\)", report["int8_products"])
+    assert report["int8_products"].startswith("AMX") == ("amx_int8" in open("/proc/cpuinfo").read().split()
+                                                         and os.environ.get("MHA_DECODE_AMX") != "off")
     assert [(t["rows"], t["worst"], t["met"]) for t in report["targets"][:-1]] == [(0, None, False)] * 9
 
 

@@ -39,6 +39,7 @@
 #include "bench/bench_machine.hpp"
 #include "bench/bench_measure.hpp"
 #include "bench/read_bandwidth.hpp"
+#include "decode/amx_int8.hpp"
 #include "decode/decode_params.hpp"
 #include "decode/prefetch_level.hpp"
 #include "mha/mha.hpp"
@@ -243,6 +244,8 @@ int run_bench_decode(const BenchOptions& options, const std::string& command) {
   fmt::print("bandwidth rows (the targets' rows): caches >= {} MiB\n", big >> 20);
   const std::string prefetch = mha::detail::decode_prefetch_description();
   fmt::print("the kernel prefetches the block ahead into the {}\n", prefetch);
+  const std::string int8_products = mha::detail::amx::int8_tiles().description;
+  fmt::print("int8 pages' products: {}\n", int8_products);
   nlohmann::json report = {{"command", command},
                            {"machine", cpu_name(m)},
                            {"date", m.date},
@@ -253,6 +256,7 @@ int run_bench_decode(const BenchOptions& options, const std::string& command) {
                            {"head_dim", kDim},
                            {"page_size", options.decode_page_size},
                            {"prefetch_level", prefetch},
+                           {"int8_products", int8_products},
                            {"load_start", load_average()}};
   const double run_steal_start = steal_seconds();
   const ReadBandwidthProbe probe(options.bandwidth_mib > 0 ? options.bandwidth_mib << 20 : 8 * llc);

@@ -95,7 +95,8 @@ std::int64_t scratch_bytes(std::int64_t kv_heads, std::int64_t rows_per_head, st
          4 * 16 * 16 * 4 + 16 * 64 + 1024 * round_up4(d_v / 16);
 }
 
-Scratch carve_scratch(void* base, std::int64_t kv_heads, std::int64_t rows_per_head, std::int64_t d_k) {
+Scratch carve_scratch(void* base, std::int64_t kv_heads, std::int64_t rows_per_head, std::int64_t d_k,
+                      std::int64_t d_v) {
   const std::int64_t groups = groups_of(kv_heads, rows_per_head);
   auto* at = static_cast<std::int8_t*>(base);
   Scratch s;
@@ -105,7 +106,8 @@ Scratch carve_scratch(void* base, std::int64_t kv_heads, std::int64_t rows_per_h
   s.keys = at, at += 64 * d_k;
   s.sums = reinterpret_cast<std::int32_t*>(at), at += 4 * 16 * 16 * 4;
   s.weights = reinterpret_cast<std::uint8_t*>(at), at += 16 * 64;
-  s.values = at;  // [d_v / 16][16][64], last, and up to 3 chunks more that accumulate_values reads past d_v
+  s.values = at;  // [d_v / 16][16][64], and up to 3 chunks of zeros that accumulate_values multiplies too
+  std::memset(s.values + 1024 * (d_v / 16), 0, static_cast<std::size_t>(1024 * (round_up4(d_v / 16) - d_v / 16)));
   return s;
 }
 

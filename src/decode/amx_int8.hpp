@@ -122,9 +122,10 @@ struct Scratch {
   std::int8_t* keys;          // [4][16, d_k]: key tiles gathered where their rows are not back to back
   std::int32_t* sums;         // [4][16][16]: four products' int32 sums
   std::uint8_t* weights;      // [16][64]: a group's weight digits, row 4 k + r digit k of row r
-  std::int8_t* values;        // [d_v / 16 rounded up to 4][16][64]: a block's value rows, four keys per word
+  std::int8_t* values;  // [d_v / 16 rounded up to 4][16][64]: a block's value rows, four keys per word; zeros past d_v
 };
-Scratch carve_scratch(void* base, std::int64_t kv_heads, std::int64_t rows_per_head, std::int64_t d_k);
+Scratch carve_scratch(void* base, std::int64_t kv_heads, std::int64_t rows_per_head, std::int64_t d_k,
+                      std::int64_t d_v);
 
 // The calling thread's tile registers shaped for heads of d_k (ldtilecfg), released at destruction
 // (tilerelease). Every function below runs between the two, on the thread that made it.

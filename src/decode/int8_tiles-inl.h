@@ -36,7 +36,7 @@ class Int8TileRows {
              std::int64_t d_v, void* scratch) {
     q_ = q, ld_q_ = ld_q, rows_per_head_ = rows_per_head, d_k_ = d_k, d_v_ = d_v;
     groups_per_head_ = (rows_per_head + amx::kGroupRows - 1) / amx::kGroupRows;
-    s_ = amx::carve_scratch(scratch, kv_heads, rows_per_head, d_k);
+    s_ = amx::carve_scratch(scratch, kv_heads, rows_per_head, d_k, d_v);
     config_.emplace(d_k);
     for (std::int64_t kh = 0; kh < kv_heads; ++kh)
       for (std::int64_t g = 0; g < groups_per_head_; ++g) {

@@ -26,6 +26,13 @@
 /// then merged by log-sum-exp in a fixed order. So a sequence's result is bitwise the same whatever the
 /// thread count and whatever else is in the batch.
 ///
+/// int8 caches on CPUs with AMX-INT8 (where Linux grants the tile state): the products run on AMX tiles,
+/// the query rows rounded at 30 bits and each block's weights at 31 bits as exact integer digits, the
+/// sums combined in float32; elsewhere, and for rows the tiles cannot represent (not finite, or largest
+/// magnitude outside [2^-60, 2^60]), float32 vectors widen the payloads. Both compute attention over the
+/// dequantized cache within float32's accuracy, not bitwise alike: a process's results stay the same for
+/// every thread count and batch; MHA_DECODE_AMX=off makes the vectors run everywhere.
+///
 /// Page size: pages of 16 and of 128 tokens decode about equally fast (measured on a Zen 3, see
 /// docs/PERFORMANCE.md); smaller pages waste less memory per sequence and copy less on a write after
 /// fork().

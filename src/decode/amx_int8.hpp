@@ -3,20 +3,22 @@
 //
 // Why: a decode step reads the cache once, and int8 rows are a quarter of float32's bytes, but widening
 // each byte (sign-extend, convert) and multiplying it by g query rows costs more instructions per byte
-// than the read itself: the vector kernel read 0.49-0.52 of one core's read bandwidth on the model-167
-// Xeon, where a tile kernel streams at ~0.8 (docs/PERFORMANCE.md, issue 33).
+// than the read itself. On the model-167 Xeon (docs/PERFORMANCE.md, issue 33) the tiles compute a step
+// 1.2-1.4x faster than the vectors from the L2 and L3, and 1.08-1.10x faster from memory (0.55-0.57 of
+// one core's read bandwidth against 0.50-0.53, 8 x 128k positions).
 //
 // How, without changing what is computed (attention over the dequantized cache, float32 results):
 //   logits: a query row q (float32) becomes an integer q_i = q 2^(30-e) rounded (2^e > max|q|, so
 //     |q_i| < 2^30, error <= 2^-31 max|q| per element) written as four signed base-256 digits,
 //     q_i = sum_k 256^k d_k with d_k in [-128, 127]. TDPBSSD multiplies 16 key rows [16, 64 bytes] by the
 //     digits of 4 query rows (16 columns: digit k of row r in column 4k + r) into exact int32 sums
-//     (|sum| <= 64 * 127 * 128 < 2^21 per 64 columns), which are converted exactly to float32 and
-//     combined: dot = ((c0 + 2^16 c2) + 2^8 (c1 + 2^16 c3)) 2^(e-30), each step one rounding.
+//     (|sum| <= d_k * 127 * 128: converted to float32 exactly up to d_k = 1024, with one rounding
+//     beyond), combined: dot = ((c0 + 2^16 c2) + 2^8 (c1 + 2^16 c3)) 2^(e-30), each step one rounding.
 //   P V: a row's weights p (already times each value row's scale, >= 0) become p_i = p 2^(31-e) rounded
 //     (2^e > max p, so p_i < 2^31, error <= 2^-32 max p) as four unsigned digits; TDPBUSD multiplies the
 //     digits of 4 rows [16, 64 keys] by the block's 64 value rows laid out four keys per 32-bit column
-//     (the tiles' pairing), 16 value columns at a time, and the sums combine as above.
+//     (the tiles' pairing), 16 value columns at a time (|sum| <= 64 * 255 * 127 < 2^21: exact), and the
+//     sums combine as above.
 // So each logit and each acc update is the exact product of slightly rounded operands (relative error
 // ~2^-31 per element), then a few float32 roundings: within the float32 rule, not bitwise the vector
 // kernel's. A row is computed alone in every step (its own digits, its own scale, columns of its own),

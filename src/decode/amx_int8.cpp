@@ -123,7 +123,7 @@ namespace {
 // The power of two 2^e just above m > 0 (m < 2^e), as e; m must be finite.
 int exponent_above(double m) { return std::ilogb(m) + 1; }
 
-// Whether a row with largest magnitude m goes on the tiles (m = 0 does: it is all zeros).
+// Whether a row with largest magnitude m goes on the tiles (m = 0 does: it is all zeros; NaN does not).
 bool representable(double m) { return m == 0.0 || (m >= 0x1p-60 && m <= 0x1p60); }
 
 }  // namespace
@@ -147,6 +147,21 @@ static_assert(sizeof(TileShapes) == 64);
 // The compiler does not know what the tile instructions read: make every store before them visible.
 inline void memory_barrier() { __asm__ volatile("" ::: "memory"); }
 
+// The largest magnitude of row[0 .. n) (n a multiple of 16), or NaN where an element is NaN or infinite:
+// what representable() judges a query or weight row by.
+MHA_AMX_TARGET float largest_magnitude(const float* row, std::int64_t n) {
+  const __m512 magnitude = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+  const __m512 infinity = _mm512_set1_ps(std::numeric_limits<float>::infinity());
+  __m512 m = _mm512_setzero_ps();
+  __mmask16 not_finite = 0;
+  for (std::int64_t c = 0; c < n; c += 16) {
+    const __m512 x = _mm512_and_ps(_mm512_loadu_ps(row + c), magnitude);
+    not_finite |= _mm512_cmp_ps_mask(x, infinity, _CMP_NLT_UQ);  // Inf or NaN
+    m = _mm512_max_ps(m, x);
+  }
+  return not_finite != 0 ? std::numeric_limits<float>::quiet_NaN() : _mm512_reduce_max_ps(m);
+}
+
 }  // namespace
 
 TileConfig::TileConfig(std::int64_t d_k) {
@@ -166,19 +181,10 @@ MHA_AMX_TARGET RowGroup query_digits(const float* q, std::int64_t ld_q, int rows
                                      std::int8_t* digits) {
   RowGroup group{{0.0f, 0.0f, 0.0f, 0.0f}, 0u};
   std::memset(digits, 0, static_cast<std::size_t>(16 * d_k));
-  const __m512 magnitude = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
   for (int r = 0; r < rows; ++r) {
     const float* row = q + r * ld_q;
-    __m512 m = _mm512_setzero_ps();
-    __mmask16 not_finite = 0;
-    for (std::int64_t c = 0; c < d_k; c += 16) {
-      const __m512 x = _mm512_and_ps(_mm512_loadu_ps(row + c), magnitude);
-      not_finite |=
-          _mm512_cmp_ps_mask(x, _mm512_set1_ps(std::numeric_limits<float>::infinity()), _CMP_NLT_UQ);  // Inf or NaN
-      m = _mm512_max_ps(m, x);
-    }
-    const float largest = _mm512_reduce_max_ps(m);
-    if (not_finite != 0 || !representable(largest)) continue;
+    const float largest = largest_magnitude(row, d_k);
+    if (!representable(largest)) continue;
     group.tiled |= 1u << r;
     if (largest == 0.0f) continue;  // digits 0
     const int e = exponent_above(largest);
@@ -224,7 +230,7 @@ MHA_AMX_TARGET RowGroup query_digits(const float* q, std::int64_t ld_q, int rows
 
 MHA_AMX_TARGET void key_block_dots(const std::int8_t* const* keys, std::int64_t stride, std::int64_t d_k,
                                    const std::int8_t* digits, const RowGroup& group, int rows, float* dots,
-                                   std::int64_t ld_dots, std::int32_t* sums, LinesAhead* ahead, double share) {
+                                   std::int64_t ld_dots, std::int32_t* sums, LinesAhead* ahead) {
   memory_barrier();
   MHA_AMX_ZERO_SUMS();
   const std::int64_t whole = d_k / 64;
@@ -252,7 +258,7 @@ MHA_AMX_TARGET void key_block_dots(const std::int8_t* const* keys, std::int64_t 
   const __m512i halves[2] = {_mm512_set_epi32(23, 22, 21, 20, 19, 18, 17, 16, 7, 6, 5, 4, 3, 2, 1, 0),
                              _mm512_set_epi32(31, 30, 29, 28, 27, 26, 25, 24, 15, 14, 13, 12, 11, 10, 9, 8)};
   for (int t = 0; t < 4; ++t) {
-    if (ahead) ahead->issue_until(share + 0.08 * (t + 1));
+    if (ahead) ahead->issue_until(0.08 * (t + 1));
     __m512 by_key[4];
     for (int q = 0; q < 4; ++q) {
       __m512 f[4];
@@ -306,23 +312,16 @@ MHA_AMX_TARGET RowGroup weight_digits(const float* p, std::int64_t ld_p, int row
   std::memset(weights, 0, 16 * 64);
   for (int r = 0; r < rows; ++r) {
     const float* row = p + r * ld_p;
-    __m512 x[4], m = _mm512_setzero_ps();
-    __mmask16 nan = 0;
-    for (int q = 0; q < 4; ++q) {
-      x[q] = _mm512_loadu_ps(row + 16 * q);
-      nan |= _mm512_cmp_ps_mask(x[q], x[q], _CMP_UNORD_Q);
-      m = _mm512_max_ps(m, x[q]);
-    }
-    const float largest = _mm512_reduce_max_ps(m);
-    if (nan != 0 || !std::isfinite(largest) || !representable(largest)) continue;
+    const float largest = largest_magnitude(row, kBlockKeys);
+    if (!representable(largest)) continue;
     group.tiled |= 1u << r;
     if (largest == 0.0f) continue;  // digits 0
     const int e = exponent_above(largest);
     group.unscale[r] = std::ldexp(1.0f, e - 31);
     const __m512 up = _mm512_set1_ps(std::ldexp(1.0f, 31 - e));  // exact: p < 2^e, so p 2^(31-e) < 2^31
     for (int q = 0; q < 4; ++q) {
-      const __m512i v =
-          _mm512_cvt_roundps_epu32(_mm512_mul_ps(x[q], up), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      const __m512i v = _mm512_cvt_roundps_epu32(_mm512_mul_ps(_mm512_loadu_ps(row + 16 * q), up),
+                                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
       for (int k = 0; k < 4; ++k)
         _mm_storeu_si128(reinterpret_cast<__m128i*>(weights + (4 * k + r) * 64 + 16 * q),
                          _mm512_cvtepi32_epi8(_mm512_srli_epi32(v, 8 * k)));
@@ -368,7 +367,7 @@ MHA_AMX_TARGET void accumulate_values(const std::uint8_t* weights, const RowGrou
 TileConfig::TileConfig(std::int64_t) {}
 TileConfig::~TileConfig() {}
 void key_block_dots(const std::int8_t* const*, std::int64_t, std::int64_t, const std::int8_t*, const RowGroup&, int,
-                    float*, std::int64_t, std::int32_t*, LinesAhead*, double) {}
+                    float*, std::int64_t, std::int32_t*, LinesAhead*) {}
 void value_tiles(const std::int8_t* const*, std::int64_t, std::int64_t, std::int8_t*, LinesAhead&, double, double) {}
 RowGroup query_digits(const float*, std::int64_t, int, std::int64_t, std::int8_t*) { return {{}, 0u}; }
 RowGroup weight_digits(const float*, std::int64_t, int, std::uint8_t*) { return {{}, 0u}; }

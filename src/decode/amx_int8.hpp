@@ -145,10 +145,10 @@ RowGroup query_digits(const float* q, std::int64_t ld_q, int rows, std::int64_t 
 
 // dots [rows, ld_dots] columns 0..63 = the group's query rows . the block's key rows, four tiles of 16:
 // key 16 t + j at keys[t] + j stride (d_k bytes each), for the tiled rows (the others get 0).
-// Meanwhile, ahead (unless nullptr) is issued to 8% of its lines per key tile after `share`.
+// Meanwhile, ahead (unless nullptr) is issued up to 8% of its lines per key tile (32% in all).
 void key_block_dots(const std::int8_t* const* keys, std::int64_t stride, std::int64_t d_k, const std::int8_t* digits,
                     const RowGroup& group, int rows, float* dots, std::int64_t ld_dots, std::int32_t* sums,
-                    LinesAhead* ahead, double share);
+                    LinesAhead* ahead);
 
 // The rows k_rows[0 .. n) (n <= 16) of d_k bytes into tile [16, d_k], zeros past n.
 void gather_key_tile(const std::int8_t* const* k_rows, std::int64_t n, std::int64_t d_k, std::int8_t* tile);

@@ -1,5 +1,5 @@
-// The decode kernel for float32, bfloat16, int8 and float8 caches: split-KV (flash-decoding, Dao et al. 2023) with
-// the query heads of a group packed together, so each key/value byte is read once per group.
+// The decode kernel for float32, bfloat16, int8 and float8 caches: split-KV (flash-decoding, Dao et al.
+// 2023) with the query heads of a group packed together, so each key/value byte is read once per group.
 //
 // One work item: positions [begin, end) of one sequence, all its kv heads (one in the per-head mode),
 // the R_g = g x Lq query rows of each:

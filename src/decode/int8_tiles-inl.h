@@ -57,14 +57,15 @@ class Int8TileRows {
       const std::int64_t j0 = amx::kTileKeys * t, n = std::clamp<std::int64_t>(kb - j0, 0, amx::kTileKeys);
       bool run = n == amx::kTileKeys;
       for (std::int64_t j = 1; j < n && run; ++j) run = k_rows[j0 + j] == k_rows[j0] + j * d_k_;
-      tiles[t] = run ? k_rows[j0] : s_.keys + t * amx::kTileKeys * d_k_;
-      if (!run) amx::gather_key_tile(k_rows + j0, n, d_k_, s_.keys + t * amx::kTileKeys * d_k_);
+      std::int8_t* copy = s_.keys + t * amx::kTileKeys * d_k_;
+      if (!run) amx::gather_key_tile(k_rows + j0, n, d_k_, copy);
+      tiles[t] = run ? k_rows[j0] : copy;
     }
     for (std::int64_t g = 0; g < groups_per_head_; ++g) {  // the first group prefetches 32% of the lines ahead
       const std::int64_t at = kh * groups_per_head_ + g;
       amx::key_block_dots(tiles, d_k_, d_k_, Digits(at), s_.query_groups[at], GroupRows(g),
                           s + amx::kGroupRows * g * decode::kKeyBlock, decode::kKeyBlock, s_.sums,
-                          g == 0 ? &lines_ahead_ : nullptr, 0.0);
+                          g == 0 ? &lines_ahead_ : nullptr);
     }
     lines_ahead_.issue_until(0.4);  // before the scaling and the softmax
     ScaleAndMaskLogits(s, rows_per_head_, logit_scales, visible, kb);

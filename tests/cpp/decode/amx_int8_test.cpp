@@ -142,7 +142,7 @@ TEST(AmxInt8Tiles, LogitsAreTheExactIntegerDotsScaledBack) {
                                      keys.data() + 48 * stride};
       std::vector<float> dots(static_cast<std::size_t>(rows * 64), -1.0f);
       std::vector<std::int32_t> sums(4 * 256);
-      key_block_dots(tiles, stride, d_k, digits.data(), group, rows, dots.data(), 64, sums.data(), nullptr, 0.0);
+      key_block_dots(tiles, stride, d_k, digits.data(), group, rows, dots.data(), 64, sums.data(), nullptr);
       for (int r = 0; r < rows; ++r)
         for (std::int64_t j = 0; j < 64; ++j) {
           std::int64_t exact = 0, magnitude = 0;

@@ -26,10 +26,12 @@
 /// then merged by log-sum-exp in a fixed order. So a sequence's result is bitwise the same whatever the
 /// thread count and whatever else is in the batch.
 ///
-/// int8 caches on CPUs with AMX-INT8 (where Linux grants the tile state): the products run on AMX tiles,
-/// the query rows rounded at 30 bits and each block's weights at 31 bits as exact integer digits, the
-/// sums combined in float32; elsewhere, and for rows the tiles cannot represent (not finite, or largest
-/// magnitude outside [2^-60, 2^60]), float32 vectors widen the payloads. Both compute attention over the
+/// int8 caches on CPUs with AMX-INT8 (where Linux grants the tile state), with two or more query rows per
+/// key/value head (h / h_kv times q_len): the products run on AMX tiles, the query rows rounded at 30 bits
+/// and each block's weights at 31 bits as exact integer digits, the sums combined in float32; elsewhere
+/// (plain multi-head attention with one new query too, where the vectors were faster), and for rows the
+/// tiles cannot represent (not finite, or largest magnitude outside [2^-60, 2^60]), float32 vectors widen
+/// the payloads. Both compute attention over the
 /// dequantized cache within float32's accuracy, not bitwise alike: a process's results stay the same for
 /// every thread count and batch; MHA_DECODE_AMX=off makes the vectors run everywhere.
 ///

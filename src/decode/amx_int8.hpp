@@ -24,7 +24,8 @@
 // kernel's. A row is computed alone in every step (its own digits, its own scale, columns of its own),
 // so packed and per-head items still agree bitwise.
 //
-// A row the tiles cannot represent goes through the vector kernel instead: a query row not finite or
+// Calls with one query row per kv head run on the vectors (kMinGroupRows). A row the tiles cannot
+// represent goes through the vector kernel instead: a query row not finite or
 // with max|q| outside [2^-60, 2^60]; in a block, weights not finite or with max p outside [2^-60, 2^60]
 // (e.g. a value row's NaN scale, or subnormal scales). d_k and d_v must be multiples of 16.
 //
@@ -60,8 +61,18 @@ TileChoice choose_int8_tiles(const TileFacts& facts);
 // where the CPU has AMX-INT8, asks Linux for the tile state (arch_prctl ARCH_REQ_XCOMP_PERM).
 const TileChoice& int8_tiles();
 
-// Whether the tiles take heads of these widths.
-inline bool fits(std::int64_t d_k, std::int64_t d_v) { return d_k % 16 == 0 && d_v % 16 == 0 && d_k > 0 && d_v > 0; }
+// The fewest query rows per kv head's group (g x Lq: its query heads times the new queries) that the tiles
+// take. A tile product computes four rows at a time; with one row (h = h_kv and one new query: attention as
+// in the original Transformer) three quarters of each product is zeros, and the tiles lost to the vectors
+// on the model-167 Xeon (h = h_kv = 32, d 128, 2 x 128k int8 positions, one thread: 199-202 against 184-187
+// ms; 3% slower from the L2), while two rows already won (h_kv = 16: 106 against 127-130 ms).
+// docs/PERFORMANCE.md, issue 33.
+inline constexpr std::int64_t kMinGroupRows = 2;
+
+// Whether the tiles take a call of these head widths and query rows per kv head's group.
+inline bool takes(std::int64_t d_k, std::int64_t d_v, std::int64_t group_rows) {
+  return d_k % 16 == 0 && d_v % 16 == 0 && d_k > 0 && d_v > 0 && group_rows >= kMinGroupRows;
+}
 
 inline constexpr int kGroupRows = 4;   // query rows (or weight rows) per tile product: 4 digits x 4 rows
 inline constexpr int kTileKeys = 16;   // keys per logits tile

@@ -45,11 +45,13 @@ struct ChunkScratch {
 };
 
 // The bytes of one thread's tile scratch for items of `kv_heads` x `rows_per_head` rows: int8 pages where
-// amx_int8.hpp's tiles run this call, else 0 (the vector kernel).
+// amx_int8.hpp's tiles run this call, else 0 (the vector kernel). Whether they run depends on the call's
+// shape alone, the query rows of a kv head's group (g x Lq), not on how the items split them, so the
+// group-packed and per-head modes still agree bitwise.
 template <class T, class A>
 std::int64_t tile_scratch_bytes(const DecodeParams<T, A>& p, std::int64_t kv_heads, std::int64_t rows_per_head) {
   if constexpr (std::is_same_v<T, std::int8_t>)
-    if (amx::int8_tiles().tiles && amx::fits(p.d_k, p.d_v))
+    if (amx::int8_tiles().tiles && amx::takes(p.d_k, p.d_v, p.h / p.h_kv * p.q_len))
       return amx::scratch_bytes(kv_heads, rows_per_head, p.d_k, p.d_v);
   return 0;
 }

@@ -245,7 +245,11 @@ int run_bench_decode(const BenchOptions& options, const std::string& command) {
   const std::string prefetch = mha::detail::decode_prefetch_description();
   fmt::print("the kernel prefetches the block ahead into the {}\n", prefetch);
   const std::string int8_products = mha::detail::amx::int8_tiles().description;
-  fmt::print("int8 pages' products: {}\n", int8_products);
+  fmt::print("int8 pages' products: {}{}\n", int8_products,
+             mha::detail::amx::int8_tiles().tiles
+                 ? fmt::format("; calls of fewer than {} query rows per kv head on vectors (h = h_kv with one query)",
+                               mha::detail::amx::kMinGroupRows)
+                 : "");
   nlohmann::json report = {{"command", command},
                            {"machine", cpu_name(m)},
                            {"date", m.date},

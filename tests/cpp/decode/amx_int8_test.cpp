@@ -1,4 +1,5 @@
-// The AMX tiles of int8 decode (src/decode/amx_int8.hpp): the choice from faked facts, and, where this
+// The AMX tiles of int8 decode (src/decode/amx_int8.hpp): the choice from faked facts and which items take
+// them, and, where this
 // machine runs them, each piece against arithmetic written here: the query digits rebuild the row rounded
 // at 30 bits, the logits are the exact integer dots scaled back, the value layout is the tiles' pairing,
 // and P V adds the exact integer sums of the weights rounded at 31 bits. Rows the tiles cannot represent
@@ -15,6 +16,9 @@
 #include <random>
 #include <string>
 #include <vector>
+
+#include "decode/decode_driver.hpp"
+#include "decode/decode_params.hpp"
 
 namespace mha::detail::amx {
 namespace {
@@ -38,6 +42,38 @@ TEST(AmxInt8Choice, OffForcesVectorsOnForcesNothingTheMachineLacks) {
   const TileChoice odd = choose_int8_tiles({true, true, "yes"});
   EXPECT_TRUE(odd.tiles);
   EXPECT_NE(odd.description.find("MHA_DECODE_AMX=\"yes\" ignored"), std::string::npos) << odd.description;
+}
+
+TEST(AmxInt8Choice, TakesHeadsOfSixteensAndGroupsOfTwoOrMoreRows) {
+  EXPECT_TRUE(takes(128, 128, 2));
+  EXPECT_TRUE(takes(16, 48, 4));
+  EXPECT_TRUE(takes(64, 64, 9));
+  EXPECT_FALSE(takes(128, 128, 1));  // one query row per kv head (h = h_kv, one query): the vectors were faster
+  EXPECT_FALSE(takes(120, 128, 4));
+  EXPECT_FALSE(takes(128, 72, 4));
+  EXPECT_FALSE(takes(0, 16, 4));
+}
+
+// Where the tiles run, decode gives them scratch (and so runs them) for int8 pages of widths they take
+// and two or more query rows per kv head's group (g x Lq), in either mode (the per-head mode's items hold
+// one row of the group: it follows the group, so the two modes agree bitwise); none for one row, other
+// widths or other storage.
+TEST(AmxInt8Choice, DecodeRunsTheTilesOnlyWhereTheyTakeTheCallsShape) {
+  DecodeParams<std::int8_t, float> p;
+  p.h = 32, p.h_kv = 8, p.q_len = 1, p.d_k = 128, p.d_v = 64;
+  const bool tiles = int8_tiles().tiles;
+  EXPECT_EQ(decode::tile_scratch_bytes(p, 8, 4) > 0, tiles);  // group-packed: 8 kv heads x 4 rows
+  EXPECT_EQ(decode::tile_scratch_bytes(p, 1, 1) > 0, tiles);  // per head: one row of a group of 4
+  p.h = p.h_kv = 8;                                           // plain multi-head attention, one query
+  EXPECT_EQ(decode::tile_scratch_bytes(p, 8, 1), 0);
+  EXPECT_EQ(decode::tile_scratch_bytes(p, 1, 1), 0);
+  p.q_len = 2;  // two new queries: two rows per kv head
+  EXPECT_EQ(decode::tile_scratch_bytes(p, 8, 2) > 0, tiles);
+  p.d_v = 72;
+  EXPECT_EQ(decode::tile_scratch_bytes(p, 8, 2), 0);
+  DecodeParams<float, float> f;
+  f.h = 32, f.h_kv = 8, f.q_len = 1, f.d_k = 128, f.d_v = 64;
+  EXPECT_EQ(decode::tile_scratch_bytes(f, 8, 4), 0);
 }
 
 TEST(AmxInt8Choice, ThisProcessFollowsTheVariable) {

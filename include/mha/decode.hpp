@@ -35,8 +35,10 @@
 /// dequantized cache within float32's accuracy, not bitwise alike: a process's results stay the same for
 /// every thread count and batch; MHA_DECODE_AMX=off makes the vectors run everywhere.
 ///
-/// Page size: pages of 16 and of 128 tokens decode about equally fast (measured on a Zen 3, see
-/// docs/PERFORMANCE.md); smaller pages waste less memory per sequence and copy less on a write after
+/// Page size: float32 and bfloat16 pages of 16 and of 128 tokens decode about equally fast (measured on a
+/// Zen 3); int8 and float8 pages of 16 tokens (a kv head's rows of one page are then 2 KiB at d 128)
+/// decode 4-15% slower from memory than pages of 32 or more (measured on an Intel Xeon, AMX tiles or not;
+/// see docs/PERFORMANCE.md). Smaller pages waste less memory per sequence and copy less on a write after
 /// fork().
 ///
 /// While it computes one block of positions the kernel prefetches the next into the L1 or the L2 cache,

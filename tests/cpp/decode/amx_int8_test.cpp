@@ -1,10 +1,10 @@
 // The AMX tiles of int8 decode (src/decode/amx_int8.hpp): the choice from faked facts and which calls take
 // them, and, where this machine runs them, each piece against arithmetic written here: the query digits
 // rebuild the row rounded at 30 bits, the logits are the exact integer dots scaled back, the value layout
-// is the tiles' pairing, and P V adds the exact integer sums of the weights rounded at 31 bits. Rows the tiles cannot
-// represent are left to the vector kernel, and said so. That decode over int8 pages agrees with the float64 reference
-// whichever path runs is checked by the decode suites, run twice (tests/CMakeLists.txt: decode_amx_off forces the
-// vectors).
+// is the tiles' pairing, and P V adds the exact integer sums of the weights rounded at 31 bits. Rows the
+// tiles cannot represent are left to the vector kernel, and said so. That decode over int8 pages agrees
+// with the float64 reference whichever path runs is checked by the decode suites, run twice
+// (tests/CMakeLists.txt: decode_amx_off forces the vectors).
 #include "decode/amx_int8.hpp"
 
 #include <gtest/gtest.h>

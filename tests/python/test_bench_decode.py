@@ -175,3 +175,27 @@ def test_targets_judge_the_bandwidth_rows(tmp_path):
                                                  for n in (1, 2)))
     fraction = report["targets"][2]  # int8
     assert fraction["worst"] == pytest.approx(min(runs[("int8", n)]["packed_fraction_of_bandwidth"] for n in (1, 2)))
+
+
+def test_other_kv_heads_measure_their_own_caches_and_judge_no_target(tmp_path):
+    # --kv-heads 32: plain multi-head attention (h stays 32). Every cache holds 32 kv heads' rows; the issues'
+    # targets are stated for h_kv 8 (h / h_kv = 4), so none is judged, and the run says why.
+    args = [str(MHA), "bench", "--decode", "--contexts", "100", "--batches", "1", "--threads", "1",
+            "--bandwidth-mib", "16", "--llc-mib", "64", "--kv-heads", "32", "--out", str(tmp_path)]
+    result = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "Decode step: h 32, h_kv 32, d 128" in result.stdout
+    assert "Targets (issues 33 and 13): judged at h_kv 8 only (this run: h_kv 32)" in result.stdout
+    report = json.loads((tmp_path / "bench-decode.json").read_text())
+    assert report["kv_heads"] == 32 and report["targets"] == []
+    row_bytes = {"f32": 128 * 4, "bf16": 128 * 2, "int8": 128 + 4, "fp8": 128 + 4}  # a (token, kv head) row
+    assert {run["dtype"]: run["cache_bytes"] for run in report["runs"]} == {
+        dtype: 100 * 32 * 2 * size for dtype, size in row_bytes.items()}
+
+
+@pytest.mark.parametrize("kv_heads", ["3", "0", "64"])
+def test_kv_heads_must_divide_the_32_query_heads(kv_heads):
+    result = subprocess.run([str(MHA), "bench", "--decode", "--kv-heads", kv_heads], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode != 0
+    assert f"--kv-heads: {kv_heads} not in {{1,2,4,8,16,32}}" in result.stderr

@@ -199,3 +199,15 @@ def test_kv_heads_must_divide_the_32_query_heads(kv_heads):
                             timeout=60)
     assert result.returncode != 0
     assert f"--kv-heads: {kv_heads} not in {{1,2,4,8,16,32}}" in result.stderr
+
+
+def test_one_kv_head_with_many_sequences_has_a_query_for_every_head(tmp_path):
+    # --kv-heads 1 (multi-query attention), 64 sequences: 64 x 32 query rows, more than the 1024 x 1 rows one
+    # kv head's fill block holds; the queries come from a block of their own (8192 rows).
+    args = [str(MHA), "bench", "--decode", "--contexts", "16", "--batches", "64", "--threads", "1",
+            "--bandwidth-mib", "16", "--llc-mib", "64", "--kv-heads", "1", "--out", str(tmp_path)]
+    result = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "bench-decode.json").read_text())
+    assert sorted(run["dtype"] for run in report["runs"]) == ["bf16", "f32", "fp8", "int8"]
+    assert all(run["batch"] == 64 and run["packed_median_s"] > 0 for run in report["runs"])

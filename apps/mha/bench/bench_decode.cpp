@@ -310,8 +310,10 @@ int run_bench_decode(const BenchOptions& options, const std::string& command) {
           continue;
         }
         const DecodeCache c = make_cache(kind, B, T, options.decode_page_size, kv_heads);
+        // The queries from a block of 1024 x 8 rows of d: room for 256 sequences (--batches' most) x 32 heads.
         const Tensor q = Tensor::copy_of(
-            fill_block(3, DType::Float32, kv_heads).reshaped({kFillTokens * kv_heads, kDim}).view(), dtype);
+            fill_block(3, DType::Float32, kTargetKvHeads).reshaped({kFillTokens * kTargetKvHeads, kDim}).view(), dtype);
+        static_assert(kFillTokens * kTargetKvHeads >= 256 * kHeads, "a query row for every head of every sequence");
         const mha::TensorView q_step(q.data(), dtype, {B, 1, kHeads, kDim});
         const std::vector<double> before = bandwidths();
         const double steal_start = steal_seconds();

@@ -254,10 +254,10 @@ void add_bench_command(CLI::App& app, mha_cli::BenchOptions& options) {
       ->capture_default_str();
   integer_in(bench->add_option("--page-size", options.decode_page_size, "--decode: tokens per page"), 1, 65536)
       ->capture_default_str();
-  bench
-      ->add_option("--kv-heads", options.decode_kv_heads,
-                   "--decode: key/value heads h_kv (h stays 32): 32 is plain multi-head attention, 1 multi-query; "
-                   "the issues' targets are judged at 8 only")
+  integer_in(bench->add_option("--kv-heads", options.decode_kv_heads,
+                               "--decode: key/value heads h_kv, a divisor of h = 32: 32 is plain multi-head "
+                               "attention, 1 multi-query; the issues' targets are judged at 8 only"),
+             1, 32)
       ->check(CLI::IsMember({1, 2, 4, 8, 16, 32}))
       ->capture_default_str();
   integer_in(bench->add_option("--bandwidth-mib", options.bandwidth_mib,

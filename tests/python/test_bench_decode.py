@@ -193,12 +193,17 @@ def test_other_kv_heads_measure_their_own_caches_and_judge_no_target(tmp_path):
         dtype: 100 * 32 * 2 * size for dtype, size in row_bytes.items()}
 
 
-@pytest.mark.parametrize("kv_heads", ["3", "0", "64"])
-def test_kv_heads_must_divide_the_32_query_heads(kv_heads):
+@pytest.mark.parametrize("kv_heads, message", [
+    ("3", "--kv-heads: 3 not in {1,2,4,8,16,32}"),
+    ("0", "--kv-heads: 0 is out of range; expected an integer in [1, 32]"),
+    ("64", "--kv-heads: 64 is out of range; expected an integer in [1, 32]"),
+    ("010", "--kv-heads: 010 has a leading zero"),  # 8 to CLI11's own reading
+])
+def test_kv_heads_must_divide_the_32_query_heads(kv_heads, message):
     result = subprocess.run([str(MHA), "bench", "--decode", "--kv-heads", kv_heads], capture_output=True, text=True,
                             timeout=60)
     assert result.returncode != 0
-    assert f"--kv-heads: {kv_heads} not in {{1,2,4,8,16,32}}" in result.stderr
+    assert message in result.stderr
 
 
 def test_one_kv_head_with_many_sequences_has_a_query_for_every_head(tmp_path):

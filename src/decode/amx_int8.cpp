@@ -162,6 +162,20 @@ MHA_AMX_TARGET float largest_magnitude(const float* row, std::int64_t n) {
   return not_finite != 0 ? std::numeric_limits<float>::quiet_NaN() : _mm512_reduce_max_ps(m);
 }
 
+// Row r of a group, row[0 .. n), to be written as integers of `bits` bits: marks it tiled in `group` where
+// representable() takes it and sets its unscale 2^(e - bits) (2^e > its largest magnitude); returns the
+// factor 2^(bits - e) that makes its integers (exact: |x 2^(bits - e)| < 2^bits), or 0 where it writes no
+// digits (a row of zeros, tiled; or one left to the vector kernel).
+MHA_AMX_TARGET float tile_row_scale(const float* row, std::int64_t n, int r, int bits, RowGroup& group) {
+  const float largest = largest_magnitude(row, n);
+  if (!representable(largest)) return 0.0f;
+  group.tiled |= 1u << r;
+  if (largest == 0.0f) return 0.0f;
+  const int e = exponent_above(largest);
+  group.unscale[r] = std::ldexp(1.0f, e - bits);
+  return std::ldexp(1.0f, bits - e);
+}
+
 }  // namespace
 
 TileConfig::TileConfig(std::int64_t d_k) {
@@ -183,13 +197,9 @@ MHA_AMX_TARGET RowGroup query_digits(const float* q, std::int64_t ld_q, int rows
   std::memset(digits, 0, static_cast<std::size_t>(16 * d_k));
   for (int r = 0; r < rows; ++r) {
     const float* row = q + r * ld_q;
-    const float largest = largest_magnitude(row, d_k);
-    if (!representable(largest)) continue;
-    group.tiled |= 1u << r;
-    if (largest == 0.0f) continue;  // digits 0
-    const int e = exponent_above(largest);
-    group.unscale[r] = std::ldexp(1.0f, e - 30);
-    const __m512 up = _mm512_set1_ps(std::ldexp(1.0f, 30 - e));  // exact: |q| < 2^e, so |q 2^(30-e)| < 2^30
+    const float scale = tile_row_scale(row, d_k, r, 30, group);  // |q 2^(30-e)| < 2^30
+    if (scale == 0.0f) continue;                                 // digits 0
+    const __m512 up = _mm512_set1_ps(scale);
     for (std::int64_t c = 0; c < d_k; c += 16) {
       // Four signed base-256 digits, the lowest first: d = the low byte sign-extended, v = (v - d) / 256.
       __m512i v = _mm512_cvt_roundps_epi32(_mm512_mul_ps(_mm512_loadu_ps(row + c), up),
@@ -312,13 +322,9 @@ MHA_AMX_TARGET RowGroup weight_digits(const float* p, std::int64_t ld_p, int row
   std::memset(weights, 0, 16 * 64);
   for (int r = 0; r < rows; ++r) {
     const float* row = p + r * ld_p;
-    const float largest = largest_magnitude(row, kBlockKeys);
-    if (!representable(largest)) continue;
-    group.tiled |= 1u << r;
-    if (largest == 0.0f) continue;  // digits 0
-    const int e = exponent_above(largest);
-    group.unscale[r] = std::ldexp(1.0f, e - 31);
-    const __m512 up = _mm512_set1_ps(std::ldexp(1.0f, 31 - e));  // exact: p < 2^e, so p 2^(31-e) < 2^31
+    const float scale = tile_row_scale(row, kBlockKeys, r, 31, group);  // 0 <= p 2^(31-e) < 2^31
+    if (scale == 0.0f) continue;                                        // digits 0
+    const __m512 up = _mm512_set1_ps(scale);
     for (int q = 0; q < 4; ++q) {
       const __m512i v = _mm512_cvt_roundps_epu32(_mm512_mul_ps(_mm512_loadu_ps(row + 16 * q), up),
                                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);

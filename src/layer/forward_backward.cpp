@@ -276,14 +276,17 @@ void sum_over_batches(const Tensor& d_proj, std::int64_t B, std::int64_t S, std:
 
 // The attention core's backward: dq_proj, dk_proj, dv_proj (written whole) from dcontext [B, h, L, d_v],
 // per packed sequence when the forward was packed.
-void attention_core_backward(const SavedForward& f, const TensorView& dcontext, const HeadViews& heads, Tensor& dq_proj,
-                             Tensor& dk_proj, Tensor& dv_proj) {
+void attention_core_backward(const SavedForward& f, const MultiHeadAttentionConfig& c, const TensorView& dcontext,
+                             const HeadViews& heads, Tensor& dq_proj, Tensor& dk_proj, Tensor& dv_proj) {
   if (f.masks.packed.packed())
     return packed_attention_backward(dcontext, heads.q, heads.k, heads.v, heads.context, f.lse.view(), f.masks.options,
                                      f.masks.packed, dq_proj, dk_proj, dv_proj);
+  // Each gradient in its own buffer's layout, [rows, h*d] (not taken from the head views it differentiates).
+  const std::int64_t S2 = f.S + f.extra;
   run_attention_backward(dcontext, heads.q, heads.k, heads.v, heads.context, f.lse.view(), f.masks.options,
-                         {dq_proj.data(), heads.q.strides()}, {dk_proj.data(), heads.k.strides()},
-                         {dv_proj.data(), heads.v.strides()});
+                         {dq_proj.data(), heads_view(dq_proj, f.B, c.num_heads, f.L, c.d_k, f.q_rows).strides()},
+                         {dk_proj.data(), heads_view(dk_proj, f.B, c.num_kv_heads, S2, c.d_k, f.kv_rows).strides()},
+                         {dv_proj.data(), heads_view(dv_proj, f.B, c.num_kv_heads, S2, c.d_v, f.kv_rows).strides()});
 }
 
 // The sinks parameter's gradient [h] (forward: one more logit, sinks[head], in each row's softmax;
@@ -345,7 +348,7 @@ MultiHeadAttentionGradients MultiHeadAttention::backward(const TensorView& dout)
 
     // Attention core. Forward: context = Attention(q_proj, k_proj, v_proj) per head.
     const TensorView dcontext_heads(dcontext.data(), c.dtype, heads.context.shape(), heads.context.strides());
-    attention_core_backward(f, dcontext_heads, heads, dq_proj, dk_proj, dv_proj);
+    attention_core_backward(f, c, dcontext_heads, heads, dq_proj, dk_proj, dv_proj);
     if (has_rotary(c)) rotate_projections(f, f.masks.packed, c, /*inverse=*/true, dq_proj, dk_proj);  // q = R q_lin
     if (c.sinks) sink_parameter_gradient(dcontext_heads, heads.context, f, grad("sinks"));
     if (c.add_bias_kv) {  // forward: k_proj[b, S] = bias_k, v_proj[b, S] = bias_v for every b

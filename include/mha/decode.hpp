@@ -31,11 +31,11 @@
 /// and each block's weights at 31 bits as exact integer digits, the sums combined in float32; elsewhere
 /// (plain multi-head attention with one new query too, where the vectors were faster), and for rows the
 /// tiles cannot represent (not finite, or largest magnitude outside [2^-60, 2^60]), float32 vectors widen
-/// the payloads. Both compute attention over the
-/// dequantized cache within float32's accuracy, not bitwise alike: a process's results stay the same for
-/// every thread count and batch; MHA_DECODE_AMX=off makes the vectors run everywhere. float8 caches run on
-/// the vectors on every CPU: on AMX-BF16 (bfloat16 holds every e4m3 value) the widening into the tiles'
-/// layout through memory cost what the tiles saved, and the step was slower (docs/PERFORMANCE.md).
+/// the payloads. Both compute attention over the dequantized cache within float32's accuracy, not bitwise
+/// alike: a process's results stay the same for every thread count and batch; MHA_DECODE_AMX=off makes
+/// the vectors run everywhere. float8 caches run on the vectors on every CPU: on AMX-BF16 (bfloat16 holds
+/// every e4m3 value) the widening into the tiles' layout through memory cost what the tiles saved, and
+/// the step was slower (docs/PERFORMANCE.md).
 ///
 /// Page size: float32 and bfloat16 pages of 16 and of 128 tokens decode about equally fast (measured on a
 /// Zen 3); int8 and float8 pages of 16 tokens (a kv head's rows of one page are then 2 KiB at d 128)

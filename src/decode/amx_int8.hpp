@@ -25,9 +25,9 @@
 // so packed and per-head items still agree bitwise.
 //
 // Calls with one query row per kv head run on the vectors (kMinGroupRows). A row the tiles cannot
-// represent goes through the vector kernel instead: a query row not finite or
-// with max|q| outside [2^-60, 2^60]; in a block, weights not finite or with max p outside [2^-60, 2^60]
-// (e.g. a value row's NaN scale, or subnormal scales). d_k and d_v must be multiples of 16.
+// represent goes through the vector kernel instead: a query row not finite or with max|q| outside
+// [2^-60, 2^60]; in a block, weights not finite or with max p outside [2^-60, 2^60] (e.g. a value row's
+// NaN scale, or subnormal scales). d_k and d_v must be multiples of 16.
 //
 // MHA_DECODE_AMX=off forces the vector kernel (for tests and measurements); "on" or unset uses the tiles
 // where the CPU has AMX-INT8 and the OS grants the tile state.

@@ -53,14 +53,18 @@ HWY_INLINE hn::Vec<D> LoadWidened(D d, const std::int8_t* HWY_RESTRICT p) {
 // subnormals whatever the DAZ flag). Four instructions a vector, as int8's two. The NaN pattern
 // S.1111.111 is never stored (quantize.hpp: finite rows saturate at 448; a row that is not finite is
 // stored as zeros with a NaN scale, which the scale carries into its logit and weight).
+//
+// E4M3AsFloat16 places the bits as float16 (all but the conversion), for any number of lanes (di16's).
+template <class DI16>
+HWY_INLINE auto E4M3AsFloat16(DI16 di16, const Float8E4M3* HWY_RESTRICT p) {
+  const hn::Rebind<std::int8_t, DI16> di8;
+  const hn::Repartition<hwy::float16_t, DI16> df16;
+  const auto wide = hn::PromoteTo(di16, hn::LoadU(di8, reinterpret_cast<const std::int8_t*>(&p->bits)));
+  return hn::BitCast(df16, hn::And(hn::ShiftLeft<7>(wide), hn::Set(di16, static_cast<std::int16_t>(0xBF80))));
+}
 template <class D>
 HWY_INLINE hn::Vec<D> LoadWidened(D d, const Float8E4M3* HWY_RESTRICT p) {
-  const hn::Rebind<std::int8_t, D> di8;
-  const hn::Rebind<std::int16_t, D> di16;
-  const hn::Rebind<hwy::float16_t, D> df16;
-  const auto wide = hn::PromoteTo(di16, hn::LoadU(di8, reinterpret_cast<const std::int8_t*>(&p->bits)));
-  const auto half_bits = hn::And(hn::ShiftLeft<7>(wide), hn::Set(di16, static_cast<std::int16_t>(0xBF80)));
-  return hn::PromoteTo(d, hn::BitCast(df16, half_bits));
+  return hn::PromoteTo(d, E4M3AsFloat16(hn::Rebind<std::int16_t, D>(), p));
 }
 
 // Two vectors of float lanes from 2N elements, p [0, N) and p [N, 2N): LoadWidened twice, but for float8
@@ -75,13 +79,9 @@ HWY_INLINE void LoadWidenedPair(D d, const T* HWY_RESTRICT p, hn::Vec<D>& low, h
 #if HWY_TARGET != HWY_SCALAR && HWY_TARGET != HWY_EMU128
 template <class D>
 HWY_INLINE void LoadWidenedPair(D d, const Float8E4M3* HWY_RESTRICT p, hn::Vec<D>& low, hn::Vec<D>& high) {
-  const hn::Repartition<std::int16_t, D> di16;        // 2N lanes
-  const hn::Rebind<std::int8_t, decltype(di16)> di8;  // 2N lanes
-  const hn::Repartition<hwy::float16_t, D> df16;      // 2N lanes
-  const hn::Half<decltype(df16)> dh;                  // N lanes
-  const auto wide = hn::PromoteTo(di16, hn::LoadU(di8, reinterpret_cast<const std::int8_t*>(&p->bits)));
-  const auto half =
-      hn::BitCast(df16, hn::And(hn::ShiftLeft<7>(wide), hn::Set(di16, static_cast<std::int16_t>(0xBF80))));
+  const hn::Repartition<std::int16_t, D> di16;            // 2N lanes
+  const hn::Half<hn::Repartition<hwy::float16_t, D>> dh;  // N lanes
+  const auto half = E4M3AsFloat16(di16, p);
   low = hn::PromoteTo(d, hn::LowerHalf(dh, half));
   high = hn::PromoteTo(d, hn::UpperHalf(dh, half));
 }
@@ -144,6 +144,16 @@ HWY_INLINE void DotTile(const float* HWY_RESTRICT q, std::int64_t ld_q, const T*
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d)), whole = d_k - d_k % N;
   V a[4 * kRows];
   for (int i = 0; i < 4 * kRows; ++i) a[i] = hn::Zero(d);
+  // a[4 r + j] += q_r [c0, c0 + N) * the four keys' widened lanes there.
+  const auto multiply_add = [&](std::int64_t c0, V k0, V k1, V k2, V k3) HWY_ATTR {
+    for (int r = 0; r < kRows; ++r) {
+      const V qr = hn::Load(d, q + r * ld_q + c0);
+      a[4 * r] = hn::MulAdd(qr, k0, a[4 * r]);
+      a[4 * r + 1] = hn::MulAdd(qr, k1, a[4 * r + 1]);
+      a[4 * r + 2] = hn::MulAdd(qr, k2, a[4 * r + 2]);
+      a[4 * r + 3] = hn::MulAdd(qr, k3, a[4 * r + 3]);
+    }
+  };
   std::int64_t c = 0;
   constexpr bool kPairs = std::is_same_v<T, Float8E4M3>;  // widened two vectors at a time (LoadWidenedPair)
   for (; kPairs && c + 2 * N <= whole; c += 2 * N) {      // the same multiply-adds, in the same order
@@ -152,26 +162,11 @@ HWY_INLINE void DotTile(const float* HWY_RESTRICT q, std::int64_t ld_q, const T*
     LoadWidenedPair(d, k[1] + c, k1[0], k1[1]);
     LoadWidenedPair(d, k[2] + c, k2[0], k2[1]);
     LoadWidenedPair(d, k[3] + c, k3[0], k3[1]);
-    for (int h = 0; h < 2; ++h)
-      for (int r = 0; r < kRows; ++r) {
-        const V qr = hn::Load(d, q + r * ld_q + c + h * N);
-        a[4 * r] = hn::MulAdd(qr, k0[h], a[4 * r]);
-        a[4 * r + 1] = hn::MulAdd(qr, k1[h], a[4 * r + 1]);
-        a[4 * r + 2] = hn::MulAdd(qr, k2[h], a[4 * r + 2]);
-        a[4 * r + 3] = hn::MulAdd(qr, k3[h], a[4 * r + 3]);
-      }
+    for (int h = 0; h < 2; ++h) multiply_add(c + h * N, k0[h], k1[h], k2[h], k3[h]);
   }
-  for (; c < whole; c += N) {
-    const V k0 = LoadWidened(d, k[0] + c), k1 = LoadWidened(d, k[1] + c), k2 = LoadWidened(d, k[2] + c),
-            k3 = LoadWidened(d, k[3] + c);
-    for (int r = 0; r < kRows; ++r) {
-      const V qr = hn::Load(d, q + r * ld_q + c);
-      a[4 * r] = hn::MulAdd(qr, k0, a[4 * r]);
-      a[4 * r + 1] = hn::MulAdd(qr, k1, a[4 * r + 1]);
-      a[4 * r + 2] = hn::MulAdd(qr, k2, a[4 * r + 2]);
-      a[4 * r + 3] = hn::MulAdd(qr, k3, a[4 * r + 3]);
-    }
-  }
+  for (; c < whole; c += N)
+    multiply_add(c, LoadWidened(d, k[0] + c), LoadWidened(d, k[1] + c), LoadWidened(d, k[2] + c),
+                 LoadWidened(d, k[3] + c));
   ReduceDots<kRows>(d, a, dots, ld_dots);
   if (whole == d_k) return;
   for (int r = 0; r < kRows; ++r)

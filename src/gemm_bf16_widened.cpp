@@ -8,6 +8,7 @@
 #include <memory>
 #include <type_traits>
 
+#include "bf16_conversion.hpp"
 #include "gemm_blocks.hpp"
 #include "parallel.hpp"
 
@@ -40,11 +41,7 @@ class WideningBuffer {
 // shifted up.
 void widen_rows(GemmInput<bfloat16> X, std::int64_t stored_cols, std::int64_t r0, std::int64_t r1,
                 float* __restrict wide) {
-  for (std::int64_t r = r0; r < r1; ++r) {
-    const bfloat16* from = X.data + r * X.ld;
-    float* to = wide + r * stored_cols;
-    for (std::int64_t c = 0; c < stored_cols; ++c) to[c] = from[c];
-  }
+  for (std::int64_t r = r0; r < r1; ++r) widen_bfloat16(X.data + r * X.ld, stored_cols, wide + r * stored_cols);
 }
 
 // The stored matrix of a bfloat16 operand, op(X) [rows, cols], widened into `out` (row stride: the
@@ -95,10 +92,9 @@ void gemm_widened(std::int64_t M, std::int64_t N, std::int64_t K, GemmInput<bflo
     } else {
       float* block = c.reserve(rows * cols);
       for (std::int64_t m = 0; m < rows && C.accumulate; ++m)
-        for (std::int64_t n = 0; n < cols; ++n) block[m * cols + n] = C_block.data[m * C.ld + n];
+        widen_bfloat16(C_block.data + m * C.ld, cols, block + m * cols);
       gemm_tile(rows, cols, K, A32, B_columns, GemmOutput<float>{block, cols, C.accumulate}, alpha);
-      for (std::int64_t m = 0; m < rows; ++m)
-        for (std::int64_t n = 0; n < cols; ++n) C_block.data[m * C.ld + n] = block[m * cols + n];
+      for (std::int64_t m = 0; m < rows; ++m) round_to_bfloat16(block + m * cols, cols, C_block.data + m * C.ld);
     }
     return dnnl_success;
   });

@@ -9,6 +9,7 @@
 #include <string>
 #include <type_traits>
 
+#include "bf16_conversion.hpp"
 #include "checked_arithmetic.hpp"
 #include "mha/error.hpp"
 #include "storage_cache.hpp"
@@ -201,9 +202,15 @@ void copy_strided(const TensorView& src, Dst* dst) {
   const Shape& strides = src.strides();
   const auto* base = src.data_as<Src>();
   const std::int64_t n = src.numel();
-  if (src.is_contiguous()) {  // element i at base[i]: one copy, or one loop the compiler vectorises
+  if (src.is_contiguous()) {  // element i at base[i]: one copy, or one loop in vectors
     if constexpr (std::is_same_v<Dst, Src>) {
       std::memcpy(dst, base, static_cast<std::size_t>(n) * sizeof(Src));
+      return;
+    } else if constexpr (std::is_same_v<Dst, float> && std::is_same_v<Src, bfloat16>) {
+      detail::widen_bfloat16(base, n, dst);
+      return;
+    } else if constexpr (std::is_same_v<Dst, bfloat16> && std::is_same_v<Src, float>) {
+      detail::round_to_bfloat16(base, n, dst);
       return;
     } else if constexpr (!(std::is_same_v<Dst, bfloat16> && std::is_same_v<Src, double>)) {
       for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<Dst>(base[i]);

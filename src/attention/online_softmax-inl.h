@@ -19,6 +19,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "bf16_lanes-inl.h"  // BfloatBits
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
 #include "mha/bfloat16.hpp"
@@ -192,22 +193,6 @@ HWY_INLINE float ExpShiftedRowSum(float* HWY_RESTRICT row, std::int64_t n, std::
     sum = hn::Add(sum, e);
   }
   return hn::GetLane(hn::SumOfLanes(d, sum));
-}
-
-// The bits of each lane of x rounded to bfloat16 (to nearest, ties to even, as PyTorch and the
-// AVX512-BF16 conversion round; Highway 1.0's DemoteTo truncates instead), in 16-bit lanes. A NaN
-// stays NaN (made quiet).
-template <class D, class V>
-HWY_INLINE auto BfloatBits(D /* float lanes */, V x) {
-  const hn::RebindToUnsigned<D> du;
-  const hn::RebindToSigned<D> di;  // the bits fit 16: demoting from int32 keeps them
-  const hn::Rebind<std::uint16_t, D> du16;
-  const auto u = hn::BitCast(du, x);
-  const auto lsb = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u));
-  auto rounded = hn::ShiftRight<16>(hn::Add(u, hn::Add(hn::Set(du, 0x7fffu), lsb)));
-  const auto quiet_nan = hn::Or(hn::ShiftRight<16>(u), hn::Set(du, 0x40u));
-  rounded = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(x)), quiet_nan, rounded);
-  return hn::DemoteTo(du16, hn::BitCast(di, rounded));
 }
 
 // p[j] = s[j] rounded to bfloat16 by BfloatBits for j in [0, n), n a multiple of 16 (the kernels' rounding

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "attention/params.hpp"
+#include "bf16_conversion.hpp"
 #include "parallel.hpp"
 
 namespace mha::detail {
@@ -32,8 +33,7 @@ Tensor widened(const TensorView& x) {
   float* to = wide.data_as<float>();
   for_each_row(x.shape(), [&](std::int64_t b, std::int64_t head, std::int64_t t, std::int64_t n) {
     const bfloat16* row = base + b * x.stride(0) + head * x.stride(1) + t * x.stride(2);
-    if (column_stride == 1)
-      for (std::int64_t c = 0; c < d; ++c) to[n * d + c] = row[c];
+    if (column_stride == 1) widen_bfloat16(row, d, to + n * d);
     else
       for (std::int64_t c = 0; c < d; ++c) to[n * d + c] = row[c * column_stride];
   });
@@ -47,8 +47,11 @@ void round_into(const Tensor& src, const StridedOutput& dst) {
   for (int i = 0; i < 4; ++i) out.stride[i] = dst.strides[static_cast<std::size_t>(i)];
   const float* x = src.data_as<float>();
   const std::int64_t d = src.size(3);
+  const bool adjacent = out.stride[3] == 1;
   for_each_row(src.shape(), [&](std::int64_t b, std::int64_t head, std::int64_t t, std::int64_t n) {
-    for (std::int64_t c = 0; c < d; ++c) out(b, head, t, c) = x[n * d + c];
+    if (adjacent) round_to_bfloat16(x + n * d, d, &out(b, head, t, 0));
+    else
+      for (std::int64_t c = 0; c < d; ++c) out(b, head, t, c) = x[n * d + c];
   });
 }
 

@@ -24,9 +24,9 @@
 
 #include "attention/online_softmax-inl.h"  // ExpKeepNaN
 #include "attention/online_softmax.hpp"
+#include "bf16_lanes-inl.h"
 #include "decode/decode_driver.hpp"  // for_each_page_run
 #include "decode/decode_params.hpp"
-#include "decode/load_widened-inl.h"
 #include "decode/prefetch_rows-inl.h"
 #include "decode/split_kv.hpp"
 #include "hwy/highway.h"
@@ -38,7 +38,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 using decode::kKeyBlock;
 
-// LoadWidened for float32 and bfloat16 rows: load_widened-inl.h. int8 widened exactly.
+// LoadWidened for float32 and bfloat16 rows: bf16_lanes-inl.h. int8 widened exactly.
 template <class D>
 HWY_INLINE hn::Vec<D> LoadWidened(D d, const std::int8_t* HWY_RESTRICT p) {
   const hn::RebindToSigned<D> di;

@@ -17,7 +17,7 @@
 #include <cmath>
 #include <limits>
 
-#include "decode/load_widened-inl.h"  // LoadWidened
+#include "bf16_lanes-inl.h"  // LoadWidened
 #include "decode/quantize.hpp"
 #include "hwy/highway.h"
 

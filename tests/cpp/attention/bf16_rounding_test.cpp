@@ -4,9 +4,13 @@
 // - AVX512-BF16's conversion (src/attention/bf16_rounding.hpp): subnormals flushed to a zero of their sign,
 //   infinities kept, NaN kept (quiet); skipped where the CPU has no AVX512-BF16;
 // - by hand (BfloatBits, flash_exp.hpp's flash_round_by_hand), on every machine: subnormals rounded like
-//   the rest.
+//   the rest;
+// and the spans of bf16_conversion.hpp (round_to_bfloat16, widen_bfloat16: the conversions around the paths
+// that compute bfloat16 in float32, and Tensor::copy_of) on every SIMD target, at every length around the
+// vectors' widths, against the same rounding and against mha::bfloat16's own conversions.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -16,6 +20,8 @@
 
 #include "attention/bf16_rounding.hpp"
 #include "attention/flash_exp.hpp"
+#include "bf16_conversion.hpp"
+#include "support/every_target.hpp"
 
 namespace mha_test {
 namespace {
@@ -115,6 +121,64 @@ TEST(Bf16Conversion, ByHandRoundsToNearestEvenSubnormalsIncluded) {
   EXPECT_EQ(s[1], 0xff80);
   EXPECT_EQ(s[2] & 0x7f80, 0x7f80);
   EXPECT_NE(s[2] & 0x007f, 0) << "NaN stays NaN";
+}
+
+class Bf16Spans : public EveryTarget {};
+MHA_INSTANTIATE_EVERY_TARGET(Bf16Spans);
+
+// round_to_bfloat16 on spans of every length 0-70 at every offset 0-3 (the vectors' tails and unaligned
+// starts), each element the nearest bfloat16 (subnormals rounded, not flushed) or, for NaN, a quiet NaN;
+// the elements around the span untouched.
+TEST_P(Bf16Spans, RoundToNearestEvenAtEveryLengthAndOffset) {
+  std::vector<float> x = floats_to_round(true);
+  const float inf = std::numeric_limits<float>::infinity();
+  for (float f : {inf, -inf, std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::signaling_NaN()})
+    x.push_back(f);
+  std::mt19937 rng(6);
+  std::shuffle(x.begin(), x.end(), rng);
+  constexpr std::uint16_t kGuard = 0x1234;
+  std::size_t start = 0;
+  for (std::int64_t n = 0; n <= 70; ++n)
+    for (std::int64_t offset = 0; offset < 4; ++offset, start = (start + 71) % (x.size() - 71)) {
+      std::vector<mha::bfloat16> out(static_cast<std::size_t>(n + offset + 1), mha::bfloat16::from_bits(kGuard));
+      mha::detail::round_to_bfloat16(x.data() + start, n, out.data() + offset);
+      for (std::int64_t i = 0; i < n; ++i) {
+        const float f = x[start + static_cast<std::size_t>(i)];
+        const std::uint16_t got = out[static_cast<std::size_t>(offset + i)].bits;
+        if (std::isnan(f)) {
+          ASSERT_EQ(got & 0x7f80, 0x7f80) << "NaN stays NaN";
+          ASSERT_NE(got & 0x0040, 0) << "and quiet";
+          ASSERT_EQ(got, mha::bfloat16(f).bits) << "as mha::bfloat16 converts it";
+        } else {
+          ASSERT_EQ(got, nearest_bfloat16(f)) << f << " at " << i << " of " << n;
+        }
+      }
+      for (std::int64_t i = 0; i < offset; ++i) ASSERT_EQ(out[static_cast<std::size_t>(i)].bits, kGuard);
+      ASSERT_EQ(out.back().bits, kGuard) << "n " << n << ": past the span";
+    }
+}
+
+// widen_bfloat16 of every bfloat16 pattern (NaN included: its bits kept) is the float with those bits
+// above 16 zero bits, at every length 0-70 and offset 0-3, nothing written past the span.
+TEST_P(Bf16Spans, WidenEveryPatternExactlyAtEveryLengthAndOffset) {
+  std::vector<mha::bfloat16> all(1 << 16);
+  for (std::size_t i = 0; i < all.size(); ++i) all[i] = mha::bfloat16::from_bits(static_cast<std::uint16_t>(i));
+  std::vector<float> wide(all.size());
+  mha::detail::widen_bfloat16(all.data(), static_cast<std::int64_t>(all.size()), wide.data());
+  for (std::size_t i = 0; i < all.size(); ++i)
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(wide[i]), static_cast<std::uint32_t>(i) << 16) << "pattern " << i;
+  const float guard = -7.0f;
+  for (std::int64_t n = 0; n <= 70; ++n)
+    for (std::int64_t offset = 0; offset < 4; ++offset) {
+      const std::size_t start = static_cast<std::size_t>(n * 977 + offset * 131) % (all.size() - 71);
+      std::vector<float> out(static_cast<std::size_t>(n + offset + 1), guard);
+      mha::detail::widen_bfloat16(all.data() + start, n, out.data() + offset);
+      for (std::int64_t i = 0; i < n; ++i)
+        ASSERT_EQ(std::bit_cast<std::uint32_t>(out[static_cast<std::size_t>(offset + i)]),
+                  static_cast<std::uint32_t>(start + static_cast<std::size_t>(i)) << 16);
+      for (std::int64_t i = 0; i < offset; ++i) ASSERT_EQ(out[static_cast<std::size_t>(i)], guard);
+      ASSERT_EQ(out.back(), guard) << "n " << n << ": past the span";
+    }
 }
 
 }  // namespace

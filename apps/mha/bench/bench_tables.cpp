@@ -9,6 +9,7 @@
 
 #include "attention/query_block.hpp"
 #include "bench/bench_grid.hpp"
+#include "bench/bench_measure.hpp"
 
 namespace mha_cli::bench {
 namespace {
@@ -76,8 +77,9 @@ void print_core_header(std::int64_t heads, std::int64_t d) {
   fmt::print("\n== Attention core, Kernel::Flash: q, k, v [1, {}, N, {}] float32; FLOPs 4*h*N^2*d forward, 2.5x "
              "backward, half when causal\n",
              heads, d);
-  fmt::print("   tile1: one thread's GFLOP/s on the forward's tile products alone (dnnl_sgemm 64x128x64 and\n"
-             "   64x64x128, no softmax): the ceiling of each thread's share of the kernel\n");
+  fmt::print("   tile1: one thread's GFLOP/s on the forward's tile products alone (dnnl_sgemm {0}x{1}x{2} and\n"
+             "   {0}x{2}x{1}, M x N x K, no softmax): the ceiling of each thread's share of the kernel\n",
+             tile_rows(), kTileKeys, kTileWidth);
   fmt::print("{:>7} {:>6} {:>6} {:>7} {:>6} | {:>10} {:>7} {:>6} | {:>10} {:>7} {:>6}\n", "threads", "N", "causal",
              "roof", "tile1", "fwd time", "GFLOP/s", "%roof", "bwd time", "GFLOP/s", "%roof");
   flush();

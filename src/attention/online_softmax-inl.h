@@ -28,6 +28,24 @@ HWY_BEFORE_NAMESPACE();
 namespace mha::detail::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
+// AVX-512's vscalefps: e 2^floor(k) in one instruction, rounded once where the result is subnormal, 0 or
+// infinity where it underflows or overflows, NaN where e or k is NaN. Where a target has it
+// (MHA_EXP_SCALEF), the exps below finish with it for arguments of any size (ExpScaled): no range
+// test on the way, where the integer add of n to the exponent bits holds for |x| < 87 only.
+#undef MHA_EXP_SCALEF  // this file is read once per target
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+#define MHA_EXP_SCALEF 1
+HWY_INLINE hn::Vec512<float> ScaleByPowerOfTwo(hn::Vec512<float> e, hn::Vec512<float> k) {
+  return hn::Vec512<float>{_mm512_scalef_ps(e.raw, k.raw)};
+}
+// max(lo, x) lane by lane with a NaN x kept (x86's max returns its second operand when either is NaN).
+HWY_INLINE hn::Vec512<float> AtLeastKeepNaN(float lo, hn::Vec512<float> x) {
+  return hn::Vec512<float>{_mm512_max_ps(_mm512_set1_ps(lo), x.raw)};
+}
+#else
+#define MHA_EXP_SCALEF 0
+#endif
+
 // 2^(j/16) for j = 0..15, each rounded to float32 (within 0.46 ULP).
 alignas(64) inline constexpr float kExp2Sixteenths[16] = {
     0x1.000000p+0f, 0x1.0b5586p+0f, 0x1.172b84p+0f, 0x1.2387a6p+0f, 0x1.306fe0p+0f, 0x1.3dea64p+0f,
@@ -42,7 +60,7 @@ alignas(64) inline constexpr float kExp2Sixteenths[16] = {
 // ln2 / 16 to float precision. Within 1.1 ULP (the table's rounding, 0.46 at worst, plus the last FMA's;
 // tests/cpp/attention/flash_exp_test.cpp). Seven FMAs a vector where the Taylor form takes ten: the softmax's
 // exp pass is bound by the FMA pipes (docs/PERFORMANCE.md, issue 32).
-template <class D, class V>
+template <bool kAnyRange = false, class D, class V>
 HWY_INLINE V ExpInRangeBySixteenths(D d, V x) {
   const hn::RebindToSigned<D> di;
   const auto round_to_int = hn::Set(d, 12582912.0f);                                // 1.5 2^23
@@ -53,7 +71,10 @@ HWY_INLINE V ExpInRangeBySixteenths(D d, V x) {
   const auto n = hn::BitCast(di, shifted);  // n in the low bits (two's complement), m = n >> 4 above them
   const auto t = hn::TableLookupLanes(hn::Load(d, kExp2Sixteenths), hn::IndicesFromVec(d, hn::And(n, hn::Set(di, 15))));
   const auto q = hn::MulAdd(hn::MulAdd(hn::Set(d, 1.0f / 6), r, hn::Set(d, 0.5f)), r, hn::Set(d, 1.0f));
-  const auto e = hn::MulAdd(t, hn::Mul(q, r), t);                 // 2^(j/16) e^r, in [0.97, 2)
+  const auto e = hn::MulAdd(t, hn::Mul(q, r), t);  // 2^(j/16) e^r, in [0.97, 2)
+#if MHA_EXP_SCALEF
+  if constexpr (kAnyRange) return ScaleByPowerOfTwo(e, hn::Mul(nf, hn::Set(d, 1.0f / 16)));  // m = floor(n / 16)
+#endif
   const auto two_to_m = hn::ShiftLeft<23>(hn::ShiftRight<4>(n));  // the constant's bits above n's: 0
   return hn::BitCast(d, hn::Add(hn::BitCast(di, e), two_to_m));   // m in [-126, 126]
 }
@@ -106,7 +127,7 @@ enum class ExpAccuracy { kFloat32, kBfloat16 };
 // tests/cpp/attention/flash_exp_test.cpp. Seven FMAs where ExpInRange takes ten: the exp is bound by
 // the FMA pipes (docs/PERFORMANCE.md, issue 32). A polynomial of degree 4 (six FMAs, 3.1e-6) put the
 // lse outside the float32 rule.
-template <class D, class V>
+template <bool kAnyRange = false, class D, class V>
 HWY_INLINE V ExpInRangeForBfloat16(D d, V x) {
   const hn::RebindToSigned<D> di;
   const auto round_to_int = hn::Set(d, 12582912.0f);                                   // 1.5 2^23
@@ -123,6 +144,9 @@ HWY_INLINE V ExpInRangeForBfloat16(D d, V x) {
   q = hn::MulAdd(q, r, hn::Set(d, 0x1.fffdc6p-2f));
   q = hn::MulAdd(q, r, hn::Set(d, 0x1.fffff6p-1f));
   const auto p = hn::MulAdd(q, r, hn::Set(d, 1.0f));  // e^r, in [0.7, 1.42]
+#if MHA_EXP_SCALEF
+  if constexpr (kAnyRange) return ScaleByPowerOfTwo(p, nf);
+#endif
   const auto two_to_n = hn::ShiftLeft<23>(hn::BitCast(di, shifted));
   return hn::BitCast(d, hn::Add(hn::BitCast(di, p), two_to_n));
 }
@@ -138,13 +162,31 @@ HWY_INLINE V ExpInRangeTo(D d, V x) {
   else return ExpInRange(d, x);
 }
 
-// exp(x) lane by lane, NaN kept. Lanes with |x| < 87 (the usual case: logits minus their row
-// maximum) take ExpInRange, or ExpInRangeForBfloat16 for kAccuracy kBfloat16; the others (a -inf from a mask, results
-// that are subnormal or overflow, NaN) take Highway's Exp, except that a NaN lane stays NaN (Exp clamps its argument
-// and would return 0 for it). Each lane's value depends on that lane alone, never on its neighbours (which may be
-// padding or another key's logit). -inf gives exactly 0.
+#if MHA_EXP_SCALEF
+// exp(x) on AVX-512 for every x, with no test on the way: x clamped to [-150, 100] (e^-150 is 0 in float32,
+// e^100 infinity; x86's max and min keep a NaN x), the exp of kAccuracy finished by vscalefps, which rounds
+// results below float32's normal range once to subnormals or 0 and makes those past it infinity. NaN stays
+// NaN, -inf gives exactly 0. kClampAbove false skips the upper clamp where x <= 87 is known.
+template <ExpAccuracy kAccuracy, bool kClampAbove = true>
+HWY_INLINE hn::Vec512<float> ExpScaled(hn::Vec512<float> x) {
+  const hn::Full512<float> d;
+  x = AtLeastKeepNaN(-150.0f, x);
+  if constexpr (kClampAbove) x = hn::Vec512<float>{_mm512_min_ps(_mm512_set1_ps(100.0f), x.raw)};
+  if constexpr (kAccuracy == ExpAccuracy::kBfloat16) return ExpInRangeForBfloat16</*kAnyRange=*/true>(d, x);
+  else return ExpInRangeBySixteenths</*kAnyRange=*/true>(d, x);
+}
+#endif
+
+// exp(x) lane by lane, NaN kept. On AVX-512 by ExpScaled; elsewhere lanes with |x| < 87 (the usual case:
+// logits minus their row maximum) take ExpInRange, or ExpInRangeForBfloat16 for kAccuracy kBfloat16, and the
+// others (a -inf from a mask, results that are subnormal or overflow, NaN) Highway's Exp, except that a NaN lane
+// stays NaN (Exp clamps its argument and would return 0 for it). Each lane's value depends on that lane alone,
+// never on its neighbours (which may be padding or another key's logit). -inf gives exactly 0.
 template <ExpAccuracy kAccuracy = ExpAccuracy::kFloat32, class D, class V>
 HWY_INLINE V ExpKeepNaN(D d, V x) {
+#if MHA_EXP_SCALEF
+  if constexpr (hn::MaxLanes(D()) == 16) return ExpScaled<kAccuracy>(x);
+#endif
   const auto in_range = hn::Lt(hn::Abs(x), hn::Set(d, 87.0f));
   if (HWY_LIKELY(hn::AllTrue(d, in_range))) return ExpInRangeTo<kAccuracy>(d, x);
   const V fast = ExpInRangeTo<kAccuracy>(d, hn::IfThenElseZero(in_range, x));
@@ -227,14 +269,20 @@ HWY_INLINE HeadroomPass ExpRowSumWithinHeadroom(float* HWY_RESTRICT row, std::in
   std::int64_t j = 0;
   for (; j + N <= visible; j += N) {  // whole vectors of visible entries
     const auto x = hn::Sub(hn::Load(d, row + j), vm);
-    // One test for the usual case: within [-87, headroom], so neither stopping nor ExpKeepNaN's slow path.
     hn::Vec<decltype(d)> e;
+#if MHA_EXP_SCALEF
+    // One test: past the headroom (a NaN is not); ExpScaled takes every x below it.
+    if (!hn::AllFalse(d, hn::Gt(x, limit))) return {hn::GetLane(hn::SumOfLanes(d, sum)), j};
+    e = ExpScaled<kAccuracy, /*kClampAbove=*/false>(x);
+#else
+    // One test for the usual case: within [-87, headroom], so neither stopping nor ExpKeepNaN's slow path.
     if (HWY_LIKELY(hn::AllTrue(d, hn::And(hn::Gt(x, hn::Set(d, -87.0f)), hn::Le(x, limit))))) {
       e = ExpInRangeTo<kAccuracy>(d, x);
     } else {
       if (!hn::AllFalse(d, hn::Gt(x, limit))) return {hn::GetLane(hn::SumOfLanes(d, sum)), j};
       e = ExpKeepNaN<kAccuracy>(d, x);
     }
+#endif
     hn::Store(e, d, row + j);
     sum = hn::Add(sum, e);
   }

@@ -97,11 +97,14 @@ TEST_P(FlashExpEveryTarget, SpecialValues) {
 }
 
 // exp for the bfloat16 kernel: relative error against std::exp in double where the result is a normal
-// float (below, where results are subnormal, it takes the same exact path as flash_exp: within 2 ULP).
+// float; below, where results are subnormal, the same relative error plus 2 ULP of the subnormal step
+// (2^-149): on AVX-512 the bfloat16 kernel's own polynomial scaled down and rounded once (vscalefps), on
+// other targets Highway's exp within 2 ULP.
 TEST_P(FlashExpEveryTarget, BfloatKernelsExpWithin4e7RelativeOverTheKernelsRange) {
   double worst = 0.0;
   float worst_x = 0.0f;
-  std::int64_t points = 0, worst_subnormal_ulp = 0;
+  std::int64_t points = 0;
+  double worst_subnormal_excess = -1.0;  // the largest error past the allowance, in steps of 2^-149
   for_each_exp_point([&](float x) {
     ++points;
     const float got = mha::detail::flash_exp_bfloat16(x);
@@ -111,7 +114,10 @@ TEST_P(FlashExpEveryTarget, BfloatKernelsExpWithin4e7RelativeOverTheKernelsRange
       return;
     }
     if (want < std::numeric_limits<float>::min()) {
-      worst_subnormal_ulp = std::max(worst_subnormal_ulp, ulp_distance(got, static_cast<float>(want)));
+      const double step = std::numeric_limits<float>::denorm_min();  // 2^-149
+      const double allowed_steps = 4e-7 * want / step + 2.0;
+      const double steps = std::abs(static_cast<double>(got) - want) / step;
+      worst_subnormal_excess = std::max(worst_subnormal_excess, steps - allowed_steps);
       return;
     }
     const double error = std::abs(static_cast<double>(got) / want - 1.0);
@@ -122,7 +128,7 @@ TEST_P(FlashExpEveryTarget, BfloatKernelsExpWithin4e7RelativeOverTheKernelsRange
   EXPECT_LE(worst, 4e-7) << "worst at x = " << worst_x << " (flash_exp_bfloat16 "
                          << mha::detail::flash_exp_bfloat16(worst_x) << ", std::exp " << std::exp(double{worst_x})
                          << ") over " << points << " points";
-  EXPECT_LE(worst_subnormal_ulp, 2);
+  EXPECT_LE(worst_subnormal_excess, 0.0) << "subnormal results: steps of 2^-149 past 4e-7 relative + 2";
 }
 
 TEST_P(FlashExpEveryTarget, BfloatKernelsExpSpecialValues) {

@@ -7,9 +7,9 @@
 # build-fuzz), CXX (default clang++-14), FUZZ_ARGS extra libFuzzer flags (e.g. -jobs=2).
 #
 # The targets are built with clang's libFuzzer, AddressSanitizer (which also detects leaks) and
-# UndefinedBehaviorSanitizer, from the readers' sources only (src/io, src/tensor.cpp and the tensor storage it
-# uses, src/storage_cache.cpp, run with its cache off so that ASan sees every freed block): no oneDNN, no
-# OpenMP. Limits: inputs up to 64 KiB (-max_len), and no single allocation of 1 MiB or more
+# UndefinedBehaviorSanitizer, from the readers' sources only (src/io, src/tensor.cpp and what it uses: the
+# tensor storage, src/storage_cache.cpp, run with its cache off so that ASan sees every freed block, and the
+# bfloat16 conversions of src/bf16_conversion.cpp, linked to Highway): no oneDNN, no OpenMP. Limits: inputs up to 64 KiB (-max_len), and no single allocation of 1 MiB or more
 # (-malloc_limit_mb=1). Readers may allocate what the input holds, widened at most 2x (F16 -> float32)
 # plus container slack, which stays far below 1 MiB for a 64 KiB input; a size the file merely
 # claims (10^18 elements) would go far above it and be reported as a crash. Exits non-zero when a
@@ -31,14 +31,14 @@ if ! command -v "$CXX" >/dev/null 2>&1; then
 fi
 
 sources=(src/io/safetensors.cpp src/io/npy.cpp src/io/binary_file.cpp src/io/tensor_bytes.cpp src/tensor.cpp
-         src/storage_cache.cpp)
+         src/storage_cache.cpp src/bf16_conversion.cpp)
 flags=(-std=c++20 -O1 -g -fno-omit-frame-pointer
        -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
        -Iinclude -Isrc)
 mkdir -p "$OUT/artifacts"
 
 build() {  # build <target>: the fuzzer binary, from its entry point and the readers' sources
-  "$CXX" "${flags[@]}" "fuzz/${1}_fuzzer.cpp" "${sources[@]}" -o "$OUT/${1}_fuzzer" >"$OUT/$1-build.log" 2>&1
+  "$CXX" "${flags[@]}" "fuzz/${1}_fuzzer.cpp" "${sources[@]}" -lhwy -o "$OUT/${1}_fuzzer" >"$OUT/$1-build.log" 2>&1
 }
 
 fuzz() {  # fuzz <target>: runs it for FUZZ_TIME seconds, its output in $OUT/<target>.log

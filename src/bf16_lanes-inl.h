@@ -1,8 +1,8 @@
 // float32 lanes to and from bfloat16: LoadWidened (lanes of float32 from float32 or bfloat16 memory: the decode
 // kernel's rows, decode_rows-inl.h, which adds the quantized payloads; the quantizer of appended rows,
 // quantize_rows.cpp; the conversions of bf16_conversion.cpp) and BfloatBits (float32 lanes rounded to
-// bfloat16 as mha::bfloat16 rounds: the fused kernel's P and dS where the CPU has no AVX512-BF16,
-// online_softmax-inl.h; bf16_conversion.cpp).
+// bfloat16 as mha::bfloat16 rounds: bf16_conversion.cpp's round_to_bfloat16, which also rounds the fused
+// kernel's P and dS where the CPU has no AVX512-BF16).
 //
 // Included once per SIMD target through Highway's foreach_target.h.
 #if defined(MHA_BF16_LANES_INL_H_) == defined(HWY_TARGET_TOGGLE)

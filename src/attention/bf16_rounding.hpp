@@ -1,9 +1,9 @@
 // The fused kernel's float32 tiles (P, dS) rounded to bfloat16 with AVX512-BF16's own conversion
-// (vcvtneps2bf16: one instruction a vector, where rounding by hand, online_softmax-inl.h's BfloatBits,
+// (vcvtneps2bf16: one instruction a vector, where rounding by hand, bf16_conversion.hpp's round_to_bfloat16,
 // takes about nine). Measured on a Zen 5, the hand rounding of P was about 5% of the bf16 forward.
 //
-// The instruction rounds to nearest even, as BfloatBits does, keeps infinities and makes NaN quiet, but
-// flushes subnormal inputs (below 2^-126 in magnitude) to a zero of the same sign, where BfloatBits
+// The instruction rounds to nearest even, as round_to_bfloat16 does, keeps infinities and makes NaN quiet, but
+// flushes subnormal inputs (below 2^-126 in magnitude) to a zero of the same sign, where round_to_bfloat16
 // rounds them to bfloat16 subnormals: a weight that small changes no result by more than 2^-126 times a
 // value, and the bf16 products' path treats subnormals so already (attention.hpp).
 #pragma once

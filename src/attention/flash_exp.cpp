@@ -1,5 +1,5 @@
-// flash_exp, flash_exp_bfloat16 and flash_round_by_hand: the kernels' vector exps (one lane of each) and their bfloat16
-// rounding by hand, dispatched like the kernel (see flash_exp.hpp).
+// flash_exp and flash_exp_bfloat16: the kernels' vector exps (one lane of each), dispatched like the kernel (see
+// flash_exp.hpp).
 #include "attention/flash_exp.hpp"
 
 #undef HWY_TARGET_INCLUDE
@@ -22,8 +22,6 @@ float FlashExpBfloat16(float x) {
   return hn::GetLane(ExpKeepNaN<ExpAccuracy::kBfloat16>(d, hn::Set(d, x)));
 }
 
-void FlashRoundByHand(const float* x, std::int64_t n, bfloat16* out) { RoundRowByHand(x, n, out); }
-
 }  // namespace mha::detail::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -32,14 +30,9 @@ namespace mha::detail {
 
 HWY_EXPORT(FlashExp);
 HWY_EXPORT(FlashExpBfloat16);
-HWY_EXPORT(FlashRoundByHand);
 
 float flash_exp(float x) { return HWY_DYNAMIC_DISPATCH(FlashExp)(x); }
 float flash_exp_bfloat16(float x) { return HWY_DYNAMIC_DISPATCH(FlashExpBfloat16)(x); }
-
-void flash_round_by_hand(const float* x, std::int64_t n, bfloat16* out) {
-  HWY_DYNAMIC_DISPATCH(FlashRoundByHand)(x, n, out);
-}
 
 }  // namespace mha::detail
 #endif  // HWY_ONCE

@@ -22,6 +22,7 @@
 #include "attention/masks.hpp"
 #include "attention/online_softmax-inl.h"
 #include "attention/params.hpp"
+#include "bf16_conversion.hpp"
 #include "gemm.hpp"
 #include "hwy/aligned_allocator.h"
 #include "hwy/highway.h"
@@ -130,11 +131,11 @@ HWY_INLINE bool RowIsFinite(const bfloat16* HWY_RESTRICT row, std::int64_t n) {
 
 // p[r * ldp + c] = s[r * lds + c] rounded to bfloat16 for rows [0, rows) and columns [0, n), n a
 // multiple of 16: a float32 tile as the bfloat16 operand of a product. By AVX512-BF16's conversion where
-// the CPU has it (bf16_rounding.hpp: subnormals flushed to zero), else by hand (BfloatBits).
+// the CPU has it (bf16_rounding.hpp: subnormals flushed to zero), else by hand (bf16_conversion.hpp).
 inline void RoundRowsToBfloat16(const float* HWY_RESTRICT s, std::int64_t lds, std::int64_t rows, std::int64_t n,
                                 bfloat16* HWY_RESTRICT p, std::int64_t ldp) {
   if (has_bf16_conversion()) return round_rows_with_bf16_conversion(s, lds, rows, n, p, ldp);
-  for (std::int64_t r = 0; r < rows; ++r) RoundRowByHand(s + r * lds, n, p + r * ldp);
+  for (std::int64_t r = 0; r < rows; ++r) round_to_bfloat16(s + r * lds, n, p + r * ldp);
 }
 
 // A float32 tile (row stride kBlockK) as a product's operand: the tile itself for float32 inputs, its

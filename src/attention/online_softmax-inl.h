@@ -19,7 +19,6 @@
 #include <limits>
 #include <type_traits>
 
-#include "bf16_lanes-inl.h"  // BfloatBits
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
 #include "mha/bfloat16.hpp"
@@ -38,9 +37,13 @@ namespace hn = hwy::HWY_NAMESPACE;
 HWY_INLINE hn::Vec512<float> ScaleByPowerOfTwo(hn::Vec512<float> e, hn::Vec512<float> k) {
   return hn::Vec512<float>{_mm512_scalef_ps(e.raw, k.raw)};
 }
-// max(lo, x) lane by lane with a NaN x kept (x86's max returns its second operand when either is NaN).
+// max(lo, x) and min(hi, x) lane by lane with a NaN x kept (x86's max and min return their second operand
+// when either is NaN).
 HWY_INLINE hn::Vec512<float> AtLeastKeepNaN(float lo, hn::Vec512<float> x) {
   return hn::Vec512<float>{_mm512_max_ps(_mm512_set1_ps(lo), x.raw)};
+}
+HWY_INLINE hn::Vec512<float> AtMostKeepNaN(float hi, hn::Vec512<float> x) {
+  return hn::Vec512<float>{_mm512_min_ps(_mm512_set1_ps(hi), x.raw)};
 }
 #else
 #define MHA_EXP_SCALEF 0
@@ -59,7 +62,8 @@ alignas(64) inline constexpr float kExp2Sixteenths[16] = {
 // parts, the first (ln2's first part / 16: a multiple of 2^-20) times n exact inside the FMA, so r is x - n
 // ln2 / 16 to float precision. Within 1.1 ULP (the table's rounding, 0.46 at worst, plus the last FMA's;
 // tests/cpp/attention/flash_exp_test.cpp). Seven FMAs a vector where the Taylor form takes ten: the softmax's
-// exp pass is bound by the FMA pipes (docs/PERFORMANCE.md, issue 32).
+// exp pass is bound by the FMA pipes (docs/PERFORMANCE.md, issue 32). kAnyRange (where MHA_EXP_SCALEF):
+// 2^m applied by vscalefps instead, for any x the callers have clamped (ExpScaled).
 template <bool kAnyRange = false, class D, class V>
 HWY_INLINE V ExpInRangeBySixteenths(D d, V x) {
   const hn::RebindToSigned<D> di;
@@ -126,7 +130,7 @@ enum class ExpAccuracy { kFloat32, kBfloat16 };
 // exactly. Measured with float32 evaluation: 3.8e-7 at worst (x = -86.3), checked by
 // tests/cpp/attention/flash_exp_test.cpp. Seven FMAs where ExpInRange takes ten: the exp is bound by
 // the FMA pipes (docs/PERFORMANCE.md, issue 32). A polynomial of degree 4 (six FMAs, 3.1e-6) put the
-// lse outside the float32 rule.
+// lse outside the float32 rule. kAnyRange as in ExpInRangeBySixteenths.
 template <bool kAnyRange = false, class D, class V>
 HWY_INLINE V ExpInRangeForBfloat16(D d, V x) {
   const hn::RebindToSigned<D> di;
@@ -171,7 +175,7 @@ template <ExpAccuracy kAccuracy, bool kClampAbove = true>
 HWY_INLINE hn::Vec512<float> ExpScaled(hn::Vec512<float> x) {
   const hn::Full512<float> d;
   x = AtLeastKeepNaN(-150.0f, x);
-  if constexpr (kClampAbove) x = hn::Vec512<float>{_mm512_min_ps(_mm512_set1_ps(100.0f), x.raw)};
+  if constexpr (kClampAbove) x = AtMostKeepNaN(100.0f, x);
   if constexpr (kAccuracy == ExpAccuracy::kBfloat16) return ExpInRangeForBfloat16</*kAnyRange=*/true>(d, x);
   else return ExpInRangeBySixteenths</*kAnyRange=*/true>(d, x);
 }
@@ -235,15 +239,6 @@ HWY_INLINE float ExpShiftedRowSum(float* HWY_RESTRICT row, std::int64_t n, std::
     sum = hn::Add(sum, e);
   }
   return hn::GetLane(hn::SumOfLanes(d, sum));
-}
-
-// p[j] = s[j] rounded to bfloat16 by BfloatBits for j in [0, n), n a multiple of 16 (the kernels' rounding
-// of P and dS where the CPU has no AVX512-BF16: flash_tiles-inl.h).
-HWY_INLINE void RoundRowByHand(const float* HWY_RESTRICT s, std::int64_t n, bfloat16* HWY_RESTRICT p) {
-  const hn::CappedTag<float, 16> d;
-  const hn::Rebind<std::uint16_t, decltype(d)> du16;
-  for (std::int64_t j = 0; j < n; j += static_cast<std::int64_t>(hn::Lanes(d)))
-    hn::StoreU(BfloatBits(d, hn::LoadU(d, s + j)), du16, reinterpret_cast<std::uint16_t*>(p + j));
 }
 
 // What ExpRowSumWithinHeadroom did: the sum of the entries it exponentiated, and the first entry it left

@@ -3,11 +3,10 @@
 // round to infinity:
 // - AVX512-BF16's conversion (src/attention/bf16_rounding.hpp): subnormals flushed to a zero of their sign,
 //   infinities kept, NaN kept (quiet); skipped where the CPU has no AVX512-BF16;
-// - by hand (BfloatBits, flash_exp.hpp's flash_round_by_hand), on every machine: subnormals rounded like
-//   the rest;
-// and the spans of bf16_conversion.hpp (round_to_bfloat16, widen_bfloat16: the conversions around the paths
-// that compute bfloat16 in float32, and Tensor::copy_of) on every SIMD target, at every length around the
-// vectors' widths, against the same rounding and against mha::bfloat16's own conversions.
+// - by hand (bf16_conversion.hpp's round_to_bfloat16), on every machine: subnormals rounded like the rest;
+// and the spans of bf16_conversion.hpp (round_to_bfloat16, widen_bfloat16: also the conversions around the
+// paths that compute bfloat16 in float32, and Tensor::copy_of) on every SIMD target, at every length around
+// the vectors' widths, against the same rounding and against mha::bfloat16's own conversions.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -19,7 +18,6 @@
 #include <vector>
 
 #include "attention/bf16_rounding.hpp"
-#include "attention/flash_exp.hpp"
 #include "bf16_conversion.hpp"
 #include "support/every_target.hpp"
 
@@ -48,7 +46,7 @@ std::vector<std::uint16_t> converted(const std::vector<float>& x, bool by_hand =
   tile.resize((x.size() + 15) / 16 * 16, 0.0f);  // whole vectors
   std::vector<mha::bfloat16> out(tile.size());
   const auto n = static_cast<std::int64_t>(tile.size());
-  if (by_hand) mha::detail::flash_round_by_hand(tile.data(), n, out.data());
+  if (by_hand) mha::detail::round_to_bfloat16(tile.data(), n, out.data());
   else mha::detail::round_rows_with_bf16_conversion(tile.data(), 0, 1, n, out.data(), 0);
   std::vector<std::uint16_t> bits;
   for (std::size_t i = 0; i < x.size(); ++i) bits.push_back(out[i].bits);
